@@ -1,0 +1,167 @@
+"""The torch.library ops: fa4::fwd and fa4::bwd, their fake (meta) kernels and the autograd glue.
+
+One op pair serves dense and varlen problems: varlen when cu_seqlens_q is given. Dense tensors
+are (b, s, h, d) with LSE (b, h, s_q); varlen tensors are (total, h, d) with LSE (h, total_q).
+The CPU kernels are fa4.reference; the CUDA kernels call the compiled extension (fa4._C) when
+it covers the problem, else the reference with one warning (dispatch.kernel_for).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import dispatch, reference
+
+_OPTS = "causal softmax_scale window_left window_right softcap deterministic backend".split()
+
+
+def _ref_kwargs(causal, softmax_scale, window_left, window_right, softcap):
+    return dict(
+        causal=causal,
+        softmax_scale=softmax_scale,
+        window_size=(window_left, window_right),
+        softcap=softcap,
+    )
+
+
+def _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, kw):
+    if cu_q is None:
+        return reference.attention_ref(q, k, v, **kw)
+    return reference.attention_varlen_ref(q, k, v, cu_q, cu_k, seqused_k=seqused_k, **kw)
+
+
+def _ref_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, kw):
+    if cu_q is None:
+        return reference.attention_ref_bwd(dout, q, k, v, out, lse, dlse=dlse, **kw)
+    return reference.attention_varlen_ref_bwd(
+        dout, q, k, v, out, lse, cu_q, cu_k, seqused_k=seqused_k, dlse=dlse, **kw
+    )
+
+
+def _lse_dtype(q):
+    """LSE is fp32, except for fp64 inputs (reference only), where it keeps fp64 for gradcheck."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k):
+    if cu_q is not None:
+        dispatch.check_varlen_data(cu_q, cu_k, seqused_k, q.shape[0], k.shape[0], max_q, max_k)
+
+
+@torch.library.custom_op("fa4::fwd", mutates_args=(), device_types="cpu")
+def fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor | None,
+    cu_seqlens_k: Tensor | None,
+    seqused_k: Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    deterministic: bool,
+    backend: str,
+) -> tuple[Tensor, Tensor]:
+    _check_data(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    kw = _ref_kwargs(causal, softmax_scale, window_left, window_right, softcap)
+    out, lse = _ref_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kw)
+    return out.to(q.dtype).contiguous(), lse.to(_lse_dtype(q)).contiguous()
+
+
+@fwd.register_kernel("cuda")
+def _fwd_cuda(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det, backend):
+    _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k)
+    arch = dispatch.kernel_for(q, v, backend, "fwd")
+    if arch is not None:
+        return torch.ops.fa4._fwd_kernel(
+            q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det, arch
+        )
+    kw = _ref_kwargs(causal, scale, wl, wr, softcap)
+    out, lse = _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, kw)
+    return out.to(q.dtype).contiguous(), lse.to(_lse_dtype(q)).contiguous()
+
+
+@fwd.register_fake
+def _fwd_fake(q, k, v, cu_q, *args):
+    out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+    if cu_q is None:
+        b, s_q, h, _ = q.shape
+        return out, q.new_empty((b, h, s_q), dtype=_lse_dtype(q))
+    return out, q.new_empty((q.shape[1], q.shape[0]), dtype=_lse_dtype(q))
+
+
+@torch.library.custom_op("fa4::bwd", mutates_args=(), device_types="cpu")
+def bwd(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    dlse: Tensor | None,
+    cu_seqlens_q: Tensor | None,
+    cu_seqlens_k: Tensor | None,
+    seqused_k: Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    deterministic: bool,
+    backend: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    kw = _ref_kwargs(causal, softmax_scale, window_left, window_right, softcap)
+    grads = _ref_bwd(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, kw)
+    return tuple(g.to(q.dtype).contiguous() for g in grads)
+
+
+@bwd.register_kernel("cuda")
+def _bwd_cuda(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_q, max_k, *opts):
+    causal, scale, wl, wr, softcap, det, backend = opts
+    arch = dispatch.kernel_for(q, v, backend, "bwd")
+    if arch is not None:
+        return torch.ops.fa4._bwd_kernel(
+            dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_q, max_k, *opts[:-1], arch
+        )
+    kw = _ref_kwargs(causal, scale, wl, wr, softcap)
+    grads = _ref_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, kw)
+    return tuple(g.to(q.dtype).contiguous() for g in grads)
+
+
+@bwd.register_fake
+def _bwd_fake(dout, q, k, v, *args):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, *opts = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
+    ctx.max_seqlens = (max_q, max_k)
+    ctx.opts = opts
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
+    dq, dk, dv = bwd(
+        dout.contiguous(), q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, *ctx.max_seqlens, *ctx.opts
+    )
+    return (dq, dk, dv) + (None,) * (3 + 2 + len(_OPTS))
+
+
+fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def call_fwd(q, k, v, opts: dispatch.Options, cu_q=None, cu_k=None, seqused_k=None, max_q=0, max_k=0):
+    return fwd(
+        q, k, v, cu_q, cu_k, seqused_k, max_q, max_k,
+        opts.causal, opts.softmax_scale, opts.window_left, opts.window_right,
+        opts.softcap, opts.deterministic, opts.backend,
+    )  # fmt: skip

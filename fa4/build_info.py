@@ -1,0 +1,41 @@
+"""What the installed build compiled, read from fa4/_build_config.py (written by setup.py).
+
+Without that file (a source checkout that was never built) nothing was compiled.
+"""
+
+from __future__ import annotations
+
+try:
+    from . import _build_config as _cfg
+
+    CONFIG: dict = dict(_cfg.CONFIG)
+except ImportError:
+    CONFIG = {"built": False, "reason": "fa4 was not built (no fa4/_build_config.py)"}
+
+# kernels: {"fwd": {"sm90": [[64, 64], ...]}, "bwd": {...}}: the (d, d_v) pairs compiled per arch.
+KERNELS: dict = CONFIG.get("kernels", {})
+
+
+def missing_kernel(arch: str, direction: str, hdims: tuple[int, int]) -> str | None:
+    """None when a kernel for (arch, direction, hdims) is compiled in, else the reason."""
+    if not CONFIG.get("built"):
+        return f"the CUDA extension was not built: {CONFIG.get('reason')}"
+    compiled = KERNELS.get(direction, {}).get(arch)
+    if not compiled:
+        return f"this build has no {arch} {direction} kernels"
+    if list(hdims) not in [list(p) for p in compiled]:
+        return f"head dims {hdims} not compiled for {arch} {direction} (FA4_HDIMS)"
+    return None
+
+
+def summary() -> str:
+    from . import __version__
+
+    if not CONFIG.get("built"):
+        return f"fa4 {__version__}: CUDA kernels not built ({CONFIG.get('reason')}); CPU reference only"
+    lines = [f"fa4 {__version__}: CUDA extension built for archs {CONFIG.get('archs')}"]
+    for direction in ("fwd", "bwd"):
+        per_arch = KERNELS.get(direction, {})
+        listed = ", ".join(f"{a}: {v}" for a, v in per_arch.items() if v) or "none yet"
+        lines.append(f"  {direction} kernels: {listed}")
+    return "\n".join(lines)
