@@ -1,7 +1,7 @@
 """fa4: FlashAttention-4 kernels (SM90 Hopper, SM100 Blackwell) with a thin PyTorch layer.
 
-    out = fa4.attention(q, k, v, causal=True)            # q, k, v: (batch, seqlen, heads, d)
-    out = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k)   # q: (total_q, heads, d)
+out = fa4.attention(q, k, v, causal=True)            # q, k, v: (batch, seqlen, heads, d)
+out = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k)   # q: (total_q, heads, d)
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def attention(
     causal and window_size=(left, right) are aligned to the bottom-right corner when
     s_q != s_k; softcap > 0 applies softcap·tanh(s/softcap) to the scaled scores.
     Returns out (b, s_q, h, d_v) in q's dtype, and with return_lse the natural-log LSE, fp32
-    (b, h, s_q); rows that see no key get out 0 and lse +inf.
+    (b, h, s_q); rows that see no key get out 0 and lse -inf.
     backend: "auto" (the kernel for the device, else the reference with a warning),
     "reference", "sm90", "sm100" (these two raise when they cannot run the problem).
     """

@@ -74,12 +74,14 @@ def fwd(
 
 
 @fwd.register_kernel("cuda")
-def _fwd_cuda(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det, backend):
+def _fwd_cuda(
+    q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det, backend
+):
     _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k)
     arch = dispatch.kernel_for(q, v, backend, "fwd")
     if arch is not None:
         return torch.ops.fa4._fwd_kernel(
-            q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det, arch
+            q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det
         )
     kw = _ref_kwargs(causal, scale, wl, wr, softcap)
     out, lse = _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, kw)
@@ -128,7 +130,7 @@ def _bwd_cuda(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_q, max_k
     arch = dispatch.kernel_for(q, v, backend, "bwd")
     if arch is not None:
         return torch.ops.fa4._bwd_kernel(
-            dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_q, max_k, *opts[:-1], arch
+            dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_q, max_k, *opts[:-1]
         )
     kw = _ref_kwargs(causal, scale, wl, wr, softcap)
     grads = _ref_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, kw)
@@ -151,7 +153,18 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
     dq, dk, dv = bwd(
-        dout.contiguous(), q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, *ctx.max_seqlens, *ctx.opts
+        dout.contiguous(),
+        q,
+        k,
+        v,
+        out,
+        lse,
+        dlse,
+        cu_q,
+        cu_k,
+        seqused_k,
+        *ctx.max_seqlens,
+        *ctx.opts,
     )
     return (dq, dk, dv) + (None,) * (3 + 2 + len(_OPTS))
 
@@ -159,7 +172,9 @@ def _backward(ctx, dout, dlse):
 fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def call_fwd(q, k, v, opts: dispatch.Options, cu_q=None, cu_k=None, seqused_k=None, max_q=0, max_k=0):
+def call_fwd(
+    q, k, v, opts: dispatch.Options, cu_q=None, cu_k=None, seqused_k=None, max_q=0, max_k=0
+):
     return fwd(
         q, k, v, cu_q, cu_k, seqused_k, max_q, max_k,
         opts.causal, opts.softmax_scale, opts.window_left, opts.window_right,

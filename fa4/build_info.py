@@ -12,6 +12,12 @@ try:
 except ImportError:
     CONFIG = {"built": False, "reason": "fa4 was not built (no fa4/_build_config.py)"}
 
+if CONFIG.get("built"):
+    try:
+        from . import _C  # noqa: F401  (registers torch.ops.fa4._fwd_kernel / _bwd_kernel)
+    except ImportError as e:
+        CONFIG.update(built=False, reason=f"fa4._C was built but failed to import: {e}")
+
 # kernels: {"fwd": {"sm90": [[64, 64], ...]}, "bwd": {...}}: the (d, d_v) pairs compiled per arch.
 KERNELS: dict = CONFIG.get("kernels", {})
 
@@ -32,7 +38,8 @@ def summary() -> str:
     from . import __version__
 
     if not CONFIG.get("built"):
-        return f"fa4 {__version__}: CUDA kernels not built ({CONFIG.get('reason')}); CPU reference only"
+        reason = CONFIG.get("reason")
+        return f"fa4 {__version__}: CUDA kernels not built ({reason}); CPU reference only"
     lines = [f"fa4 {__version__}: CUDA extension built for archs {CONFIG.get('archs')}"]
     for direction in ("fwd", "bwd"):
         per_arch = KERNELS.get(direction, {})

@@ -78,7 +78,11 @@ def _check_options(q, causal, softmax_scale, window_size, softcap, deterministic
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     elif not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
-        _fail("softmax_scale", f"expected float or None, got {type(softmax_scale).__name__}", TypeError)
+        _fail(
+            "softmax_scale",
+            f"expected float or None, got {type(softmax_scale).__name__}",
+            TypeError,
+        )
     if not (math.isfinite(softmax_scale) and softmax_scale > 0):
         _fail("softmax_scale", f"must be finite and > 0, got {softmax_scale}")
     if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2):
@@ -97,7 +101,9 @@ def _check_options(q, causal, softmax_scale, window_size, softcap, deterministic
     if not (math.isfinite(softcap) and softcap >= 0):
         _fail("softcap", f"must be finite and >= 0 (0 = off), got {softcap}")
     backend = resolve_backend(q, backend)
-    return Options(causal, float(softmax_scale), left, right, float(softcap), deterministic, backend)
+    return Options(
+        causal, float(softmax_scale), left, right, float(softcap), deterministic, backend
+    )
 
 
 def resolve_backend(q: torch.Tensor, backend: str) -> str:
@@ -112,7 +118,11 @@ def resolve_backend(q: torch.Tensor, backend: str) -> str:
     if q.device.type != "cuda":
         _fail("backend", f"{backend!r} needs CUDA tensors, got device {q.device}")
     if q.dtype not in KERNEL_DTYPES:
-        _fail("q", f"dtype {q.dtype} not supported by backend {backend!r}: float16 or bfloat16", TypeError)
+        _fail(
+            "q",
+            f"dtype {q.dtype} not supported by backend {backend!r}: float16 or bfloat16",
+            TypeError,
+        )
     return backend
 
 
@@ -122,9 +132,6 @@ def check_dense(q, k, v, **kw) -> Options:
     _check_common(q, k, v, "(batch, seqlen, heads, headdim)")
     if k.shape[0] != q.shape[0]:
         _fail("k", f"batch {k.shape[0]} differs from q's {q.shape[0]}")
-    for name, t in (("q", q), ("k", k)):
-        if t.shape[0] < 1 or t.shape[1] < 1:
-            _fail(name, f"batch and seqlen must be >= 1, got shape {tuple(t.shape)}")
     return _check_options(q, **kw)
 
 
@@ -137,14 +144,21 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         if t.shape[0] < 2:
             _fail(name, f"needs batch + 1 >= 2 entries, got {t.shape[0]}")
     if cu_seqlens_k.shape[0] != cu_seqlens_q.shape[0]:
-        _fail("cu_seqlens_k", f"length {cu_seqlens_k.shape[0]} != cu_seqlens_q's {cu_seqlens_q.shape[0]}")
+        _fail(
+            "cu_seqlens_k",
+            f"length {cu_seqlens_k.shape[0]} != cu_seqlens_q's {cu_seqlens_q.shape[0]}",
+        )
     if seqused_k is not None:
         _check_index_tensor("seqused_k", seqused_k, q.device)
         if seqused_k.shape[0] != cu_seqlens_q.shape[0] - 1:
             _fail("seqused_k", f"length {seqused_k.shape[0]} != batch {cu_seqlens_q.shape[0] - 1}")
     for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(m, int) or isinstance(m, bool) or m < 0:
-            _fail(name, f"expected an int >= 0, got {m!r}", TypeError if not isinstance(m, int) else ValueError)
+            _fail(
+                name,
+                f"expected an int >= 0, got {m!r}",
+                TypeError if not isinstance(m, int) else ValueError,
+            )
     return _check_options(q, **kw)
 
 
@@ -165,7 +179,7 @@ def check_varlen_data(cu_q, cu_k, seqused_k, total_q, total_k, max_q, max_k) -> 
     if cu_q.is_cuda and torch.cuda.is_current_stream_capturing():
         return
     cq, ck = cu_q.cpu(), cu_k.cpu()
-    for name, c, total in (("cu_seqlens_q", cq, total_q), ("cu_seqlens_k", ck, total_k)):
+    for name, c in (("cu_seqlens_q", cq), ("cu_seqlens_k", ck)):
         if c[0] != 0:
             _fail(name, f"must start at 0, got {int(c[0])}")
         if bool((c[1:] < c[:-1]).any()):
@@ -178,7 +192,10 @@ def check_varlen_data(cu_q, cu_k, seqused_k, total_q, total_k, max_q, max_k) -> 
     if seqused_k is not None:
         used = seqused_k.cpu()
         if bool((used < 0).any() | (used > len_k).any()):
-            _fail("seqused_k", f"entries must lie in [0, cu_seqlens_k[i+1] - cu_seqlens_k[i]], got {used.tolist()}")
+            _fail(
+                "seqused_k",
+                f"entries must lie in [0, length of key sequence i], got {used.tolist()}",
+            )
         len_k = used
     if int(len_q.max()) > max_q:
         _fail("max_seqlen_q", f"{max_q} is less than the longest query sequence {int(len_q.max())}")
@@ -213,7 +230,9 @@ def kernel_for(q: torch.Tensor, v: torch.Tensor, backend: str, direction: str) -
             return arch
         if backend != "auto":
             _fail("backend", f"{arch!r} cannot run this {direction}: {why}", RuntimeError)
-        warn_once(f"fa4: no {arch} {direction} kernel for this problem ({why}); running the reference")
+        warn_once(
+            f"fa4: no {arch} {direction} kernel for this problem ({why}); running the reference"
+        )
         return None
     warn_once(f"fa4: no kernels for compute capability {cc[0]}.{cc[1]}; running the fp32 reference")
     return None

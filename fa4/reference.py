@@ -10,8 +10,9 @@ Note [mask alignment]: query row i may see key column j iff
 i.e. masks are aligned to the bottom-right corner when s_q != s_k, as in flash-attn.
 
 Note [empty rows]: a query row that sees no key (possible with s_q > s_k under causal, with a
-sliding window, or with a zero-length key sequence) gets out = 0 and lse = +inf, so that the
-backward's P = exp(S - lse) is exactly 0 on that row.
+sliding window, or with a zero-length key sequence) gets out = 0 and lse = -inf, the log of an
+empty sum (so merging partial results by their LSE gives such a part weight 0). Internally the
+row's LSE is taken as +inf so that P = exp(S - lse) is exactly 0 there, forward and backward.
 
 Memory is bounded by processing query blocks: a block holds b·h·block_q·s_k scores, and
 block_q is chosen so that this stays under SCORE_BUDGET elements; seqlen 16k runs on a CPU.
@@ -47,6 +48,11 @@ def _compute_dtype(dtype: torch.dtype, upcast: bool) -> torch.dtype:
     if dtype == torch.float64:
         return torch.float64
     return torch.float32 if upcast else dtype
+
+
+def _lse_for_exp(lse: torch.Tensor) -> torch.Tensor:
+    """Note [empty rows]: -inf (no key) becomes +inf so that exp(S - lse) is 0, not NaN."""
+    return lse.masked_fill(lse == -math.inf, math.inf)
 
 
 def _lse_dtype(cdt: torch.dtype) -> torch.dtype:
@@ -100,8 +106,7 @@ def attention_ref(
         keep = allowed_keys(rows, s_q, s_k, causal, window_size)
         s, _ = _scores(qh[:, :, rows], kh, scale, softcap, keep)
         blk_lse = torch.logsumexp(s.to(lse.dtype), dim=-1)
-        blk_lse = blk_lse.masked_fill(blk_lse == -math.inf, math.inf)  # Note [empty rows]
-        p = torch.exp(s - blk_lse.to(cdt).unsqueeze(-1))
+        p = torch.exp(s - _lse_for_exp(blk_lse).to(cdt).unsqueeze(-1))
         out[:, :, rows] = torch.matmul(p, vh)
         lse[:, :, rows] = blk_lse
     return out.transpose(1, 2), lse
@@ -136,7 +141,7 @@ def attention_ref_bwd(
     big_d = (doh * out.transpose(1, 2).to(cdt)).sum(-1)
     if dlse is not None:
         big_d = big_d - dlse.to(cdt)
-    lse_c = lse.to(cdt)
+    lse_c = _lse_for_exp(lse).to(cdt)
     dq = torch.empty_like(qh)
     dk, dv = torch.zeros_like(kh), torch.zeros_like(vh)
     step = _block_rows(b, h, s_k)
@@ -174,14 +179,14 @@ def attention_varlen_ref(
     cu_seqlens_q[-1] do not exist by contract (dispatch checks cu_seqlens_q[-1] == total_q)."""
     cdt = _compute_dtype(q.dtype, kw.get("upcast", True))
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=cdt)
-    lse = torch.full((q.shape[1], q.shape[0]), math.inf, dtype=_lse_dtype(cdt), device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=_lse_dtype(cdt), device=q.device)
     for qs, ks in _segments(cu_seqlens_q, cu_seqlens_k, seqused_k):
         if qs.stop == qs.start:
             continue
         if ks.stop == ks.start:
-            continue  # Note [empty rows]: out 0, lse +inf, already there
-        o, l = attention_ref(q[None, qs], k[None, ks], v[None, ks], **kw)
-        out[qs], lse[:, qs] = o[0], l[0]
+            continue  # Note [empty rows]: out 0, lse -inf, already there
+        seg_out, seg_lse = attention_ref(q[None, qs], k[None, ks], v[None, ks], **kw)
+        out[qs], lse[:, qs] = seg_out[0], seg_lse[0]
     return out, lse
 
 
@@ -202,3 +207,207 @@ def attention_varlen_ref_bwd(
         )  # fmt: skip
         dq[qs], dk[ks], dv[ks] = g[0][0], g[1][0], g[2][0]
     return dq, dk, dv
+
+
+# ------------------------------------------------------------------------------------------------
+# Tile-level model of the FA4 forward.
+#
+# attention_fa4_model does, in torch on any device, what the forward kernels do numerically:
+# 128×128 tiles, KV tiles visited in order and skipped where the mask empties them, the online
+# softmax in log2 units with conditional rescaling, exp2 split between MUFU and the polynomial,
+# P rounded to the input dtype before P·V. It is the oracle that the kernels' own quirks
+# (stale maxima, emulated exp2) are checked against, and its statistics say how often the
+# correction warpgroup can skip its work.
+#
+# Note [conditional rescale]: per row, in log2 units, a running max m (-inf before any key),
+# a running sum l and an fp32 accumulator O. For each visited KV tile, m_blk = the row's max
+# over its visible columns of the tile (-inf if none), and exactly one of:
+#   - m == -inf and m_blk finite ("rows_first_block"): m = m_blk. O and l are 0, nothing to
+#     rescale.
+#   - m_blk > m + tau (fp32 add, strict) ("rescaled"): m_new = m_blk, O and l *= 2^(m - m_new).
+#   - otherwise ("skipped"): m stays stale and O, l are untouched. Then
+#     P = 2^(s - m) <= 2^(m_blk - m) <= 2^tau: with tau = 8, P <= 256, which fp32 O and l and
+#     16-bit P (fp16 max 65504) hold easily, so the rescale can wait.
+#   - m_blk = -inf (no visible key of this row in the tile): nothing happens, nothing counted.
+# out = O / l and lse = m + log2(l) do not depend on which m was used (its 2^-m factor
+# cancels); a stale m only moves P up by <= tau binades, where 16-bit floats round with the
+# same relative error, so it costs no accuracy. tau = 0 is the classic online softmax
+# (rescale whenever the max grows). While m is -inf the exp2 offset is 0, so
+# exp2(-inf - (-inf)) = NaN is never formed and masked entries give P = 0.
+# Warp granularity: on SM100 each warp owns 32 rows of the tile; the correction warpgroup skips
+# a warp's O rescale (a TMEM load/multiply/store round trip) only when no row of its 32 needs
+# one. The rows of a rescaling warp that did not need it multiply by exactly 1, so numerics
+# stay per row; only the statistics are kept per warp.
+#
+# Tile skipping: a (Q tile, KV tile) pair is visited iff some row of the Q tile may see some key
+# of the KV tile. The mask is a band (Note [mask alignment]), so these tiles form one
+# contiguous range per Q tile, the kernels' [n_block_min, n_block_max).
+# ------------------------------------------------------------------------------------------------
+
+EMU_PERIOD = 16  # Note [exp2 column split]
+
+
+def emu_columns(block_n: int, fraction: float) -> torch.Tensor:
+    """Bool (block_n,): the columns of a KV tile whose exp2 goes through exp2_poly.
+
+    Note [exp2 column split]: column c of a KV tile (counted from the tile's first column) is
+    emulated iff c % 16 < round(fraction · 16), rounded half up; so the fraction is quantized to
+    sixteenths (0.25 -> columns 0..3 of every 16; 0.1 -> 2/16). A softmax thread owns one row
+    and converts its columns in chunks of 16, so a per-chunk split costs no index math in the
+    kernel and gives every chunk the same MUFU / FMA balance.
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"emu_fraction must be in [0, 1], got {fraction}")
+    n_emu = math.floor(fraction * EMU_PERIOD + 0.5)
+    return torch.arange(block_n) % EMU_PERIOD < n_emu
+
+
+def _ex2_mufu(x: torch.Tensor) -> torch.Tensor:
+    """MUFU.EX2 as the kernels use it (ex2.approx.ftz.f32): denormal results flush to +0."""
+    return torch.exp2(x).masked_fill(x < -126.0, 0.0)
+
+
+def _exp2_split(x: torch.Tensor, emu: torch.Tensor, degree: int) -> torch.Tensor:
+    """2^x, the columns marked in emu (Note [exp2 column split]) by the software exp2."""
+    from ._exp2 import exp2_poly  # local: exact attention above does not need the emulation
+
+    p = _ex2_mufu(x)
+    if emu.any():
+        p[..., emu] = exp2_poly(x[..., emu].contiguous(), degree)
+    return p
+
+
+def _tile_masks(s_q, s_k, causal, window, block_m, block_n, device):
+    """keep (n_m, block_m, n_n, block_n): Note [mask alignment] on the padded tile grid (padding
+    rows and columns see nothing); active (n_m, n_n): the tiles that are visited."""
+    n_m, n_n = -(-s_q // block_m), -(-s_k // block_n)
+    keep = torch.zeros(n_m * block_m, n_n * block_n, dtype=torch.bool, device=device)
+    rows = torch.arange(s_q, device=device)
+    keep[:s_q, :s_k] = allowed_keys(rows, s_q, s_k, causal, window)
+    keep = keep.view(n_m, block_m, n_n, block_n)
+    return keep, keep.any(3).any(1)
+
+
+def _pad_seq(x: torch.Tensor, n: int) -> torch.Tensor:
+    """(b, h, s, d) fp32 zero-padded along s to n (padding is masked, zeros keep P·V finite)."""
+    return torch.nn.functional.pad(x.float(), (0, 0, 0, n - x.shape[2]))
+
+
+_COUNTS = (
+    "rescaled", "skipped", "rows_first_block", "warp_groups_skipped", "warp_groups_total", "tiles",
+)  # fmt: skip
+
+
+class _RowState:
+    """Online-softmax state of every row of every Q tile (Note [conditional rescale]) plus the
+    decision counts."""
+
+    def __init__(self, b, h, n_m, block_m, d_v, device):
+        self.m = torch.full((b, h, n_m, block_m), -math.inf, device=device)
+        self.rowsum = torch.zeros(b, h, n_m, block_m, device=device)
+        self.o = torch.zeros(b, h, n_m, block_m, d_v, device=device)
+        self.counts = dict.fromkeys(_COUNTS, 0)
+
+    def count(self, first, resc, later):
+        """first / resc / later: bool (b, h, n_sel, block_m) decisions of one KV tile."""
+        c = self.counts
+        c["rows_first_block"] += int(first.sum())
+        c["rescaled"] += int(resc.sum())
+        c["skipped"] += int((later & ~resc).sum())
+        warp_decides = later.unflatten(-1, (-1, 32)).any(-1)
+        warp_rescales = resc.unflatten(-1, (-1, 32)).any(-1)
+        c["warp_groups_total"] += int(warp_decides.sum())
+        c["warp_groups_skipped"] += int((warp_decides & ~warp_rescales).sum())
+
+    def stats(self) -> dict:
+        c = dict(self.counts)
+        decided = c["rescaled"] + c["skipped"]
+        c["fraction_skipped"] = c["skipped"] / decided if decided else math.nan
+        return c
+
+
+def _online_step(st, sel, s, vt, *, tau, emu, degree, p_dtype):
+    """One KV tile for the Q tiles sel: s (b, h, n_sel, block_m, block_n) masked log2 scores,
+    vt (b, h, block_n, d_v). Note [conditional rescale]."""
+    m = st.m[:, :, sel]
+    m_blk = s.amax(-1)
+    seen = m_blk > -math.inf
+    first = seen & (m == -math.inf)
+    later = seen & ~first
+    resc = later & (m_blk > m + tau)
+    st.count(first, resc, later)
+    m_new = torch.where(first | resc, m_blk, m)
+    alpha = torch.where(resc, torch.exp2(m - m_new), 1.0)  # exactly 1 where not rescaled
+    offset = m_new.masked_fill(m_new == -math.inf, 0.0)  # no -inf - -inf (NaN) while unseen
+    p = _exp2_split(s - offset.unsqueeze(-1), emu, degree)
+    # l sums the fp32 P, before P is rounded for the MMA
+    st.rowsum[:, :, sel] = st.rowsum[:, :, sel] * alpha + p.sum(-1)
+    pv = torch.matmul(p.to(p_dtype).float(), vt.unsqueeze(2))  # 16-bit P, fp32 accumulation
+    st.o[:, :, sel] = st.o[:, :, sel] * alpha.unsqueeze(-1) + pv
+    st.m[:, :, sel] = m_new
+
+
+def _finish(st: _RowState, s_q: int):
+    """out = O / l (0 where no key), lse = (m + log2 l)·ln 2 (-inf where no key)."""
+    m, rowsum, o = (x.flatten(2, 3)[:, :, :s_q] for x in (st.m, st.rowsum, st.o))
+    seen = m > -math.inf
+    out = torch.where(seen.unsqueeze(-1), o / rowsum.unsqueeze(-1), 0.0)
+    lse = torch.where(seen, (m + torch.log2(rowsum)) * math.log(2.0), -math.inf)
+    return out.transpose(1, 2), lse
+
+
+def _check_model_args(q, k, v, block_m, block_n):
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[2] % k.shape[2] != 0:
+        raise ValueError(f"heads of q ({q.shape[2]}) must be a multiple of k's ({k.shape[2]})")
+    if block_m % 32 != 0 or block_n <= 0:
+        raise ValueError(f"block_m must be a multiple of 32 (warps), got {block_m}, {block_n}")
+
+
+def attention_fa4_model(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    tau: float = 8.0,
+    emu_fraction: float = 0.0,
+    emu_degree: int = 3,
+    block_m: int = 128,
+    block_n: int = 128,
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """The FA4 forward tile by tile (see the section comment). Returns (out, lse, stats):
+    out fp32 (b, s_q, h, d_v), lse natural-log fp32 (b, h, s_q), stats a dict of counts:
+    rescaled / skipped over (row, visible tile after the row's first) pairs, rows_first_block,
+    warp_groups_skipped / warp_groups_total (the same decisions per 32-row warp, counted where
+    any of its rows decides), tiles (visited Q×KV tile pairs, over batch and heads) and
+    fraction_skipped = skipped / (rescaled + skipped).
+
+    Vectorized over batch, heads and Q tiles; the loop runs over KV tiles only."""
+    _check_model_args(q, k, v, block_m, block_n)
+    b, s_q, h, d = q.shape
+    scale = softmax_scale if softmax_scale is not None else d**-0.5
+    keep, active = _tile_masks(s_q, k.shape[1], causal, window_size, block_m, block_n, q.device)
+    n_m, n_n = active.shape
+    qt = _pad_seq(q.transpose(1, 2), n_m * block_m).unflatten(2, (n_m, block_m))
+    kh = _pad_seq(_expand_kv(k, h), n_n * block_n)
+    vh = _pad_seq(_expand_kv(v, h), n_n * block_n)
+    st = _RowState(b, h, n_m, block_m, v.shape[-1], q.device)
+    emu = emu_columns(block_n, emu_fraction).to(q.device)
+    step = dict(tau=tau, emu=emu, degree=emu_degree, p_dtype=q.dtype)
+    for j in range(n_n):
+        sel = active[:, j].nonzero().squeeze(1)
+        if sel.numel() == 0:
+            continue
+        st.counts["tiles"] += b * h * sel.numel()
+        cols = slice(j * block_n, (j + 1) * block_n)
+        s, _ = _scores(qt[:, :, sel], kh[:, :, None, cols], scale, softcap, keep[sel, :, j])
+        _online_step(st, sel, s * (1.0 / math.log(2.0)), vh[:, :, cols], **step)
+    out, lse = _finish(st, s_q)
+    return out, lse, st.stats()

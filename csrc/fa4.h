@@ -1,0 +1,187 @@
+// fa4: FlashAttention-4 forward and backward, plain C++ API.
+//
+// Installed as <fa4/fa4.h>. No torch and no exceptions cross this API: every entry point is
+// noexcept and reports through fa4::Status, with a human-readable reason in fa4::last_error().
+//
+// Usage:
+//   fa4::FwdParams p;            // fill pointers, strides, sizes, flags (see below)
+//   if (fa4::run_fwd(p, stream) != fa4::Status::kOk) std::puts(fa4::last_error());
+//
+// Conventions shared by every tensor below:
+// - Pointers are device pointers. Strides are in elements (not bytes), int64 because
+//   batch * seqlen * heads * head_dim passes 2^31 for ordinary long-context problems.
+// - The last (head_dim) dimension is contiguous by contract: there is no stride field for it.
+// - q, k, v, out and the gradients share `dtype` (fp16 or bf16); lse is always fp32.
+// - Every 16-bit tensor's base pointer must be 16-byte aligned, and each of its strides must be
+//   a multiple of 8 elements (16 bytes) for every dimension whose extent is > 1: the kernels
+//   move these tensors with TMA, whose global addresses and strides are 16-byte granular.
+//   Strides of extent-1 dimensions are never multiplied by a nonzero index, so only >= 0 is
+//   required of them.
+// - Outputs must not overlap each other or the inputs. This is not checked.
+//
+// Dense layout (cu_seqlens_q == cu_seqlens_k == nullptr):
+//   q   (batch, seqlen_q, heads_q,  head_dim):   q[b][i][h][x]   at q + b*q_batch_stride
+//                                                 + i*q_row_stride + h*q_head_stride + x
+//   k   (batch, seqlen_k, heads_kv, head_dim)     (same scheme with the k_* strides)
+//   v   (batch, seqlen_k, heads_kv, head_dim_v)   (v_* strides)
+//   out (batch, seqlen_q, heads_q,  head_dim_v)   (out_* strides)
+//   lse (batch, heads_q, seqlen_q) fp32:          lse[b][h][i] at lse + b*lse_batch_stride
+//                                                 + h*lse_head_stride + i   (rows contiguous)
+//
+// Varlen layout (cu_seqlens_q and cu_seqlens_k both set; the sequences are packed):
+//   batch       number of sequences.
+//   cu_seqlens_q, cu_seqlens_k  int32 device arrays of batch + 1 prefix offsets, starting at 0
+//               and non-decreasing; sequence b owns query rows [cu_seqlens_q[b],
+//               cu_seqlens_q[b+1]) and key rows [cu_seqlens_k[b], cu_seqlens_k[b+1]).
+//               Never read on the host, so validate() cannot check them: the caller must (the
+//               Python layer does).
+//   seqused_k   optional int32 device array of batch entries: sequence b attends only to its
+//               first seqused_k[b] keys (<= its cu_seqlens_k length); the rest are ignored, as
+//               if that sequence had seqlen_k = seqused_k[b] (this also moves the causal
+//               diagonal, see below). Only allowed with varlen.
+//   total_q, total_k   host copies of cu_seqlens_q[batch] and cu_seqlens_k[batch] (the number
+//               of packed rows). They size the backward workspace and say whether there is
+//               anything to compute; the kernels themselves read the device arrays.
+//   seqlen_q, seqlen_k  the maximum query / key count of any one sequence (as used, i.e. after
+//               seqused_k). total_q <= batch * seqlen_q is checked.
+//   q   (total_q, heads_q, head_dim):   row t at q + t*q_row_stride + h*q_head_stride + x;
+//       likewise k, v, out with total_k / total_q rows. The *_batch_stride fields are ignored.
+//   lse (heads_q, total_q) fp32:        lse[h][t] at lse + h*lse_head_stride + t, for the
+//       packed row t = cu_seqlens_q[b] + i. lse_batch_stride is ignored.
+//
+// Masking (causal, window), bottom-right aligned as in flash-attn: with offset = seqlen_k -
+// seqlen_q of the sequence (per sequence for varlen, after seqused_k), query row i sees key j iff
+//   (window_left  < 0 || j >= i + offset - window_left) &&
+//   (window_right < 0 || j <= i + offset + window_right).
+// causal = true is window_right = 0 (window_right must then be -1 or 0); window_left >= 0 with
+// causal gives causal sliding-window attention.
+//
+// Scores: s = softmax_scale * (q . k); with softcap > 0, s = softcap * tanh(s / softcap).
+// lse = log(sum_j exp(s_j)) over the visible keys (natural log, fp32).
+//
+// Empty work: seqlen_q == 0 / seqlen_k == 0 (varlen: total_q == 0 / total_k == 0) are valid.
+// - Pointers to tensors with no element may be null (torch hands out null for empty tensors).
+// - A query row that sees no key (seqlen_k == 0, a zero-length key sequence, or a mask that
+//   hides every key) is defined as out = 0 and lse = -inf (the log of an empty sum).
+// - run_fwd with no query rows writes nothing and returns kOk without touching the device;
+//   run_bwd likewise when there are neither query nor key rows. (With key rows but no query
+//   rows the backward still has dk = dv = 0 to write, so it needs a kernel.)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_runtime_api.h>
+
+namespace fa4 {
+
+enum class Status {
+  kOk,           // the work was done (or there was none)
+  kUnsupported,  // valid request, but this build / this GPU has no kernel for it
+  kInvalid,      // the parameters break a rule documented here; nothing was launched
+  kCudaError,    // a CUDA runtime call failed; last_error() has the CUDA message
+};
+
+// "ok", "unsupported", "invalid", "cuda_error" ("unknown" for anything else).
+const char* status_name(Status s) noexcept;
+
+// Describes the most recent non-kOk result on the calling thread: which field, which rule,
+// e.g. "head_dim=80 not supported: 64, 96, 128, 192, 256, or (192, d_v=128)". Successful calls
+// leave it unchanged (like errno), so read it right after the failing call. Empty string
+// before any failure. The buffer is per thread and lives as long as the thread; the next failing
+// call on the same thread overwrites it.
+const char* last_error() noexcept;
+
+// The library version, e.g. "0.1.0" (fa4/VERSION when it was built).
+const char* version() noexcept;
+
+enum class DType { kFloat16, kBFloat16 };
+
+struct FwdParams {
+  // Tensors: see the layout notes at the top of this file.
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;  // optional: null when the caller does not want the LSE
+
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;
+
+  int batch = 0;       // >= 1 (varlen: number of sequences)
+  int seqlen_q = 0;    // >= 0 (varlen: max over sequences)
+  int seqlen_k = 0;    // >= 0 (varlen: max over sequences)
+  int heads_q = 0;     // >= 1, a multiple of heads_kv (GQA / MQA)
+  int heads_kv = 0;    // >= 1
+  int head_dim = 0;    // 64, 96, 128, 192 or 256
+  int head_dim_v = 0;  // == head_dim, except head_dim = 192 with head_dim_v = 128
+
+  // Varlen (all null for dense): see the layout notes at the top of this file.
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  const int* seqused_k = nullptr;
+  int total_q = 0;  // varlen only: == cu_seqlens_q[batch]
+  int total_k = 0;  // varlen only: == cu_seqlens_k[batch]
+
+  float softmax_scale = 0.0f;  // finite and > 0; usually 1 / sqrt(head_dim). No default on
+                               // purpose: 0 is rejected so a forgotten field cannot pass.
+  float softcap = 0.0f;        // >= 0 and finite; 0 = off
+  int window_left = -1;        // >= -1; -1 = unbounded
+  int window_right = -1;       // >= -1; -1 = unbounded
+  bool causal = false;         // bottom-right aligned when seqlen_q != seqlen_k
+  DType dtype = DType::kBFloat16;
+  bool deterministic = false;  // backward: reproducible dq accumulation order (slower)
+  int num_sms = 0;             // >= 0; SMs the persistent kernels may use, 0 = the device's count
+};
+
+struct BwdParams {
+  // The same problem as the forward. fwd.out and fwd.lse, as run_fwd wrote them, are inputs
+  // here: both must be set whenever there are query rows (lse is not optional in the backward).
+  FwdParams fwd;
+
+  const void* dout = nullptr;  // like out (head_dim_v)
+  void* dq = nullptr;          // like q
+  void* dk = nullptr;          // like k
+  void* dv = nullptr;          // like v (head_dim_v)
+  int64_t dout_batch_stride = 0, dout_row_stride = 0, dout_head_stride = 0;
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+
+  // Optional gradient flowing into the forward's LSE (when the caller used the LSE), fp32,
+  // with exactly fwd.lse's layout and strides. Null = zero.
+  const float* dlse = nullptr;
+};
+
+// Plain data: kernels take them by value as __global__ arguments, and bindings may memcpy them.
+static_assert(std::is_trivially_copyable_v<FwdParams> && std::is_standard_layout_v<FwdParams>);
+static_assert(std::is_trivially_copyable_v<BwdParams> && std::is_standard_layout_v<BwdParams>);
+
+// Checks every rule that can be checked without reading device memory (pointers, sizes, head
+// dims, GQA ratio, window / causal / softcap / scale, strides, alignment). kOk or kInvalid; on
+// kInvalid, last_error() names the field and the rule. run_fwd / run_bwd call these first.
+Status validate(const FwdParams& p) noexcept;
+Status validate(const BwdParams& p) noexcept;
+
+// Runs the forward on `stream` (asynchronously, like a kernel launch), on the calling thread's
+// current device (cudaSetDevice), which must be the device of `stream` and of every pointer.
+Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept;
+
+// Bytes of device workspace run_bwd needs for this problem. Depends only on the size fields
+// (batch, seqlen_q, total_q, heads_q, head_dim, varlen or not), so it may be called before the
+// tensors exist. Returns 0 when there are no query rows, and 0 with last_error() set when a
+// size field is invalid.
+size_t bwd_workspace_size(const BwdParams& p) noexcept;
+
+// Runs the backward on `stream`, on the current device like run_fwd. `workspace` must hold at least
+// bwd_workspace_size(p) bytes, 16-byte aligned (cudaMalloc's 256 is plenty); its contents on entry
+// do not matter, and it must stay untouched by others until the stream has finished this call's
+// work.
+Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes,
+               cudaStream_t stream) noexcept;
+
+}  // namespace fa4

@@ -1,0 +1,406 @@
+// Tests of the fa4 C++ API as installed (<fa4/fa4.h>, fa4::fa4): validation rules, status codes,
+// last_error() messages, the empty-problem rules and bwd_workspace_size's formula.
+// No framework: CHECK counts failures and the exit code is their number.
+//
+// The pointers below are placeholder addresses that are never dereferenced: validation only looks
+// at their values, and this build has no kernel, so run_fwd / run_bwd stop at kUnsupported
+// before any device access. When kernels land, the kUnsupported checks become "kOk on a GPU
+// with real buffers" and move to a GPU test.
+#include <fa4/fa4.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+#ifndef FA4_EXPECTED_VERSION
+#error "tests/cpp/CMakeLists.txt passes the installed package's version as FA4_EXPECTED_VERSION"
+#endif
+
+namespace {
+
+int g_checks = 0;
+int g_failures = 0;
+
+#define CHECK(cond)                                                                             \
+  do {                                                                                          \
+    ++g_checks;                                                                                 \
+    if (!(cond)) {                                                                              \
+      ++g_failures;                                                                             \
+      std::fprintf(stderr, "%s:%d: CHECK(%s) failed; last_error: \"%s\"\n", __FILE__, __LINE__, \
+                   #cond, fa4::last_error());                                                   \
+    }                                                                                           \
+  } while (0)
+
+bool error_has(const char* text) {
+  return std::strstr(fa4::last_error(), text) != nullptr;
+}
+
+// Distinct, 16-byte aligned, never dereferenced (see the top of the file).
+template <class T>
+T* fake(int slot) {
+  return reinterpret_cast<T*>(uintptr_t{0x100000000} + uintptr_t(slot) * 0x10000000);
+}
+
+// A contiguous dense problem: (b, s, h, d) tensors, (b, h, s_q) LSE.
+fa4::FwdParams dense(int b, int sq, int sk, int hq, int hkv, int d, int dv) {
+  fa4::FwdParams p;
+  p.q = fake<const void>(1);
+  p.k = fake<const void>(2);
+  p.v = fake<const void>(3);
+  p.out = fake<void>(4);
+  p.lse = fake<float>(5);
+  p.q_batch_stride = int64_t{sq} * hq * d;
+  p.q_row_stride = int64_t{hq} * d;
+  p.q_head_stride = d;
+  p.k_batch_stride = int64_t{sk} * hkv * d;
+  p.k_row_stride = int64_t{hkv} * d;
+  p.k_head_stride = d;
+  p.v_batch_stride = int64_t{sk} * hkv * dv;
+  p.v_row_stride = int64_t{hkv} * dv;
+  p.v_head_stride = dv;
+  p.out_batch_stride = int64_t{sq} * hq * dv;
+  p.out_row_stride = int64_t{hq} * dv;
+  p.out_head_stride = dv;
+  p.lse_batch_stride = int64_t{hq} * sq;
+  p.lse_head_stride = sq;
+  p.batch = b;
+  p.seqlen_q = sq;
+  p.seqlen_k = sk;
+  p.heads_q = hq;
+  p.heads_kv = hkv;
+  p.head_dim = d;
+  p.head_dim_v = dv;
+  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  p.dtype = fa4::DType::kBFloat16;
+  return p;
+}
+
+fa4::FwdParams base() {
+  return dense(2, 200, 300, 8, 2, 128, 128);
+}
+fa4::FwdParams causal() {
+  fa4::FwdParams p = base();
+  p.causal = true;
+  return p;
+}
+// batch 1, one query row, one KV head: extent-1 dimensions.
+fa4::FwdParams one_query() {
+  return dense(1, 1, 64, 2, 1, 128, 128);
+}
+
+// Packed varlen: 3 sequences, 300 query rows, 500 key rows, (heads, total_q) LSE.
+fa4::FwdParams varlen() {
+  fa4::FwdParams p = dense(3, 150, 250, 8, 2, 128, 128);
+  p.cu_seqlens_q = fake<const int>(6);
+  p.cu_seqlens_k = fake<const int>(7);
+  p.total_q = 300;
+  p.total_k = 500;
+  // Batch strides are ignored for varlen: even nonsense must pass.
+  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.out_batch_stride = -3;
+  p.lse_batch_stride = -3;
+  p.lse_head_stride = p.total_q;
+  return p;
+}
+
+fa4::BwdParams bwd_of(const fa4::FwdParams& f) {
+  fa4::BwdParams p;
+  p.fwd = f;
+  p.dout = fake<const void>(8);
+  p.dq = fake<void>(9);
+  p.dk = fake<void>(10);
+  p.dv = fake<void>(11);
+  p.dout_batch_stride = f.out_batch_stride;
+  p.dout_row_stride = f.out_row_stride;
+  p.dout_head_stride = f.out_head_stride;
+  p.dq_batch_stride = f.q_batch_stride;
+  p.dq_row_stride = f.q_row_stride;
+  p.dq_head_stride = f.q_head_stride;
+  p.dk_batch_stride = f.k_batch_stride;
+  p.dk_row_stride = f.k_row_stride;
+  p.dk_head_stride = f.k_head_stride;
+  p.dv_batch_stride = f.v_batch_stride;
+  p.dv_row_stride = f.v_row_stride;
+  p.dv_head_stride = f.v_head_stride;
+  return p;
+}
+
+using Mutate = void (*)(fa4::FwdParams&);
+
+struct FwdCase {
+  const char* expect;  // invalid cases: must appear in last_error() (field and value);
+                       // valid cases: a name for the failure report
+  fa4::FwdParams (*start)();
+  Mutate mutate;
+};
+
+using P = fa4::FwdParams;
+
+// One broken rule each, applied to a valid problem so only the named rule can fire.
+const FwdCase kInvalidFwd[] = {
+    {"q is null", base, [](P& p) { p.q = nullptr; }},
+    {"k is null", base, [](P& p) { p.k = nullptr; }},
+    {"v is null", base, [](P& p) { p.v = nullptr; }},
+    {"out is null", base, [](P& p) { p.out = nullptr; }},
+    {"batch=0", base, [](P& p) { p.batch = 0; }},
+    {"seqlen_q=-1", base, [](P& p) { p.seqlen_q = -1; }},
+    {"seqlen_k=-1", base, [](P& p) { p.seqlen_k = -1; }},
+    {"heads_q=0", base, [](P& p) { p.heads_q = 0; }},
+    {"heads_kv=0", base, [](P& p) { p.heads_kv = 0; }},
+    {"heads_q=8 not a multiple of heads_kv=3", base, [](P& p) { p.heads_kv = 3; }},
+    {"head_dim=80 not supported: 64, 96, 128, 192, 256, or (192, d_v=128)", base,
+     [](P& p) { p = dense(2, 200, 300, 8, 2, 80, 80); }},
+    {"head_dim=32", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 32, 32); }},
+    {"head_dim=512", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 512, 512); }},
+    {"head_dim_v=64", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 128, 64); }},
+    {"head_dim_v=64", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 192, 64); }},
+    {"head_dim_v=256", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 128, 256); }},
+    {"dtype=7", base, [](P& p) { p.dtype = static_cast<fa4::DType>(7); }},
+    {"softmax_scale=0", base, [](P& p) { p.softmax_scale = 0.0f; }},
+    {"softmax_scale=-1", base, [](P& p) { p.softmax_scale = -1.0f; }},
+    {"softmax_scale=nan", base, [](P& p) { p.softmax_scale = std::nanf(""); }},
+    {"softmax_scale=inf", base, [](P& p) { p.softmax_scale = HUGE_VALF; }},
+    {"softcap=-1", base, [](P& p) { p.softcap = -1.0f; }},
+    {"softcap=inf", base, [](P& p) { p.softcap = HUGE_VALF; }},
+    {"softcap=nan", base, [](P& p) { p.softcap = std::nanf(""); }},
+    {"window_left=-2", base, [](P& p) { p.window_left = -2; }},
+    {"window_right=-2", base, [](P& p) { p.window_right = -2; }},
+    {"window_right=5 contradicts causal", causal, [](P& p) { p.window_right = 5; }},
+    {"num_sms=-1", base, [](P& p) { p.num_sms = -1; }},
+    {"q=0x", base, [](P& p) { p.q = fake<const char>(1) + 8; }},
+    {"out=0x", base, [](P& p) { p.out = fake<char>(4) + 2; }},
+    {"q_batch_stride=-8", base, [](P& p) { p.q_batch_stride = -8; }},
+    {"q_row_stride=1028 not a multiple of 8", base, [](P& p) { p.q_row_stride = 1028; }},
+    {"q_head_stride=-128", base, [](P& p) { p.q_head_stride = -128; }},
+    {"k_row_stride=4", base, [](P& p) { p.k_row_stride = 4; }},
+    {"k_head_stride=-1", base, [](P& p) { p.k_head_stride = -1; }},
+    {"v_batch_stride=12", base, [](P& p) { p.v_batch_stride = 12; }},
+    {"out_head_stride=130", base, [](P& p) { p.out_head_stride = 130; }},
+    {"lse_batch_stride=-1", base, [](P& p) { p.lse_batch_stride = -1; }},
+    {"lse_head_stride=-1", base, [](P& p) { p.lse_head_stride = -1; }},
+    {"cu_seqlens_k is null", varlen, [](P& p) { p.cu_seqlens_k = nullptr; }},
+    {"cu_seqlens_q is null", varlen, [](P& p) { p.cu_seqlens_q = nullptr; }},
+    {"seqused_k is set without cu_seqlens_k", base, [](P& p) { p.seqused_k = fake<int>(12); }},
+    {"total_q=-1", varlen, [](P& p) { p.total_q = -1; }},
+    {"total_k=-1", varlen, [](P& p) { p.total_k = -1; }},
+    {"total_q=451 exceeds", varlen, [](P& p) { p.total_q = 451; }},
+    {"total_k=751 exceeds", varlen, [](P& p) { p.total_k = 751; }},
+    {"q_row_stride=12", varlen, [](P& p) { p.q_row_stride = 12; }},
+};
+
+// Valid corners that a too-strict validator would reject.
+const FwdCase kValidFwd[] = {
+    {"base", base, [](P&) {}},
+    {"varlen", varlen, [](P&) {}},
+    {"varlen + seqused_k, more packed keys than batch * seqlen_k", varlen,
+     [](P& p) {
+       p.seqused_k = fake<int>(12);
+       p.total_k = 9000;
+     }},
+    {"d=64", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 64, 64); }},
+    {"d=96", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 96, 96); }},
+    {"d=192", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 192, 192); }},
+    {"d=256", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 256, 256); }},
+    {"MQA, d=192 d_v=128", base, [](P& p) { p = dense(1, 64, 64, 6, 1, 192, 128); }},
+    {"no LSE: its strides are unused", base,
+     [](P& p) {
+       p.lse = nullptr;
+       p.lse_head_stride = -1;
+     }},
+    {"causal, window_right=-1", causal, [](P&) {}},
+    {"causal sliding window", causal,
+     [](P& p) {
+       p.window_right = 0;
+       p.window_left = 64;
+     }},
+    {"window (0, 0)", base, [](P& p) { p.window_left = p.window_right = 0; }},
+    {"softcap, deterministic, num_sms", base,
+     [](P& p) {
+       p.softcap = 30.0f;
+       p.deterministic = true;
+       p.num_sms = 7;
+     }},
+    {"fp16", base, [](P& p) { p.dtype = fa4::DType::kFloat16; }},
+    // Strides of extent-1 dimensions are never used, so any value >= 0 goes.
+    {"extent-1 strides", one_query, [](P& p) { p.q_row_stride = p.k_head_stride = 5; }},
+    {"K/V broadcast over the batch", base, [](P& p) { p.k_batch_stride = p.v_batch_stride = 0; }},
+};
+
+void test_status_names() {
+  CHECK(std::strcmp(fa4::status_name(fa4::Status::kOk), "ok") == 0);
+  CHECK(std::strcmp(fa4::status_name(fa4::Status::kUnsupported), "unsupported") == 0);
+  CHECK(std::strcmp(fa4::status_name(fa4::Status::kInvalid), "invalid") == 0);
+  CHECK(std::strcmp(fa4::status_name(fa4::Status::kCudaError), "cuda_error") == 0);
+  CHECK(std::strcmp(fa4::status_name(static_cast<fa4::Status>(42)), "unknown") == 0);
+  CHECK(std::strcmp(fa4::version(), FA4_EXPECTED_VERSION) == 0);
+}
+
+void test_invalid_fwd() {
+  for (const FwdCase& c : kInvalidFwd) {
+    fa4::FwdParams p = c.start();
+    c.mutate(p);
+    CHECK(fa4::validate(p) == fa4::Status::kInvalid);
+    if (!error_has(c.expect)) {
+      std::fprintf(stderr, "  expected \"%s\" in last_error \"%s\"\n", c.expect, fa4::last_error());
+      CHECK(error_has(c.expect));
+    }
+    // run_fwd validates first, with the same message.
+    CHECK(fa4::run_fwd(p, nullptr) == fa4::Status::kInvalid);
+    CHECK(error_has(c.expect));
+  }
+}
+
+void test_valid_fwd() {
+  for (const FwdCase& c : kValidFwd) {
+    fa4::FwdParams p = c.start();
+    c.mutate(p);
+    const fa4::Status s = fa4::validate(p);
+    CHECK(s == fa4::Status::kOk);
+    if (s != fa4::Status::kOk)
+      std::fprintf(stderr, "  %s rejected: %s\n", c.expect, fa4::last_error());
+  }
+}
+
+void test_last_error_is_sticky() {
+  CHECK(fa4::validate(dense(1, 64, 64, 1, 1, 80, 80)) == fa4::Status::kInvalid);
+  CHECK(fa4::validate(base()) == fa4::Status::kOk);
+  CHECK(error_has("head_dim=80"));  // a kOk call leaves the last failure's message in place
+}
+
+void test_no_kernel_yet() {
+  CHECK(fa4::run_fwd(base(), nullptr) == fa4::Status::kUnsupported);
+  CHECK(error_has("no forward kernel is compiled into this build yet"));
+  CHECK(error_has("SM90 forward: issue 3"));
+  CHECK(error_has("SM100 forward: issue 5"));
+  CHECK(error_has(FA4_EXPECTED_VERSION));
+  CHECK(fa4::run_fwd(varlen(), nullptr) == fa4::Status::kUnsupported);
+
+  const fa4::BwdParams b = bwd_of(base());
+  const size_t ws = fa4::bwd_workspace_size(b);
+  CHECK(ws > 0);
+  CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr) == fa4::Status::kUnsupported);
+  CHECK(error_has("no backward kernel is compiled into this build yet"));
+}
+
+void test_empty_problems() {
+  // No query rows: nothing to write, kOk with no kernel and null q/out.
+  fa4::FwdParams p = dense(2, 0, 300, 8, 2, 128, 128);
+  p.q = nullptr;
+  p.out = nullptr;
+  p.lse = nullptr;
+  CHECK(fa4::run_fwd(p, nullptr) == fa4::Status::kOk);
+  // Query rows but no keys: out = 0 and lse = -inf must still be written, which takes a kernel.
+  fa4::FwdParams nk = dense(2, 200, 0, 8, 2, 128, 128);
+  nk.k = nk.v = nullptr;
+  CHECK(fa4::validate(nk) == fa4::Status::kOk);
+  CHECK(fa4::run_fwd(nk, nullptr) == fa4::Status::kUnsupported);
+  // Varlen with total_q = 0 is the same no-op.
+  fa4::FwdParams vq = varlen();
+  vq.total_q = 0;
+  vq.q = vq.out = nullptr;
+  CHECK(fa4::run_fwd(vq, nullptr) == fa4::Status::kOk);
+
+  // Backward: a no-op only when there are neither query nor key rows.
+  fa4::FwdParams none = dense(1, 0, 0, 8, 2, 128, 128);
+  none.q = none.k = none.v = none.out = nullptr;
+  none.lse = nullptr;
+  fa4::BwdParams b = bwd_of(none);
+  b.dout = b.dq = b.dk = b.dv = nullptr;
+  CHECK(fa4::bwd_workspace_size(b) == 0);
+  CHECK(fa4::run_bwd(b, nullptr, 0, nullptr) == fa4::Status::kOk);
+  // Keys but no queries: dk = dv = 0 still have to be written.
+  fa4::FwdParams keys_only = dense(1, 0, 64, 8, 2, 128, 128);
+  keys_only.q = keys_only.out = nullptr;
+  keys_only.lse = nullptr;
+  fa4::BwdParams bk = bwd_of(keys_only);
+  bk.dout = bk.dq = nullptr;
+  CHECK(fa4::bwd_workspace_size(bk) == 0);
+  CHECK(fa4::run_bwd(bk, nullptr, 0, nullptr) == fa4::Status::kUnsupported);
+}
+
+void test_invalid_bwd() {
+  struct BwdCase {
+    const char* expect;
+    void (*mutate)(fa4::BwdParams&);
+  };
+  const BwdCase cases[] = {
+      {"fwd.lse is null", [](fa4::BwdParams& b) { b.fwd.lse = nullptr; }},
+      {"fwd.out is null", [](fa4::BwdParams& b) { b.fwd.out = nullptr; }},
+      {"fwd.head_dim=80", [](fa4::BwdParams& b) { b.fwd.head_dim = b.fwd.head_dim_v = 80; }},
+      {"fwd.softmax_scale=0", [](fa4::BwdParams& b) { b.fwd.softmax_scale = 0.0f; }},
+      {"dout is null", [](fa4::BwdParams& b) { b.dout = nullptr; }},
+      {"dq is null", [](fa4::BwdParams& b) { b.dq = nullptr; }},
+      {"dk is null", [](fa4::BwdParams& b) { b.dk = nullptr; }},
+      {"dv is null", [](fa4::BwdParams& b) { b.dv = nullptr; }},
+      {"dq=0x", [](fa4::BwdParams& b) { b.dq = fake<char>(9) + 4; }},
+      {"dout_row_stride=-1", [](fa4::BwdParams& b) { b.dout_row_stride = -1; }},
+      {"dq_row_stride=12", [](fa4::BwdParams& b) { b.dq_row_stride = 12; }},
+      {"dk_head_stride=100", [](fa4::BwdParams& b) { b.dk_head_stride = 100; }},
+      {"dv_batch_stride=-8", [](fa4::BwdParams& b) { b.dv_batch_stride = -8; }},
+  };
+  for (const BwdCase& c : cases) {
+    fa4::BwdParams b = bwd_of(base());
+    c.mutate(b);
+    CHECK(fa4::validate(b) == fa4::Status::kInvalid);
+    if (!error_has(c.expect)) {
+      std::fprintf(stderr, "  expected \"%s\" in last_error \"%s\"\n", c.expect, fa4::last_error());
+      CHECK(error_has(c.expect));
+    }
+    CHECK(fa4::run_bwd(b, fake<void>(13), size_t{1} << 30, nullptr) == fa4::Status::kInvalid);
+  }
+  fa4::BwdParams ok = bwd_of(base());
+  ok.dlse = fake<const float>(14);
+  CHECK(fa4::validate(ok) == fa4::Status::kOk);
+  CHECK(fa4::validate(bwd_of(varlen())) == fa4::Status::kOk);
+
+  const size_t ws = fa4::bwd_workspace_size(ok);
+  CHECK(fa4::run_bwd(ok, fake<void>(13), ws - 1, nullptr) == fa4::Status::kInvalid);
+  CHECK(error_has("workspace_bytes="));
+  CHECK(fa4::run_bwd(ok, nullptr, ws, nullptr) == fa4::Status::kInvalid);
+  CHECK(error_has("workspace is null"));
+  CHECK(fa4::run_bwd(ok, fake<char>(13) + 4, ws, nullptr) == fa4::Status::kInvalid);
+  CHECK(error_has("workspace=0x"));
+}
+
+// Note [bwd workspace] in dispatch.cu: per query head, fp32 dq_accum (rows x head_dim) plus
+// lse_log2 and dpsum (rows each), rows padded to 128.
+void test_workspace_formula() {
+  // Dense b=2, s_q=200 -> 2 * 256 = 512 rows; 8 heads, d=128:
+  //   8 * 512 * (128 + 1 + 1) * 4 = 2,129,920 bytes.
+  CHECK(fa4::bwd_workspace_size(bwd_of(base())) == size_t{2129920});
+  // Varlen, 3 sequences, total_q=300 -> round_up(300 + 3*128, 128) = 768 rows; 8 heads, d=128:
+  //   8 * 768 * 130 * 4 = 3,194,880 bytes.
+  CHECK(fa4::bwd_workspace_size(bwd_of(varlen())) == size_t{3194880});
+  // d=192 / d_v=128: the accumulator follows head_dim (dQ's width), not head_dim_v.
+  // 1 * 128 rows * 6 heads * (192 + 2) * 4 = 595,968 bytes.
+  CHECK(fa4::bwd_workspace_size(bwd_of(dense(1, 64, 64, 6, 1, 192, 128))) == size_t{595968});
+  // Exactly 128 rows: no padding. 1 * 128 * 1 * (64 + 2) * 4 = 33,792.
+  CHECK(fa4::bwd_workspace_size(bwd_of(dense(1, 128, 7, 1, 1, 64, 64))) == size_t{33792});
+  // Only sizes matter: it works before the tensors exist.
+  fa4::BwdParams sizes_only;
+  sizes_only.fwd.batch = 2;
+  sizes_only.fwd.seqlen_q = 200;
+  sizes_only.fwd.heads_q = sizes_only.fwd.heads_kv = 8;
+  sizes_only.fwd.head_dim = sizes_only.fwd.head_dim_v = 128;
+  CHECK(fa4::bwd_workspace_size(sizes_only) == size_t{2129920});
+  // Invalid sizes: 0 and a message.
+  fa4::BwdParams bad = bwd_of(base());
+  bad.fwd.heads_q = 0;
+  CHECK(fa4::bwd_workspace_size(bad) == 0);
+  CHECK(error_has("fwd.heads_q=0"));
+}
+
+}  // namespace
+
+int main() {
+  test_status_names();
+  test_invalid_fwd();
+  test_valid_fwd();
+  test_last_error_is_sticky();
+  test_no_kernel_yet();
+  test_empty_problems();
+  test_invalid_bwd();
+  test_workspace_formula();
+  std::printf("fa4 %s C++ API test: %d checks, %d failed\n", fa4::version(), g_checks, g_failures);
+  return g_failures;
+}

@@ -1,0 +1,40 @@
+"""Shared test helpers: the tolerance rule of DESIGN.md §5 and input makers."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rounding_noise(ref: torch.Tensor, dtype: torch.dtype) -> float:
+    """Largest error of storing ref in dtype: the dtype's rounding noise at the output's scale."""
+    if dtype == torch.float64:
+        return 0.0
+    finite = ref[torch.isfinite(ref)].double()
+    if finite.numel() == 0:
+        return 0.0
+    return (finite.to(dtype).double() - finite).abs().max().item()
+
+
+def assert_tolerance(name, out, ref, out_pt, dtype, slack: float = 2.0) -> None:
+    """max|out - ref| <= slack * max|out_pt - ref| + 2 * rounding noise (DESIGN.md §5).
+
+    out: the implementation under test; ref: fp32 math on the same low-precision inputs;
+    out_pt: the same computation done naively in the low dtype. Infinite entries (LSE of rows
+    that see no key) must match exactly; NaN anywhere fails.
+    """
+    out, ref, out_pt = out.double(), ref.double(), out_pt.double()
+    assert out.shape == ref.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    assert not torch.isnan(out).any(), f"{name}: NaN in output"
+    inf = torch.isinf(ref)
+    assert torch.equal(out[inf], ref[inf]), f"{name}: infinite entries differ"
+    fin = ~inf
+    err = (out[fin] - ref[fin]).abs().max().item() if fin.any() else 0.0
+    base = (out_pt[fin] - ref[fin]).abs().max().item() if fin.any() else 0.0
+    atol = 2 * rounding_noise(ref, dtype)
+    bound = slack * base + atol
+    assert err <= bound, f"{name}: max err {err:.3e} > {slack}*{base:.3e} + {atol:.3e}"
+
+
+def randn(*shape, dtype=torch.bfloat16, requires_grad=False, generator=None):
+    t = torch.randn(*shape, generator=generator).to(dtype)
+    return t.requires_grad_(requires_grad)

@@ -1,0 +1,229 @@
+"""Every bad input of DESIGN.md §4 raises ValueError/TypeError naming the argument and the rule."""
+
+import re
+
+import pytest
+import torch
+
+import fa4
+
+B, S, H, D = 2, 8, 4, 64
+
+
+def qkv(dtype=torch.bfloat16, s_k=S, h_kv=H, d=D, d_v=None):
+    q = torch.randn(B, S, H, d, dtype=dtype)
+    k = torch.randn(B, s_k, h_kv, d, dtype=dtype)
+    v = torch.randn(B, s_k, h_kv, d_v or d, dtype=dtype)
+    return q, k, v
+
+
+def varlen_inputs(lens_q=(3, 5), lens_k=(4, 4)):
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(int(cu_q[-1]), H, D, dtype=torch.bfloat16)
+    k = torch.randn(int(cu_k[-1]), H, D, dtype=torch.bfloat16)
+    return q, k, k.clone(), cu_q, cu_k, max(lens_q), max(lens_k)
+
+
+def raises(exc, *words):
+    pattern = ".*".join(re.escape(w) for w in words)
+    return pytest.raises(exc, match=pattern)
+
+
+DENSE_CASES = {
+    # name: (kwargs of qkv or a callable making (q, k, v), attention kwargs, exception, words)
+    "q_dtype_int": (
+        lambda: (torch.ones(B, S, H, D, dtype=torch.int32),) * 3,
+        {},
+        TypeError,
+        ["q", "dtype"],
+    ),
+    "k_dtype_mismatch": (
+        lambda: (qkv()[0], *qkv(torch.float16)[1:]),
+        {},
+        TypeError,
+        ["k", "differs from q.dtype"],
+    ),
+    "v_dtype_mismatch": (
+        lambda: (*qkv()[:2], qkv(torch.float16)[2]),
+        {},
+        TypeError,
+        ["v", "differs from q.dtype"],
+    ),
+    "q_not_tensor": (lambda: ([1.0], *qkv()[1:]), {}, TypeError, ["q", "torch.Tensor"]),
+    "q_3d": (lambda: (qkv()[0][0], *qkv()[1:]), {}, ValueError, ["q", "expected 4 dims"]),
+    "k_3d": (lambda: (qkv()[0], qkv()[1][0], qkv()[2]), {}, ValueError, ["k", "expected 4 dims"]),
+    "last_stride": (
+        lambda: (qkv(d=128)[0][..., ::2], *qkv()[1:]),
+        {},
+        ValueError,
+        ["q", "contiguous", "stride 2"],
+    ),
+    "v_last_stride": (
+        lambda: (*qkv()[:2], torch.randn(B, S, H, 2 * D, dtype=torch.bfloat16)[..., ::2]),
+        {},
+        ValueError,
+        ["v", "stride 2"],
+    ),
+    "hdim_80": (lambda: qkv(d=80), {}, ValueError, ["q", "head dim 80", "not supported"]),
+    "hdim_v_mismatch": (lambda: qkv(d=128, d_v=64), {}, ValueError, ["head dim 128 with d_v 64"]),
+    "hdim_k_mismatch": (
+        lambda: (qkv(d=128)[0], *qkv(d=64)[1:]),
+        {},
+        ValueError,
+        ["k", "head dim 64", "q's 128"],
+    ),
+    "gqa_ratio": (lambda: qkv(h_kv=3), {}, ValueError, ["heads of q (4)", "multiple", "(3)"]),
+    "batch_mismatch": (
+        lambda: (torch.randn(B + 1, S, H, D).bfloat16(), *qkv()[1:]),
+        {},
+        ValueError,
+        ["k", "batch"],
+    ),
+    "kv_shape_mismatch": (
+        lambda: (*qkv()[:2], qkv(s_k=S + 1)[2]),
+        {},
+        ValueError,
+        ["v", "must match k"],
+    ),
+    "causal_type": (qkv, {"causal": 1}, TypeError, ["causal", "bool"]),
+    "deterministic_type": (qkv, {"deterministic": "yes"}, TypeError, ["deterministic", "bool"]),
+    "scale_negative": (qkv, {"softmax_scale": -1.0}, ValueError, ["softmax_scale", "> 0"]),
+    "scale_nan": (qkv, {"softmax_scale": float("nan")}, ValueError, ["softmax_scale", "finite"]),
+    "scale_type": (qkv, {"softmax_scale": "0.1"}, TypeError, ["softmax_scale", "float"]),
+    "window_len": (qkv, {"window_size": (1, 2, 3)}, TypeError, ["window_size", "pair"]),
+    "window_neg": (qkv, {"window_size": (-2, 0)}, ValueError, ["window_size", ">= -1"]),
+    "window_float": (qkv, {"window_size": (1.5, 0)}, TypeError, ["window_size", "int"]),
+    "window_causal": (
+        qkv,
+        {"causal": True, "window_size": (-1, 4)},
+        ValueError,
+        ["window_size", "causal"],
+    ),
+    "softcap_negative": (qkv, {"softcap": -1.0}, ValueError, ["softcap", ">= 0"]),
+    "softcap_inf": (qkv, {"softcap": float("inf")}, ValueError, ["softcap", "finite"]),
+    "backend_name": (qkv, {"backend": "cudnn"}, ValueError, ["backend", "one of"]),
+    "backend_cpu": (qkv, {"backend": "sm90"}, ValueError, ["backend", "needs CUDA tensors"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DENSE_CASES))
+def test_dense_bad_input(case):
+    make, kw, exc, words = DENSE_CASES[case]
+    q, k, v = make()
+    with raises(exc, *words):
+        fa4.attention(q, k, v, **kw)
+
+
+@pytest.mark.gpu
+def test_device_mismatch():
+    q, k, v = qkv()
+    with raises(ValueError, "k", "device"):
+        fa4.attention(q, k.cuda(), v)
+
+
+def test_float32_rejected_by_kernel_backends_but_fine_on_reference():
+    q, k, v = qkv(torch.float32)
+    assert fa4.attention(q, k, v, backend="reference").dtype == torch.float32
+    with raises(ValueError, "backend", "needs CUDA"):
+        fa4.attention(q, k, v, backend="sm100")
+
+
+def _varlen_case(mutate):
+    args = list(varlen_inputs())
+    kw = {}
+    mutate(args, kw)
+    return args, kw
+
+
+VARLEN_CASES = {
+    "cu_q_int64": (
+        lambda a, kw: a.__setitem__(3, a[3].long()),
+        TypeError,
+        ["cu_seqlens_q", "torch.int32"],
+    ),
+    "cu_k_float": (
+        lambda a, kw: a.__setitem__(4, a[4].float()),
+        TypeError,
+        ["cu_seqlens_k", "int32"],
+    ),
+    "cu_q_list": (
+        lambda a, kw: a.__setitem__(3, [0, 3, 8]),
+        TypeError,
+        ["cu_seqlens_q", "torch.Tensor"],
+    ),
+    "cu_q_2d": (lambda a, kw: a.__setitem__(3, a[3][None]), ValueError, ["cu_seqlens_q", "1-D"]),
+    "cu_q_short": (
+        lambda a, kw: a.__setitem__(3, a[3][:1]),
+        ValueError,
+        ["cu_seqlens_q", ">= 2 entries"],
+    ),
+    "cu_len_mismatch": (
+        lambda a, kw: a.__setitem__(4, torch.tensor([0, 4], dtype=torch.int32)),
+        ValueError,
+        ["cu_seqlens_k", "length 2", "3"],
+    ),
+    "cu_q_not_monotone": (
+        lambda a, kw: a.__setitem__(3, torch.tensor([0, 6, 8, 3], dtype=torch.int32)[[0, 1, 3]]),
+        ValueError,
+        ["cu_seqlens_q", "non-decreasing"],
+    ),
+    "cu_q_start": (
+        lambda a, kw: a.__setitem__(3, torch.tensor([1, 3, 8], dtype=torch.int32)),
+        ValueError,
+        ["cu_seqlens_q", "start at 0"],
+    ),
+    "cu_q_total": (
+        lambda a, kw: a.__setitem__(3, torch.tensor([0, 3, 7], dtype=torch.int32)),
+        ValueError,
+        ["cu_seqlens_q", "must equal q.shape[0] = 8"],
+    ),
+    "cu_k_over": (
+        lambda a, kw: a.__setitem__(4, torch.tensor([0, 4, 9], dtype=torch.int32)),
+        ValueError,
+        ["cu_seqlens_k", "exceeds k.shape[0] = 8"],
+    ),
+    "max_q_small": (
+        lambda a, kw: a.__setitem__(5, 4),
+        ValueError,
+        ["max_seqlen_q", "longest query", "5"],
+    ),
+    "max_k_small": (
+        lambda a, kw: a.__setitem__(6, 3),
+        ValueError,
+        ["max_seqlen_k", "longest key", "4"],
+    ),
+    "max_q_type": (lambda a, kw: a.__setitem__(5, 4.5), TypeError, ["max_seqlen_q", "int"]),
+    "seqused_dtype": (
+        lambda a, kw: kw.update(seqused_k=torch.tensor([1, 2])),
+        TypeError,
+        ["seqused_k", "int32"],
+    ),
+    "seqused_len": (
+        lambda a, kw: kw.update(seqused_k=torch.tensor([1], dtype=torch.int32)),
+        ValueError,
+        ["seqused_k", "length 1", "batch 2"],
+    ),
+    "seqused_range": (
+        lambda a, kw: kw.update(seqused_k=torch.tensor([1, 5], dtype=torch.int32)),
+        ValueError,
+        ["seqused_k", "entries must lie"],
+    ),
+    "q_4d": (lambda a, kw: a.__setitem__(0, a[0][None]), ValueError, ["q", "expected 3 dims"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VARLEN_CASES))
+def test_varlen_bad_input(case):
+    mutate, exc, words = VARLEN_CASES[case]
+    args, kw = _varlen_case(mutate)
+    with raises(exc, *words):
+        fa4.attention_varlen(*args, **kw)
+
+
+def test_varlen_good_input_passes():
+    """The base case of the table above is valid, so each failure is due to its one mutation."""
+    args, kw = _varlen_case(lambda a, kw: None)
+    assert fa4.attention_varlen(*args, **kw).shape == (8, H, D)
+    q, k, v = qkv()
+    assert fa4.attention(q, k, v).shape == (B, S, H, D)
