@@ -54,6 +54,9 @@ def _why_no_cuda() -> str | None:
         return f"torch {torch.__version__} is a CPU build (no CUDA)"
     if CUDA_HOME is None or not (Path(CUDA_HOME) / "bin" / "nvcc").exists():
         return "nvcc not found (set CUDA_HOME to a CUDA toolkit)"
+    if not (Path(CUDA_HOME) / "include" / "cuda_runtime_api.h").exists():
+        # e.g. /usr/local/bin/nvcc being a wrapper script makes torch guess CUDA_HOME=/usr/local
+        return f"CUDA_HOME={CUDA_HOME} has no include/cuda_runtime_api.h (set CUDA_HOME)"
     return None
 
 
@@ -86,7 +89,8 @@ def find_cutlass_include() -> str:
 
 
 def _nvcc_flags(archs: list[str], hdims: list[str], bwd: bool) -> list[str]:
-    flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "--use_fast_math", "-lineinfo"]
+    # No -std: torch's extension builder picks the standard its headers need (C++20 from 2.10).
+    flags = ["-O3", "--expt-relaxed-constexpr", "--use_fast_math", "-lineinfo"]
     flags += [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     flags += [f"-DFA4_HDIM_{h.upper()}" for h in hdims]
     return flags + ([] if bwd else ["-DFA4_DISABLE_BWD"])
@@ -110,7 +114,7 @@ def _extension(archs, hdims, bwd, config):
         sources=sources,
         include_dirs=[str(ROOT / "csrc"), find_cutlass_include()],
         extra_compile_args={
-            "cxx": ["-O3", "-std=c++17", *version],
+            "cxx": ["-O3", *version],
             "nvcc": _nvcc_flags(archs, hdims, bwd) + version,
         },
     )

@@ -3,8 +3,9 @@
 // FwdParams / BwdParams, the C++ API runs them, a non-OK status becomes a Python error.
 #include <Python.h>
 
-#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <limits>
@@ -100,7 +101,7 @@ std::tuple<Tensor, Tensor> fwd_kernel(const Tensor& q, const Tensor& k, const Te
   if (q.numel() == 0) return {out, lse};
   auto p = fwd_params(q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr,
                       softcap, det);
-  check_ok(fa4::run_fwd(p, at::cuda::getCurrentCUDAStream()));
+  check_ok(fa4::run_fwd(p, c10::cuda::getCurrentCUDAStream()));
   return {out, lse};
 }
 
@@ -132,7 +133,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_kernel(const Tensor& dout, const Tensor& 
   p.dlse = opt_ptr<float>(dlse);
   const size_t bytes = fa4::bwd_workspace_size(p);
   Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
-  check_ok(fa4::run_bwd(p, workspace.data_ptr(), bytes, at::cuda::getCurrentCUDAStream()));
+  check_ok(fa4::run_bwd(p, workspace.data_ptr(), bytes, c10::cuda::getCurrentCUDAStream()));
   return {dq, dk, dv};
 }
 
