@@ -26,17 +26,22 @@ def _ref_kwargs(causal, softmax_scale, window_left, window_right, softcap):
 
 
 def _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, kw):
+    """The reference forward, returned as the op promises: out in q's dtype, contiguous."""
     if cu_q is None:
-        return reference.attention_ref(q, k, v, **kw)
-    return reference.attention_varlen_ref(q, k, v, cu_q, cu_k, seqused_k=seqused_k, **kw)
+        out, lse = reference.attention_ref(q, k, v, **kw)
+    else:
+        out, lse = reference.attention_varlen_ref(q, k, v, cu_q, cu_k, seqused_k=seqused_k, **kw)
+    return out.to(q.dtype).contiguous(), lse.to(_lse_dtype(q)).contiguous()
 
 
 def _ref_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, kw):
     if cu_q is None:
-        return reference.attention_ref_bwd(dout, q, k, v, out, lse, dlse=dlse, **kw)
-    return reference.attention_varlen_ref_bwd(
-        dout, q, k, v, out, lse, cu_q, cu_k, seqused_k=seqused_k, dlse=dlse, **kw
-    )
+        grads = reference.attention_ref_bwd(dout, q, k, v, out, lse, dlse=dlse, **kw)
+    else:
+        grads = reference.attention_varlen_ref_bwd(
+            dout, q, k, v, out, lse, cu_q, cu_k, seqused_k=seqused_k, dlse=dlse, **kw
+        )
+    return tuple(g.to(q.dtype).contiguous() for g in grads)
 
 
 def _lse_dtype(q):
@@ -69,8 +74,7 @@ def fwd(
 ) -> tuple[Tensor, Tensor]:
     _check_data(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     kw = _ref_kwargs(causal, softmax_scale, window_left, window_right, softcap)
-    out, lse = _ref_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kw)
-    return out.to(q.dtype).contiguous(), lse.to(_lse_dtype(q)).contiguous()
+    return _ref_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kw)
 
 
 @fwd.register_kernel("cuda")
@@ -83,9 +87,7 @@ def _fwd_cuda(
         return torch.ops.fa4._fwd_kernel(
             q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det
         )
-    kw = _ref_kwargs(causal, scale, wl, wr, softcap)
-    out, lse = _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, kw)
-    return out.to(q.dtype).contiguous(), lse.to(_lse_dtype(q)).contiguous()
+    return _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, _ref_kwargs(causal, scale, wl, wr, softcap))
 
 
 @fwd.register_fake
@@ -120,8 +122,7 @@ def bwd(
     backend: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     kw = _ref_kwargs(causal, softmax_scale, window_left, window_right, softcap)
-    grads = _ref_bwd(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, kw)
-    return tuple(g.to(q.dtype).contiguous() for g in grads)
+    return _ref_bwd(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, kw)
 
 
 @bwd.register_kernel("cuda")
@@ -133,8 +134,7 @@ def _bwd_cuda(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_q, max_k
             dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_q, max_k, *opts[:-1]
         )
     kw = _ref_kwargs(causal, scale, wl, wr, softcap)
-    grads = _ref_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, kw)
-    return tuple(g.to(q.dtype).contiguous() for g in grads)
+    return _ref_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, kw)
 
 
 @bwd.register_fake
