@@ -1,0 +1,329 @@
+"""The standard attention sweep of DESIGN.md §6: fa4 against its peers, same inputs, same run.
+
+  python3 bench/bench.py --quick --out /tmp/bench          # seqlen 1k and 16k, every hdim
+  python3 bench/bench.py --dirs fwd --hdims 128 --seqlens 2k,16k --impls sdpa-flash,fa4
+  python3 bench/bench.py --replot /tmp/bench/results.csv   # table + plots from a CSV, no GPU
+
+Implementations: fa4 (ours; fa4.attention(backend="sm90"), skipped with the reason while the
+build has no kernel for the point: the fp32 reference is never timed), torch SDPA with the
+FLASH_ATTENTION (FA2) and CUDNN_ATTENTION backends, and flash-attn-4 (flash_attn.cute, installed
+by ../shared/tools/peer-wheels.sh) when importable. Before timing, every implementation's output
+(and gradients) on the benchmark inputs is compared with SDPA-flash's; beyond 2e-2 max abs
+(relative to max |ref| where that exceeds 1: bench_util.agrees) it is marked failed, not timed.
+Timing: triton.testing.do_bench median (L2 flushed before each call; inputs of 16k tokens × 2048
+× bf16 × 3 = 192 MiB, over the 60 MB L2). Outputs under --out: results.csv (rows flushed as
+measured), tflops_<dir>.png, and the printed tables (ratio of fa4 to the best peer per point).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+if str(_HERE) not in sys.path:  # the bench_* helpers beside this file
+    sys.path.insert(0, str(_HERE))
+if str(_HERE.parent) not in sys.path:  # the repo's fa4, unless an installed one comes first
+    sys.path.append(str(_HERE.parent))
+
+import bench_util as bu  # noqa: E402
+
+IMPLS = ("fa4", "sdpa-flash", "sdpa-cudnn", "flash-attn-4")
+PNG_NAME = {"fwd": "tflops_fwd.png", "bwd": "tflops_bwd.png", "fwd+bwd": "tflops_fwd_bwd.png"}
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench_out", help="folder for results.csv and the PNGs")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"seqlens {bu.QUICK_SEQLENS} only (still every hdim, causal, dir)",
+    )
+    ap.add_argument("--dirs", help=f"comma list of {', '.join(bu.DIRECTIONS)}")
+    ap.add_argument("--hdims", help="comma list, e.g. 128,64")
+    ap.add_argument("--seqlens", help="comma list, e.g. 1k,16k")
+    ap.add_argument("--causal", choices=("both", "yes", "no"), default="both")
+    ap.add_argument("--impls", help=f"comma list of {', '.join(IMPLS)}")
+    ap.add_argument("--warmup-ms", type=float, default=25.0)
+    ap.add_argument("--rep-ms", type=float, default=100.0)
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=math.inf,
+        help="after this many seconds, no new JIT compiles (flash-attn-4 configs "
+        "not yet compiled are skipped; the others go on)",
+    )
+    ap.add_argument(
+        "--stop-s",
+        type=float,
+        default=math.inf,
+        help="after this many seconds, measure nothing more; report what is done",
+    )
+    ap.add_argument(
+        "--profile-kernels",
+        action="store_true",
+        help="list the CUDA kernels each impl launches at the first point "
+        "(kernels.txt): shows any internal copy or transpose",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--replot", metavar="CSV", help="only print tables and plot from a CSV")
+    return ap.parse_args(argv)
+
+
+def config_from(args):
+    seq_default = bu.QUICK_SEQLENS if args.quick else bu.SEQLENS
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    points = bu.sweep(
+        bu.parse_ints(args.hdims, bu.HDIMS), bu.parse_ints(args.seqlens, seq_default), causals
+    )
+    dirs = bu.parse_names(args.dirs, bu.DIRECTIONS)
+    impls = bu.parse_names(args.impls, IMPLS)
+    return points, dirs, impls
+
+
+class State:
+    def __init__(self, args, out: Path):
+        self.args, self.out = args, out
+        self.t0 = time.perf_counter()
+        self.compiled: set[tuple] = set()  # (impl, hdim, causal, grad) already JIT-compiled
+        self.rows: list[dict] = []
+        self.csv = bu.CsvLog(out / "results.csv")
+        self.profile = out / "kernels.txt" if args.profile_kernels else None
+        if self.profile is not None:
+            self.profile.write_text("# CUDA kernels launched by one call, at the first point\n")
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def emit(self, row: dict) -> None:
+        self.rows.append(row)
+        self.csv.write(row)
+        tail = f"{row['ms']} ms {row['tflops']} TFLOP/s" if row["ms"] else ""
+        mem = f"peak +{row['peak_extra_mib']} MiB" if row["peak_extra_mib"] else ""
+        diff = f"diff {row['max_abs_diff']}" if row["max_abs_diff"] else ""
+        print(
+            f"[{self.elapsed():6.1f}s] {row['impl']:<12} {row['direction']:<7} "
+            f"hd{row['hdim']} causal={row['causal']} s={row['seqlen']} b={row['batch']} "
+            f"h={row['heads']}: {tail} {mem} {diff} {row['status']}",
+            flush=True,
+        )
+
+
+def _worst(*diffs):
+    vals = [d for d in diffs if d is not None]
+    if not vals:
+        return None
+    return math.nan if any(d != d for d in vals) else max(vals)
+
+
+def reference(bi, torch, p, inputs, need_grad):
+    """SDPA-flash's output (and gradients) in bshd: what every implementation is checked against."""
+    ref = bi.make_impls(["sdpa-flash"])[0]
+    with ref.context():
+        a = ref.prepare(*inputs)
+        if need_grad:
+            out = ref.fwd(*a[:3], p.causal)
+            grads = torch.autograd.grad(out, a[:3], a[3])
+            return ref.to_bshd(out.detach()), [ref.to_bshd(g) for g in grads]
+        with torch.no_grad():
+            return ref.to_bshd(ref.fwd(*a[:3], p.causal)), None
+
+
+def measure(bi, torch, impl, p, dirs, inputs, ref, st: State):
+    """Check, then time and measure memory for each direction of one impl at one point."""
+
+    def emit(d, **kw):
+        st.emit(bu.make_row(impl.name, d, p, **kw))
+
+    todo = []
+    for d in dirs:
+        why = impl.skip_reason(d, p.hdim)
+        key = (impl.name, p.hdim, p.causal, d != "fwd")
+        if why is None and impl.jit and st.elapsed() > st.args.budget_s and key not in st.compiled:
+            why = "time budget (--budget-s) spent before this config's JIT compile"
+        if why:
+            emit(d, status=f"skipped: {why}")
+        else:
+            todo.append(d)
+    if not todo:
+        return
+    with impl.context():
+        a = impl.prepare(*inputs)
+        diff, ok, todo = _check(bi, torch, impl, p, a, todo, ref, st, emit)
+        for d in todo:
+            if not ok.get(d, True):
+                bound = f"{bu.TOLERANCE}·max(1, |ref|max)"
+                emit(
+                    d, max_abs_diff=diff[d], status=f"failed: max_abs_diff {diff[d]:.3g} > {bound}"
+                )
+                continue
+            try:
+                mem, ms = _time_direction(bi, torch, impl, p, d, a, st.args)
+                status = "ok" if ref is not None else "ok (unchecked: no reference)"
+                emit(d, ms=ms, peak_extra_mib=mem, max_abs_diff=diff.get(d), status=status)
+            except Exception as e:  # noqa: BLE001
+                emit(d, max_abs_diff=diff.get(d), status=f"error: {_err(e)}")
+                torch.cuda.empty_cache()
+        if st.profile is not None and todo:
+            _profile(bi, torch, impl, p, a, any(d != "fwd" for d in todo), st.profile)
+
+
+def _err(e: Exception) -> str:
+    msg = str(e).splitlines()[0][:160] if str(e) else ""
+    return f"{type(e).__name__}: {msg}"
+
+
+def _check(bi, torch, impl, p, a, todo, ref, st, emit):
+    """The correctness guard, which is also the warm-up (any JIT compile; its time is printed).
+    Returns (max abs diff per direction, pass per direction, the directions still to time)."""
+    diff, scale = {}, {}  # max |impl - ref|, max |ref|
+    grad_dirs = [d for d in todo if d != "fwd"]
+    for grad in (False, True) if grad_dirs else (False,):
+        t = time.perf_counter()
+        try:
+            if grad:
+                out = impl.fwd(*a[:3], p.causal)
+                got = list(torch.autograd.grad(out, a[:3], a[3]))
+                del out
+            else:
+                with torch.no_grad():
+                    got = [impl.fwd(*a[:3], p.causal)]
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            for d in grad_dirs if grad else todo:
+                emit(d, status=f"error: {_err(e)}")
+            torch.cuda.empty_cache()
+            todo = [d for d in todo if d == "fwd"] if grad else []
+            continue
+        name = "bwd" if grad else "fwd"
+        st.compiled.add((impl.name, p.hdim, p.causal, grad))
+        first = time.perf_counter() - t
+        print(f"    {impl.name}: first {name} check call {first:.2f} s (incl. any JIT)", flush=True)
+        if ref is not None:
+            diff[name], scale[name] = bi.max_abs_diff(impl, got, ref[1] if grad else [ref[0]])
+        del got
+    ok = {d: bu.agrees(diff[d], scale[d]) for d in diff}
+    if "fwd" in diff and "bwd" in diff:
+        diff["fwd+bwd"] = _worst(diff["fwd"], diff["bwd"])
+        ok["fwd+bwd"] = ok["fwd"] and ok["bwd"]
+    return diff, ok, todo
+
+
+def _time_direction(bi, torch, impl, p, d, a, args):
+    """(peak extra MiB, median ms). fwd runs under no_grad (inference); bwd times the backward
+    of one retained forward graph; fwd+bwd times forward with graph + backward."""
+    q, k, v, dout = a
+    timing = dict(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
+    if d == "fwd":
+        with torch.no_grad():
+            fn = lambda: impl.fwd(q, k, v, p.causal)  # noqa: E731
+            return bi.peak_extra_mib(fn), bi.time_ms(fn, **timing)
+    if d == "bwd":
+        out = impl.fwd(q, k, v, p.causal)
+        fn = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
+        res = bi.peak_extra_mib(fn), bi.time_ms(fn, **timing)
+        del out
+        return res
+    fn = lambda: bi.fwd_bwd(impl, a, p.causal)  # noqa: E731
+    return bi.peak_extra_mib(fn), bi.time_ms(fn, **timing)
+
+
+def _profile(bi, torch, impl, p, a, grad, path):
+    def fwd():
+        with torch.no_grad():
+            return impl.fwd(*a[:3], p.causal)
+
+    calls = [("fwd", fwd)] + ([("fwd+bwd", lambda: bi.fwd_bwd(impl, a, p.causal))] if grad else [])
+    with open(path, "a") as f:
+        for name, fn in calls:
+            f.write(f"## {impl.name} {name} hd{p.hdim} causal={int(p.causal)} s={p.seqlen}\n")
+            try:
+                for k, n in sorted(bi.kernel_names(fn).items()):
+                    f.write(f"  {n} x {k}\n")
+            except Exception as e:  # noqa: BLE001
+                f.write(f"  profiler failed: {type(e).__name__}: {e}\n")
+
+
+def report(rows, dirs, out: Path | None, title=""):
+    for d in dirs:
+        if not any(r["direction"] == d for r in rows):
+            continue
+        print(f"\n### {d}: TFLOP/s (bf16; ratio = fa4 / best peer)\n")
+        print(bu.ratio_table(rows, d))
+        if d != "bwd":
+            print(f"\n### {d}: peak extra device memory, MiB\n")
+            print(bu.memory_table(rows, d))
+        if out is not None:
+            try:
+                from bench_plot import plot
+
+                png = plot(rows, d, out / PNG_NAME[d], title)
+                if png:
+                    print(f"\nplot: {png}")
+            except Exception as e:  # noqa: BLE001
+                print(f"\nplot of {d} failed: {type(e).__name__}: {e}")
+    skipped = {(r["impl"], r["status"]) for r in rows if r["status"].startswith("skipped")}
+    for impl, status in sorted(skipped):
+        print(f"{impl}: {status}")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.replot:
+        rows = bu.read_csv(Path(args.replot))
+        report(rows, bu.DIRECTIONS, Path(args.replot).parent)
+        return 0
+    points, dirs, impl_names = config_from(args)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench: needs a CUDA device")
+        return 2
+    import bench_impls as bi
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print("\n".join(bi.environment()))
+    print("command:", " ".join(sys.argv))
+    impls = bi.make_impls(impl_names)
+    st = State(args, out)
+    signal.signal(signal.SIGTERM, _interrupt)  # a timeout's SIGTERM still gets the report
+    try:
+        for i, p in enumerate(points):
+            if st.elapsed() > args.stop_s:
+                print(f"--stop-s {args.stop_s:g} reached: {len(points) - i} points not run")
+                break
+            need_grad = any(d != "fwd" for d in dirs)
+            seed = args.seed + bu.point_seed(p)  # same inputs for a point whatever the filters
+            inputs = bi.make_inputs(p.batch, p.seqlen, p.heads, p.hdim, seed, need_grad)
+            try:
+                ref = reference(bi, torch, p, inputs, need_grad)
+            except Exception as e:  # noqa: BLE001
+                print(f"reference (sdpa-flash) failed at {p}: {type(e).__name__}: {e}")
+                ref = None
+            for impl in impls:
+                if st.elapsed() > args.stop_s:
+                    break
+                measure(bi, torch, impl, p, dirs, inputs, ref, st)
+            del inputs, ref
+            st.profile = None  # kernel listing at the first point only
+    except KeyboardInterrupt:
+        print("interrupted: reporting the rows measured so far")
+    finally:
+        st.csv.close()
+        report(st.rows, dirs, out, f"H×d=2048, 16k tokens, {torch.cuda.get_device_name()}")
+        print(f"\n{len(st.rows)} rows in {out / 'results.csv'} after {st.elapsed():.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

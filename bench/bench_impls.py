@@ -1,0 +1,262 @@
+"""The implementations under test, and how one call is timed and its memory measured.
+
+Needs torch with a CUDA device; triton is optional (CUDA events with an L2 flush otherwise).
+Every implementation takes q, k, v, dout allocated once per point as (batch, seqlen, heads, d)
+bf16 tensors; prepare() makes the views it wants outside anything timed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import statistics
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+class Impl:
+    name = "?"
+    jit = False  # True: compiles a kernel per new configuration on its first call (slow)
+
+    def skip_reason(self, direction: str, hdim: int) -> str | None:
+        return None
+
+    def context(self):
+        return contextlib.nullcontext()
+
+    def prepare(self, q, k, v, dout):
+        """Views in this implementation's layout (untimed). Gradients are taken w.r.t. these."""
+        return q, k, v, dout
+
+    def fwd(self, q, k, v, causal: bool):
+        raise NotImplementedError
+
+    def to_bshd(self, t):
+        """An output or gradient back in (batch, seqlen, heads, d) for the comparison."""
+        return t
+
+
+class Sdpa(Impl):
+    """torch SDPA restricted to one backend (FLASH_ATTENTION is FA2; CUDNN_ATTENTION is cuDNN)."""
+
+    def __init__(self, name: str, backend: SDPBackend):
+        self.name, self.backend = name, backend
+
+    def context(self):
+        return sdpa_kernel(self.backend)
+
+    def prepare(self, q, k, v, dout):
+        # SDPA takes (b, h, s, d). transpose(1, 2) is a view, not a copy: same storage, strides
+        # permuted (asserted below), last dim still stride 1, which both backends accept as is.
+        # It is made here, once per point, outside the timed region; dout gets the same view, so
+        # its strides match the output's (no .contiguous() copy of dout in backward). Whether a
+        # backend copies internally shows in the --profile-kernels listing.
+        views = tuple(t.transpose(1, 2) for t in (q, k, v, dout))
+        assert all(
+            a.data_ptr() == t.data_ptr() for a, t in zip(views, (q, k, v, dout), strict=True)
+        )
+        return views
+
+    def fwd(self, q, k, v, causal):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def to_bshd(self, t):
+        return t.transpose(1, 2)
+
+
+class FlashAttn4(Impl):
+    """flash-attn-4 (CuTe-DSL FA4, flash_attn.cute.flash_attn_func), from peer-wheels.sh."""
+
+    name = "flash-attn-4"
+    jit = True
+
+    def __init__(self):
+        self.reason = None
+        try:
+            from flash_attn.cute import flash_attn_func
+
+            self._fn = flash_attn_func
+        except Exception as e:  # noqa: BLE001 - any import failure is a skip reason
+            self.reason = f"not importable ({type(e).__name__}: {str(e)[:200]})"
+
+    def skip_reason(self, direction, hdim):
+        return self.reason
+
+    def fwd(self, q, k, v, causal):
+        out = self._fn(q, k, v, causal=causal)
+        return out[0] if isinstance(out, tuple) else out  # this version returns (out, lse)
+
+
+class Fa4(Impl):
+    """Ours: fa4.attention with backend='sm90', which raises rather than run the reference."""
+
+    name = "fa4"
+
+    def __init__(self):
+        self.reason = None
+        try:
+            import fa4
+            from fa4 import build_info
+
+            self._fa4, self._info = fa4, build_info
+        except Exception as e:  # noqa: BLE001
+            self.reason = f"fa4 not importable ({type(e).__name__}: {e})"
+
+    def skip_reason(self, direction, hdim):
+        if self.reason:
+            return self.reason
+        if torch.cuda.get_device_capability() != (9, 0):
+            return "not an SM90 device"
+        for d in ("fwd",) if direction == "fwd" else ("fwd", "bwd"):
+            why = self._info.missing_kernel("sm90", d, (hdim, hdim))
+            if why:
+                return f"no sm90 {d} kernel: {why}"
+        return None
+
+    def fwd(self, q, k, v, causal):
+        return self._fa4.attention(q, k, v, causal=causal, backend="sm90")
+
+
+def make_impls(names) -> list[Impl]:
+    every = {
+        "fa4": Fa4,
+        "sdpa-flash": lambda: Sdpa("sdpa-flash", SDPBackend.FLASH_ATTENTION),
+        "sdpa-cudnn": lambda: Sdpa("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
+        "flash-attn-4": FlashAttn4,
+    }
+    return [every[n]() for n in names]
+
+
+def make_inputs(batch, seqlen, heads, hdim, seed, requires_grad):
+    """q, k, v, dout: (b, s, h, d) bf16, standard normal (never zeros: METHOD.md)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (batch, seqlen, heads, hdim)
+    ts = [torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    for t in ts[:3]:
+        t.requires_grad_(requires_grad)
+    return ts
+
+
+def fwd_bwd(impl, args, causal):
+    out = impl.fwd(*args[:3], causal)
+    return torch.autograd.grad(out, args[:3], args[3])
+
+
+def max_abs_diff(impl, got, ref) -> tuple[float, float]:
+    """(max |got - ref|, max |ref|) over tensors (got in the impl's layout, ref in bshd).
+    NaN propagates into the first."""
+    worst, scale = 0.0, 0.0
+    for a, b in zip(got, ref, strict=True):
+        d = (impl.to_bshd(a).float() - b.float()).abs().max().item()
+        if d != d:  # NaN
+            return float("nan"), scale
+        worst, scale = max(worst, d), max(scale, b.float().abs().max().item())
+    return worst, scale
+
+
+def peak_extra_mib(fn) -> float:
+    """Peak device memory allocated during fn() above what was allocated before it (MiB)."""
+    torch.cuda.synchronize()
+    gc.collect()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    res = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del res
+    return peak / 2**20
+
+
+_flush_buf = None
+
+
+def time_ms(fn, warmup_ms=25, rep_ms=100) -> float:
+    """Median ms of fn(): triton.testing.do_bench (flushes L2 before each call) if installed."""
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        return _events_ms(fn, warmup_ms, rep_ms)
+    return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
+def _events_ms(fn, warmup_ms, rep_ms) -> float:
+    global _flush_buf
+    if _flush_buf is None:
+        _flush_buf = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # > 60 MB L2
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    est = max(start.elapsed_time(end), 1e-3)
+    for _ in range(max(1, int(warmup_ms / est))):
+        fn()
+    times = []
+    for _ in range(max(5, int(rep_ms / est))):
+        _flush_buf.zero_()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def kernel_names(fn) -> Counter:
+    """CUDA kernels one fn() launches (torch.profiler), name -> count."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            names[e.name[:120]] += 1
+    return names
+
+
+def environment() -> list[str]:
+    import subprocess
+
+    lines = [
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}), "
+        f"cuDNN {torch.backends.cudnn.version()}"
+    ]
+    try:
+        import triton
+
+        lines.append(f"triton {triton.__version__}")
+    except ImportError:
+        lines.append("triton not installed: CUDA events with an L2 flush")
+    try:
+        from importlib.metadata import version
+
+        lines.append(
+            f"flash-attn-4 {version('flash-attn-4')}, "
+            f"nvidia-cutlass-dsl {version('nvidia-cutlass-dsl')}"
+        )
+    except Exception as e:  # noqa: BLE001
+        lines.append(f"flash-attn-4 version unknown ({type(e).__name__})")
+    if torch.cuda.is_available():
+        pr = torch.cuda.get_device_properties(0)
+        lines.append(f"GPU {pr.name}, CC {pr.major}.{pr.minor}, {pr.multi_processor_count} SMs")
+        q = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu"
+        try:
+            smi = subprocess.run(
+                ["nvidia-smi", f"--query-gpu={q}", "--format=csv"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            lines += smi.stdout.strip().splitlines()
+        except Exception as e:  # noqa: BLE001
+            lines.append(f"nvidia-smi: {e}")
+    return lines

@@ -1,0 +1,219 @@
+"""Pure parts of the benchmark (no torch, no CUDA): FLOP counts, the sweep, CSV rows, tables.
+
+DESIGN.md §6: bf16, 16k tokens per batch (batch = 16384 // seqlen), heads = 2048 // hdim,
+forward FLOPs 4·b·h·s_q·s_k·d (halved for causal), backward 2.5 × forward.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+TOKENS = 16384  # tokens per batch: batch × seqlen
+HIDDEN = 2048  # heads × hdim
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+HDIMS = (128, 64, 256)  # hd128 first: the points the issues' targets care most about
+DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
+QUICK_SEQLENS = (16384, 1024)
+BWD_FACTOR = 2.5  # backward = 2.5 × forward (2 GEMMs forward, 5 backward)
+# An impl "fails" (is not timed) when max |out - out_sdpa_flash| (and the same for each gradient)
+# exceeds TOLERANCE · max(1, max |reference|): absolute 2e-2 for values up to 1, relative above,
+# since bf16 gradients reach |g| ~ 4 at causal points, where one bf16 ulp is 0.016-0.03.
+TOLERANCE = 2e-2
+REFERENCE_IMPL = "sdpa-flash"
+OURS = "fa4"
+
+CSV_FIELDS = (
+    "impl direction hdim causal seqlen batch heads ms tflops peak_extra_mib max_abs_diff status"
+).split()
+
+
+@dataclass(frozen=True)
+class Point:
+    """One problem of the sweep: q, k, v are (batch, seqlen, heads, hdim)."""
+
+    hdim: int
+    causal: bool
+    seqlen: int
+    batch: int
+    heads: int
+
+    @property
+    def key(self) -> tuple:
+        return (self.hdim, self.causal, self.seqlen)
+
+
+def flops(
+    direction: str, batch: int, heads: int, seqlen_q: int, seqlen_k: int, hdim: int, causal: bool
+) -> float:
+    """FLOPs of one call: fwd 4·b·h·s_q·s_k·d (two GEMMs), halved when causal; bwd 2.5×."""
+    fwd = 4.0 * batch * heads * seqlen_q * seqlen_k * hdim
+    if causal:
+        fwd /= 2
+    factor = {"fwd": 1.0, "bwd": BWD_FACTOR, "fwd+bwd": 1.0 + BWD_FACTOR}
+    if direction not in factor:
+        raise ValueError(f"direction {direction!r}: expected one of {DIRECTIONS}")
+    return fwd * factor[direction]
+
+
+def point_flops(direction: str, p: Point) -> float:
+    return flops(direction, p.batch, p.heads, p.seqlen, p.seqlen, p.hdim, p.causal)
+
+
+def tflops(direction: str, p: Point, ms: float) -> float:
+    return point_flops(direction, p) / (ms * 1e-3) / 1e12
+
+
+def agrees(max_abs_diff: float, ref_max_abs: float) -> bool:
+    """The correctness guard; NaN never agrees."""
+    return max_abs_diff <= TOLERANCE * max(1.0, ref_max_abs)
+
+
+def point_seed(p: Point) -> int:
+    """A seed that depends on the point only (not on its place in a filtered sweep)."""
+    return p.seqlen * 1000 + p.hdim * 2 + int(p.causal)
+
+
+def make_point(hdim: int, causal: bool, seqlen: int) -> Point:
+    if TOKENS % seqlen or HIDDEN % hdim:
+        raise ValueError(f"seqlen {seqlen} must divide {TOKENS} and hdim {hdim} divide {HIDDEN}")
+    return Point(hdim, causal, seqlen, TOKENS // seqlen, HIDDEN // hdim)
+
+
+def sweep(hdims=HDIMS, seqlens=SEQLENS, causals=(False, True)) -> list[Point]:
+    """Points in run order: hdim (as given), then causal, then seqlen (as given)."""
+    return [make_point(d, c, s) for d in hdims for c in causals for s in seqlens]
+
+
+def parse_ints(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
+    """'1k,16k,512' -> (1024, 16384, 512); None -> default."""
+    if not text:
+        return tuple(default)
+    out = []
+    for tok in text.split(","):
+        tok = tok.strip().lower()
+        out.append(int(tok[:-1]) * 1024 if tok.endswith("k") else int(tok))
+    return tuple(out)
+
+
+def parse_names(text: str | None, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    if not text:
+        return tuple(allowed)
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [n for n in names if n not in allowed]
+    if bad:
+        raise ValueError(f"unknown {bad}: choose from {', '.join(allowed)}")
+    return names
+
+
+def make_row(
+    impl: str,
+    direction: str,
+    p: Point,
+    ms=None,
+    peak_extra_mib=None,
+    max_abs_diff=None,
+    status="ok",
+) -> dict:
+    """A CSV row; ms / tflops / memory / diff are blank when not measured."""
+
+    def fmt(x, spec):
+        return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+    tf = tflops(direction, p, ms) if ms else None
+    return dict(
+        impl=impl,
+        direction=direction,
+        hdim=p.hdim,
+        causal=int(p.causal),
+        seqlen=p.seqlen,
+        batch=p.batch,
+        heads=p.heads,
+        ms=fmt(ms, ".4f"),
+        tflops=fmt(tf, ".1f"),
+        peak_extra_mib=fmt(peak_extra_mib, ".1f"),
+        max_abs_diff=fmt(max_abs_diff, ".2e"),
+        status=status,
+    )
+
+
+class CsvLog:
+    """Appends rows to a CSV and flushes each, so a run killed at its time limit keeps its rows."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "w", newline="")
+        self._w = csv.DictWriter(self._f, fieldnames=CSV_FIELDS)
+        self._w.writeheader()
+        self._f.flush()
+
+    def write(self, row: dict) -> None:
+        self._w.writerow(row)
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _tf(row) -> float | None:
+    return float(row["tflops"]) if row["status"].startswith("ok") and row["tflops"] else None
+
+
+def ratio_table(rows: list[dict], direction: str) -> str:
+    """Markdown table: TFLOP/s per impl per point, the best peer, and fa4 / best peer."""
+    rows = [r for r in rows if r["direction"] == direction]
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    peers = [i for i in impls if i != OURS]
+    cell: dict[tuple, dict] = {}
+    for r in rows:
+        cell.setdefault((int(r["hdim"]), int(r["causal"]), int(r["seqlen"])), {})[r["impl"]] = r
+    head = ["hd", "causal", "seqlen", *impls, "best peer", f"{OURS} / best"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key in sorted(cell):
+        by = cell[key]
+        vals = []
+        for i in impls:
+            r = by.get(i)
+            tf = _tf(r) if r else None
+            vals.append(f"{tf:.0f}" if tf is not None else ("-" if r is None else _short(r)))
+        best = max(((_tf(by[i]), i) for i in peers if i in by and _tf(by[i]) is not None),
+                   default=None)  # fmt: skip
+        ours = _tf(by[OURS]) if OURS in by else None
+        best_s = f"{best[0]:.0f} ({best[1]})" if best else "n/a"
+        ratio = f"{ours / best[0]:.2f}" if best and best[0] > 0 and ours is not None else "n/a"
+        hd, c, s = key
+        lines.append(
+            "| " + " | ".join([str(hd), "yes" if c else "no", _k(s), *vals, best_s, ratio]) + " |"
+        )
+    return "\n".join(lines)
+
+
+def memory_table(rows: list[dict], direction: str) -> str:
+    """Markdown table: peak extra device memory (MiB) per impl per point."""
+    rows = [r for r in rows if r["direction"] == direction]
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    cell: dict[tuple, dict] = {}
+    for r in rows:
+        cell.setdefault((int(r["hdim"]), int(r["causal"]), int(r["seqlen"])), {})[r["impl"]] = r
+    head = ["hd", "causal", "seqlen", *impls]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (hd, c, s), by in sorted(cell.items()):
+        vals = [(by[i]["peak_extra_mib"] or "-") if i in by else "-" for i in impls]
+        lines.append("| " + " | ".join([str(hd), "yes" if c else "no", _k(s), *vals]) + " |")
+    return "\n".join(lines)
+
+
+def _short(row) -> str:
+    return row["status"].split(":")[0]  # skipped / failed / error
+
+
+def _k(s: int) -> str:
+    return f"{s // 1024}k" if s % 1024 == 0 else str(s)

@@ -1,0 +1,126 @@
+"""CPU tests of the pure parts of bench/bench.py: FLOPs, the sweep, CSV rows, tables."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_main", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # puts bench/ on sys.path, so bench_util imports too
+    return mod
+
+
+bench = _load()
+import bench_util as bu  # noqa: E402
+
+
+def test_flops_hand_computed():
+    # fwd: 4·b·h·s_q·s_k·d = 4·1·1·2·2·3 = 48; causal halves; bwd 2.5×; fwd+bwd 3.5×.
+    assert bu.flops("fwd", 1, 1, 2, 2, 3, False) == 48
+    assert bu.flops("fwd", 1, 1, 2, 2, 3, True) == 24
+    assert bu.flops("bwd", 1, 1, 2, 2, 3, False) == 120
+    assert bu.flops("bwd", 1, 1, 2, 2, 3, True) == 60
+    assert bu.flops("fwd+bwd", 1, 1, 2, 2, 3, False) == 168
+    assert bu.flops("fwd", 2, 3, 5, 7, 11, False) == 4 * 2 * 3 * 5 * 7 * 11
+    with pytest.raises(ValueError):
+        bu.flops("backward", 1, 1, 1, 1, 1, False)
+
+
+def test_flops_of_a_sweep_point_and_tflops():
+    p = bu.make_point(128, False, 16384)  # b=1, h=16: 4·16·2^28·128 = 2^41
+    assert (p.batch, p.heads) == (1, 16)
+    assert bu.point_flops("fwd", p) == 2**41
+    assert bu.point_flops("bwd", bu.make_point(128, True, 16384)) == 2.5 * 2**40
+    assert bu.tflops("fwd", p, 1.0) == pytest.approx(2**41 / 1e9)  # 2199.0 TFLOP/s in 1 ms
+
+
+def test_sweep_covers_design_6():
+    pts = bu.sweep()
+    assert len(pts) == 6 * 3 * 2
+    assert {p.seqlen for p in pts} == {512, 1024, 2048, 4096, 8192, 16384}
+    assert {p.hdim for p in pts} == {64, 128, 256}
+    assert {p.causal for p in pts} == {False, True}
+    for p in pts:
+        assert p.batch * p.seqlen == 16384
+        assert p.heads * p.hdim == 2048
+    assert len({p.key for p in pts}) == len(pts)
+    with pytest.raises(ValueError):
+        bu.make_point(100, False, 1024)
+    with pytest.raises(ValueError):
+        bu.make_point(128, False, 3000)
+
+
+def test_cli_filters_and_quick():
+    pts, dirs, impls = bench.config_from(bench.parse_args(["--quick"]))
+    assert sorted({p.seqlen for p in pts}) == [1024, 16384]
+    assert {p.hdim for p in pts} == {64, 128, 256} and len(pts) == 12
+    assert dirs == ("fwd", "bwd", "fwd+bwd") and "fa4" in impls
+    args = bench.parse_args(
+        "--dirs bwd --hdims 64 --seqlens 2k,512 --causal yes --impls fa4,sdpa-cudnn".split()
+    )
+    pts, dirs, impls = bench.config_from(args)
+    assert [(p.hdim, p.causal, p.seqlen) for p in pts] == [(64, True, 2048), (64, True, 512)]
+    assert dirs == ("bwd",) and impls == ("fa4", "sdpa-cudnn")
+    with pytest.raises(ValueError):
+        bench.config_from(bench.parse_args(["--impls", "xformers"]))
+    assert bu.parse_ints("1k,16K, 512", ()) == (1024, 16384, 512)
+
+
+def test_csv_rows_written_and_read_back(tmp_path):
+    p = bu.make_point(64, True, 1024)
+    log = bu.CsvLog(tmp_path / "out" / "results.csv")
+    log.write(bu.make_row("sdpa-flash", "fwd", p, ms=0.5, peak_extra_mib=12.0, max_abs_diff=0.0))
+    log.write(bu.make_row("fa4", "fwd", p, status="skipped: no kernel"))
+    # rows are on disk before close (a run killed at its time limit keeps them)
+    assert len((tmp_path / "out" / "results.csv").read_text().splitlines()) == 3
+    log.close()
+    rows = bu.read_csv(tmp_path / "out" / "results.csv")
+    assert list(rows[0]) == bu.CSV_FIELDS
+    r = rows[0]
+    assert (r["impl"], r["direction"], r["hdim"], r["causal"]) == ("sdpa-flash", "fwd", "64", "1")
+    assert (r["seqlen"], r["batch"], r["heads"], r["status"]) == ("1024", "16", "32", "ok")
+    # 4·16·32·1024²·64 / 2 = 2^36 FLOPs in 0.5 ms = 137.4 TFLOP/s
+    assert float(r["tflops"]) == pytest.approx(2**36 / 0.5e-3 / 1e12, abs=0.05)
+    assert rows[1]["ms"] == rows[1]["tflops"] == rows[1]["peak_extra_mib"] == ""
+
+
+def test_ratio_table_uses_best_ok_peer():
+    p = bu.make_point(128, False, 16384)
+    ms_for = lambda tf: bu.point_flops("fwd", p) / (tf * 1e12) * 1e3  # noqa: E731
+    rows = [
+        bu.make_row("fa4", "fwd", p, ms=ms_for(660)),
+        bu.make_row("sdpa-flash", "fwd", p, ms=ms_for(350)),
+        bu.make_row("sdpa-cudnn", "fwd", p, ms=ms_for(600)),
+        bu.make_row("flash-attn-4", "fwd", p, ms=ms_for(700), status="failed: max_abs_diff 1"),
+    ]
+    rows = [{k: str(v) for k, v in r.items()} for r in rows]  # as read back from the CSV
+    line = bu.ratio_table(rows, "fwd").splitlines()[-1]
+    assert "600 (sdpa-cudnn)" in line and "| 1.10 |" in line and "failed" in line
+    rows[0]["status"], rows[0]["tflops"] = "skipped: no sm90 fwd kernel", ""
+    assert bu.ratio_table(rows, "fwd").splitlines()[-1].endswith("| n/a |")
+
+
+def test_import_needs_no_triton_or_cuda():
+    code = (
+        "import sys; sys.modules['triton'] = None\n"  # any `import triton` would now fail
+        f"import importlib.util as u; s = u.spec_from_file_location('b', {str(BENCH)!r})\n"
+        "m = u.module_from_spec(s); s.loader.exec_module(m)\n"
+        "assert 'bench_impls' not in sys.modules\n"
+        "import torch; assert not torch.cuda.is_initialized()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_guard_and_seeds():
+    assert bu.agrees(0.0, 0.5) and bu.agrees(0.02, 0.5) and not bu.agrees(0.021, 0.5)
+    assert bu.agrees(0.0312, 4.0) and not bu.agrees(0.09, 4.0)  # 2 bf16 ulps at |g| ~ 3
+    assert not bu.agrees(float("nan"), 1.0)
+    pts = bu.sweep()
+    assert len({bu.point_seed(p) for p in pts}) == len(pts)  # one seed per point, filter-free
