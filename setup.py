@@ -23,9 +23,12 @@ VERSION = (ROOT / "fa4" / "VERSION").read_text().strip()
 KNOWN_ARCHS = ("90a", "100a", "100f", "103a")
 ALL_HDIMS = {"64": (64, 64), "96": (96, 96), "128": (128, 128), "192": (192, 192),
              "256": (256, 256), "192x128": (192, 128)}  # fmt: skip
-# Kernel sources per (arch family, direction); each takes the head dims through -D flags.
-# Filled as kernels land (issues 3-6); the extension itself always carries the dispatch.
-KERNEL_SOURCES: dict[tuple[str, str], list[str]] = {}
+# Kernel sources per (arch family, direction): the dispatch file plus one instantiation file per
+# head-dim pair ("{h}" is the FA4_HDIMS name, lower case), so ninja compiles them in parallel.
+# Filled as kernels land (issues 3-6); the extension itself always carries the API dispatch.
+KERNEL_SOURCES: dict[tuple[str, str], list[str]] = {
+    ("sm90", "fwd"): ["csrc/fwd_sm90.cu", "csrc/fwd_sm90_hd{h}.cu"],
+}
 ARCH_FAMILY = {"90a": "sm90", "100a": "sm100", "100f": "sm100", "103a": "sm100"}
 
 
@@ -105,10 +108,12 @@ def _extension(archs, hdims, bwd, config):
         if direction == "bwd" and not bwd:
             continue
         if any(ARCH_FAMILY[a] == family for a in archs):
-            sources += [f for f in files if f not in sources]
+            sources += sorted({f.format(h=h.lower()) for f in files for h in hdims})
             kernels[direction][family] = [list(ALL_HDIMS[h]) for h in hdims]
     config["kernels"] = kernels
-    version = [f'-DFA4_VERSION="{VERSION}"']
+    # dispatch.cu's kernel table: FA4_HAS_<ARCH>_<DIR> for each kernel file compiled in.
+    defines = [f"-DFA4_HAS_{fam.upper()}_{d.upper()}" for d, per in kernels.items() for fam in per]
+    version = [f'-DFA4_VERSION="{VERSION}"', *defines]
     ext = CUDAExtension(
         "fa4._C",
         sources=sources,

@@ -1,6 +1,7 @@
 // Validation and arch dispatch for the C++ API in fa4.h. Built by CMake (the fa4::fa4 library)
 // and by setup.py (the PyTorch extension), so it depends on nothing but the CUDA runtime.
 #include "fa4.h"
+#include "params.h"
 
 #include <cmath>
 #include <cstdarg>
@@ -22,23 +23,10 @@
 
 namespace fa4 {
 
-// What a kernel's launch function gets besides its params: resolved once here so kernels do not
-// each query the device.
-struct DeviceInfo {
-  int cc_major = 0;
-  int cc_minor = 0;
-  int num_sms = 0;  // FwdParams::num_sms if set, else the device's SM count
-};
-
-using FwdLaunch = Status (*)(const FwdParams&, const DeviceInfo&, cudaStream_t);
-using BwdLaunch = Status (*)(const BwdParams&, const DeviceInfo&, void* workspace, cudaStream_t);
-
-// Each kernel file defines its launch function and the build defines FA4_HAS_<ARCH>_<DIR> when
-// it compiles that file (CMake / setup.py, only for archs in FA4_CUDA_ARCHS), so the table below
-// is the one place that knows which kernels exist. DeviceInfo and these declarations move to
-// params.h with the first kernel, which needs to see them.
+// Each kernel file defines its launch function (params.h) and the build defines
+// FA4_HAS_<ARCH>_<DIR> when it compiles that file (CMake / setup.py, only for archs in
+// FA4_CUDA_ARCHS), so the table below is the one place that knows which kernels exist.
 #if defined(FA4_HAS_SM90_FWD)
-Status run_fwd_sm90(const FwdParams&, const DeviceInfo&, cudaStream_t);
 constexpr FwdLaunch kSm90Fwd = &run_fwd_sm90;
 #else
 constexpr FwdLaunch kSm90Fwd = nullptr;
@@ -81,7 +69,7 @@ struct ArchKernels {
 };
 
 constexpr ArchKernels kArchs[] = {
-    {9, 0, "SM90", kSm90Fwd, kSm90Bwd, "issue 3", "planned"},
+    {9, 0, "SM90", kSm90Fwd, kSm90Bwd, "issue 3", "issue 4"},
     {10, 0, "SM100", kSm100Fwd, kSm100Bwd, "issue 5", "planned"},
 };
 
@@ -353,6 +341,14 @@ Status select_arch(bool fwd, int num_sms, const ArchKernels** arch, DeviceInfo* 
 }
 
 }  // namespace
+
+Status kernel_fail(Status s, const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(t_last_error, sizeof(t_last_error), fmt, args);
+  va_end(args);
+  return s;
+}
 
 const char* status_name(Status s) noexcept {
   switch (s) {

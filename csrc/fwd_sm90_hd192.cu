@@ -1,0 +1,6 @@
+// SM90 forward for head dims (192, 192), bf16 and fp16 (see fwd_sm90_kernel.cuh).
+#include "fwd_sm90_kernel.cuh"
+
+namespace fa4::sm90 {
+template Status launch_dtype<192, 192>(const FwdParams&, const DeviceInfo&, cudaStream_t);
+}  // namespace fa4::sm90

@@ -1,0 +1,460 @@
+// SM90 (Hopper) forward kernel: warp-specialized TMA + wgmma attention with FA4 numerics.
+// Included by the per-head-dim instantiation files csrc/fwd_sm90_hd*.cu (one per head-dim pair,
+// so that ninja compiles them in parallel); fwd_sm90.cu dispatches to them.
+//
+// Roles (one enum, WarpGroupRole): warpgroup 0 is the producer (one thread issues every TMA
+// load: Q once per tile, K and V per KV block through two mbarrier pipelines), warpgroups 1 and
+// 2 are consumers, each owning 64 of the tile's 128 query rows: S = Q·Kᵀ (wgmma, both operands
+// in shared memory), online softmax with conditional rescaling (softmax.cuh), P kept in
+// registers as the A operand of O += P·V (register-A wgmma), then the epilogue.
+// setmaxnreg moves registers from the producer (40: its TMA and scheduler arithmetic spilled at
+// 24) to the consumers (232).
+//
+// Pipelines (from X to Y, protects Z):
+//   q_full   producer -> consumers, protects sQ (TMA transaction barrier, one phase per tile)
+//   q_empty  consumers -> producer, protects sQ from the next tile's load (256 arrivals)
+//   pipe_k   producer -> consumers, kStages K buffers (PipelineTmaAsync full/empty pairs)
+//   pipe_v   producer -> consumers, kStages V buffers
+// K and V have separate pipelines so that S = Q·Kᵀ starts before V has landed.
+//
+// Shared memory (bf16/fp16, kStages = 2):
+//   hd 64:  Q 16 KB + K 2×16 KB + V 2×16 KB =  80 KB  (kBlockN 128)
+//   hd 128: Q 32 KB + K 2×32 KB + V 2×32 KB = 160 KB  (kBlockN 128)
+//   hd 192: Q 48 KB + K 2×24 KB + V 2×(16|24) KB = 128..144 KB (kBlockN 64: S registers)
+//   hd 256: Q 64 KB + K 2×32 KB + V 2×32 KB = 192 KB  (kBlockN 64: 227 KB limit)
+// The S accumulator costs kBlockN/2 registers per consumer thread and O kHeadDimV/2; with
+// 240 registers per thread, kBlockN 128 leaves room for hd ≤ 128, hd 192/256 take kBlockN 64.
+//
+// The persistent grid walks tiles with the shared TileScheduler (tile_scheduler.cuh):
+// m-block-fastest for L2 reuse, longest-processing-time first for causal masks.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_conversion.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "mask.cuh"
+#include "params.h"
+#include "softmax.cuh"
+#include "tile_scheduler.cuh"
+
+namespace fa4::sm90 {
+
+using namespace cute;
+
+enum class WarpGroupRole : int { kProducer = 0, kConsumer0 = 1, kConsumer1 = 2 };
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;  // 40·128 + 232·256 = 64512 = 168·384, the launch allocation
+
+// The largest GMMA K-major swizzle atom whose row (64, 32 or 16 elements) divides the head dim.
+template <class Element, int kCols>
+auto smem_atom_k() {
+  if constexpr (kCols % 64 == 0) {
+    return GMMA::Layout_K_SW128_Atom<Element>{};
+  } else if constexpr (kCols % 32 == 0) {
+    return GMMA::Layout_K_SW64_Atom<Element>{};
+  } else {
+    return GMMA::Layout_K_SW32_Atom<Element>{};
+  }
+}
+
+// Compile-time options of one forward kernel.
+template <int kHeadDim_, int kHeadDimV_, class Element_>
+struct FwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;  // see the register note above
+  static constexpr int kStages = 2;
+  static constexpr int kConsumerWGs = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerWGs);
+  static constexpr int kConsumerThreads = 128 * kConsumerWGs;
+  // Note [SM90 exp2 split]: Hopper's MUFU (16/clk/SM) keeps up with its wgmma rate at these
+  // tile shapes, so the polynomial path starts switched off; docs/perf-notes.md records the
+  // measurements that set it.
+  static constexpr int kEmuSixteenths = 0;
+  static constexpr float kTau = 8.0f;  // Note [conditional rescale]
+
+  using TileQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
+  using AtomLayout = Layout<Shape<Int<kConsumerWGs>, _1, _1>>;
+  using MmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
+      AtomLayout{}));
+  using MmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  using SmemLayoutQ = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
+                                             Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
+                                             Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutV = decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(),
+                                             Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
+  // Vᵀ as the B operand of P·V: (d_v, kBlockN) with d_v contiguous, i.e. MN-major.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{},
+                                         Step<_2, _1, _3>{})));
+
+  using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
+    alignas(16) typename PipelineKV::SharedStorage pipe_k;
+    typename PipelineKV::SharedStorage pipe_v;
+    cutlass::arch::ClusterTransactionBarrier q_full;
+    cutlass::arch::ClusterBarrier q_empty;
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (227 KB per CTA on SM90)");
+
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kVBytes = kBlockN * kHeadDimV * sizeof(Element);
+};
+
+// Global tensors as TMA sees them: (rows, d, heads, batch), d contiguous. Varlen passes batch 1
+// and moves each sequence's rows by its offset (domain_offset).
+template <class Element>
+auto gmem_qkv(const void* ptr, int rows, int d, int heads, int batch, int64_t row_stride,
+              int64_t head_stride, int64_t batch_stride) {
+  return make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)),
+                     make_shape(rows, d, heads, batch),
+                     make_stride(row_stride, _1{}, head_stride, batch_stride));
+}
+
+template <class T>
+struct KernelParams {
+  using Element = typename T::Element;
+  using ShapeQKV = Shape<int, int, int, int>;
+  using TmaQ = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, gmem_qkv<Element>(nullptr, 1, T::kHeadDim, 1, 1, 0, 0, 0),
+      typename T::SmemLayoutQ{}, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, _1{}));
+  using TmaK = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, gmem_qkv<Element>(nullptr, 1, T::kHeadDim, 1, 1, 0, 0, 0),
+      take<0, 2>(typename T::SmemLayoutK{}), Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, _1{}));
+  using TmaV = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, gmem_qkv<Element>(nullptr, 1, T::kHeadDimV, 1, 1, 0, 0, 0),
+      take<0, 2>(typename T::SmemLayoutV{}), Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, _1{}));
+  TmaQ tma_q;
+  TmaK tma_k;
+  TmaV tma_v;
+  ShapeQKV shape_q, shape_k, shape_v;
+  FwdParams p;
+  ScoreScale score;
+  TileScheduler sched;
+  int group;  // heads_q / heads_kv
+};
+
+// Copies the per-tile sequence geometry every role derives the same way.
+struct TileWork {
+  TileCoord tile;
+  SeqInfo seq;
+  Mask mask;
+  int bidb_gmem;  // batch index of the TMA tensors (0 for varlen)
+};
+
+template <class T>
+__device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp, int64_t w) {
+  const FwdParams& p = kp.p;
+  TileWork t;
+  t.tile = kp.sched.at(w);
+  t.seq = SeqInfo::get(t.tile.batch, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.seqlen_q,
+                       p.seqlen_k);
+  t.mask = Mask::from_params(p, t.seq.seqlen_q, t.seq.seqlen_k);
+  t.bidb_gmem = p.cu_seqlens_q == nullptr ? t.tile.batch : 0;
+  return t;
+}
+
+template <class T>
+__device__ __forceinline__ void producer(const KernelParams<T>& kp, typename T::SharedStorage& ss,
+                                         typename T::PipelineKV& pipe_k,
+                                         typename T::PipelineKV& pipe_v) {
+  using Element = typename T::Element;
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
+  Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);
+  Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_k);
+  Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_v);
+  auto k_state = cutlass::make_producer_start_state<typename T::PipelineKV>();
+  auto v_state = k_state;
+  int tiles_loaded = 0;
+  for (int64_t w = blockIdx.x; w < kp.sched.total(); w += gridDim.x) {
+    const TileWork t = tile_work(kp, w);
+    const BlockRange br = block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block);
+    if (br.empty()) continue;  // consumers write zeros; nothing to load
+    const int head_kv = t.tile.head / kp.group;
+    Tensor gQ = local_tile(
+        domain_offset(make_coord(t.seq.offset_q, _0{}), mQ(_, _, t.tile.head, t.bidb_gmem)),
+        Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, make_coord(t.tile.m_block, _0{}));
+    Tensor gK =
+        local_tile(domain_offset(make_coord(t.seq.offset_k, _0{}), mK(_, _, head_kv, t.bidb_gmem)),
+                   Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, make_coord(_, _0{}));
+    Tensor gV =
+        local_tile(domain_offset(make_coord(t.seq.offset_k, _0{}), mV(_, _, head_kv, t.bidb_gmem)),
+                   Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, make_coord(_, _0{}));
+    auto [tQgQ, tQsQ] =
+        tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto [tKgK, tKsK] =
+        tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] =
+        tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    // sQ is free once the consumers finished the previous tile's last S = Q·Kᵀ.
+    if (tiles_loaded > 0) ss.q_empty.wait((tiles_loaded - 1) & 1);
+    ss.q_full.arrive_and_expect_tx(T::kQBytes);
+    copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.q_full), 0), tQgQ, tQsQ);
+    ++tiles_loaded;
+    // Blocks from last to first: the masked diagonal block first, like the consumers.
+    for (int n = br.n_end - 1; n >= br.n_begin; --n) {
+      pipe_k.producer_acquire(k_state);
+      copy(kp.tma_k.with(*pipe_k.producer_get_barrier(k_state), 0), tKgK(_, n),
+           tKsK(_, k_state.index()));
+      ++k_state;
+      pipe_v.producer_acquire(v_state);
+      copy(kp.tma_v.with(*pipe_v.producer_get_barrier(v_state), 0), tVgV(_, n),
+           tVsV(_, v_state.index()));
+      ++v_state;
+    }
+  }
+  // Keep the CTA alive until the consumers released every buffer the TMA may still write.
+  pipe_k.producer_tail(k_state);
+  pipe_v.producer_tail(v_state);
+}
+
+// Writes the consumer's rows of O (scaled by 1/l) and the LSE; rows past the sequence are
+// skipped. o: the P·V accumulator (QuadFrag<kHeadDimV>), row r of this thread is
+// row0 + 8r within the tile.
+template <class T, class Frag>
+__device__ __forceinline__ void store_tile(const KernelParams<T>& kp, const TileWork& t,
+                                           const float* o, const float (&lse)[2], int row_in_tile0,
+                                           int quad_lane) {
+  using Element = typename T::Element;
+  const FwdParams& p = kp.p;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  FA4_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int row = t.tile.m_block * T::kBlockM + row_in_tile0 + 8 * r;
+    if (row >= t.seq.seqlen_q) continue;
+    const int64_t grow = int64_t(t.seq.offset_q) + row;
+    Element* out = static_cast<Element*>(p.out) + grow * p.out_row_stride +
+                   int64_t(t.tile.head) * p.out_head_stride +
+                   (varlen ? 0 : int64_t(t.tile.batch) * p.out_batch_stride);
+    FA4_UNROLL
+    for (int g = 0; g < T::kHeadDimV / 8; ++g) {
+      const int col = 8 * g + 2 * quad_lane;
+      cutlass::Array<Element, 2> pair;
+      pair[0] = Element(o[Frag::idx(r, 2 * g)]);
+      pair[1] = Element(o[Frag::idx(r, 2 * g + 1)]);
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(out + col) = pair;
+    }
+    if (p.lse != nullptr && quad_lane == 0) {
+      float* l = p.lse + int64_t(t.tile.head) * p.lse_head_stride +
+                 (varlen ? grow : int64_t(t.tile.batch) * p.lse_batch_stride + row);
+      *l = lse[r];
+    }
+  }
+}
+
+// S = Q·Kᵀ over the head dim, overwriting the accumulator (first k-slice with ScaleOut::Zero).
+template <class Mma, class TA, class TB, class TC>
+__device__ __forceinline__ void gemm_zero_acc(Mma& mma, const TA& a, const TB& b, TC& c) {
+  mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::SharedStorage& ss,
+                                         typename T::PipelineKV& pipe_k,
+                                         typename T::PipelineKV& pipe_v, int tid) {
+  using Element = typename T::Element;
+  using SFrag = QuadFrag<T::kBlockN>;
+  using OFrag = QuadFrag<T::kHeadDimV>;
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutVt{});
+  typename T::MmaQK mma_qk;
+  typename T::MmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(tid);
+  auto thr_pv = mma_pv.get_thread_slice(tid);
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);
+  Tensor tOrVt = thr_pv.partition_fragment_B(sVt);
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<T::kBlockM>, Int<T::kBlockN>>{});
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<T::kBlockM>, Int<T::kHeadDimV>>{});
+  Tensor tOrP =
+      make_tensor<Element>(partition_shape_A(mma_pv, Shape<Int<T::kBlockM>, Int<T::kBlockN>>{}));
+  static_assert(size(tSrS) == SFrag::kSize && size(tOrO) == OFrag::kSize, "QuadFrag layout");
+  static_assert(size(tOrP) == SFrag::kSize, "P registers mirror the S accumulator");
+  float* s = raw_pointer_cast(tSrS.data());
+  float* o = raw_pointer_cast(tOrO.data());
+  auto& s_arr = *reinterpret_cast<float (*)[SFrag::kSize]>(s);
+  auto& o_arr = *reinterpret_cast<float (*)[OFrag::kSize]>(o);
+
+  const int lane = tid % 32;
+  const int row_in_tile0 = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + lane / 4;
+  const int quad_lane = lane % 4;
+  auto k_state = typename T::PipelineKV::PipelineState{};
+  auto v_state = k_state;
+  int tiles_loaded = 0;
+
+  for (int64_t w = blockIdx.x; w < kp.sched.total(); w += gridDim.x) {
+    const TileWork t = tile_work(kp, w);
+    const BlockRange br = block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block);
+    OnlineSoftmax<SFrag> softmax;
+    softmax.init();
+    clear(tOrO);
+    if (!br.empty()) {
+      ss.q_full.wait(tiles_loaded & 1);
+      ++tiles_loaded;
+      const int row_base = t.tile.m_block * T::kBlockM + row_in_tile0;
+      for (int n = br.n_end - 1; n >= br.n_begin; --n) {
+        pipe_k.consumer_wait(k_state);
+        warpgroup_fence_operand(tSrS);
+        warpgroup_arrive();
+        gemm_zero_acc(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        pipe_k.consumer_release(k_state);
+        ++k_state;
+        if (n == br.n_begin) ss.q_empty.arrive();  // last use of sQ in this tile
+        if (kp.score.softcap) apply_softcap<SFrag>(s_arr, kp.score.pre);
+        if (br.needs_mask(n)) {
+          apply_mask<SFrag>(
+              s_arr, t.mask, [&](int r) { return row_base + 8 * r; },
+              [&](int e) { return n * T::kBlockN + 8 * (e / 2) + 2 * quad_lane + e % 2; });
+        }
+        float o_scale[2];
+        const RowDecisions d = softmax.update_max(s_arr, kp.score.scale_log2, T::kTau, o_scale);
+        softmax.template exp2_and_sum<T::kEmuSixteenths>(s_arr, kp.score.scale_log2);
+        if (d.any_rescaled()) scale_rows<OFrag>(o_arr, o_scale);
+        FA4_UNROLL
+        for (int i = 0; i < SFrag::kSize; ++i) tOrP(i) = Element(s[i]);
+        pipe_v.consumer_wait(v_state);
+        warpgroup_fence_operand(tOrO);
+        warpgroup_arrive();
+        gemm(mma_pv, tOrP, tOrVt(_, _, _, v_state.index()), tOrO);
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        pipe_v.consumer_release(v_state);
+        ++v_state;
+      }
+    }
+    float inv_l[2], lse[2];
+    softmax.finalize(inv_l, lse);
+    scale_rows<OFrag>(o_arr, inv_l);
+    store_tile<T, OFrag>(kp, t, o, lse, row_in_tile0, quad_lane);
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    fwd_kernel(const __grid_constant__ KernelParams<T> kp) {
+  // Only the sm_90a pass has wgmma and setmaxnreg; other archs of a multi-arch build (sm_100a)
+  // compile an empty body, and dispatch never launches it there.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ char smem[];
+  auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem);
+  const int warp = threadIdx.x / 32;
+  const auto role = static_cast<WarpGroupRole>(threadIdx.x / 128);
+  if (warp == 0 && cute::elect_one_sync()) {
+    cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    ss.q_full.init(1);
+    ss.q_empty.init(T::kConsumerThreads);
+  }
+  using Pipe = typename T::PipelineKV;
+  typename Pipe::Params pk, pv;
+  pk.role = role == WarpGroupRole::kProducer ? Pipe::ThreadCategory::Producer
+                                             : Pipe::ThreadCategory::Consumer;
+  pk.is_leader = threadIdx.x == 0;
+  pk.num_consumers = T::kConsumerThreads;
+  pv = pk;
+  pk.transaction_bytes = T::kKBytes;
+  pv.transaction_bytes = T::kVBytes;
+  Pipe pipe_k(ss.pipe_k, pk, Shape<_1, _1, _1>{});
+  Pipe pipe_v(ss.pipe_v, pv, Shape<_1, _1, _1>{});
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+
+  if (role == WarpGroupRole::kProducer) {
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    if (threadIdx.x == 0) producer(kp, ss, pipe_k, pipe_v);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+    consumer(kp, ss, pipe_k, pipe_v, threadIdx.x - 128);
+  }
+#endif
+}
+
+template <class T>
+Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+  using Element = typename T::Element;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int batch_g = varlen ? 1 : p.batch;
+  const int rows_q = varlen ? p.total_q : p.seqlen_q;
+  const int rows_k = varlen ? p.total_k : p.seqlen_k;
+  KernelParams<T> kp;
+  kp.p = p;
+  kp.group = p.heads_q / p.heads_kv;
+  kp.score = ScoreScale::make(p.softmax_scale, p.softcap);
+  kp.shape_q = make_shape(rows_q, T::kHeadDim, p.heads_q, batch_g);
+  auto mQ = gmem_qkv<Element>(p.q, rows_q, T::kHeadDim, p.heads_q, batch_g, p.q_row_stride,
+                              p.q_head_stride, varlen ? 0 : p.q_batch_stride);
+  // TMA cannot describe an empty tensor; with no keys every tile's BlockRange is empty and the
+  // kernel loads nothing, so one phantom row is never read.
+  const int rows_kv = rows_k > 0 ? rows_k : 1;
+  kp.shape_k = make_shape(rows_kv, T::kHeadDim, p.heads_kv, batch_g);
+  kp.shape_v = make_shape(rows_kv, T::kHeadDimV, p.heads_kv, batch_g);
+  auto mK = gmem_qkv<Element>(p.k, rows_kv, T::kHeadDim, p.heads_kv, batch_g, p.k_row_stride,
+                              p.k_head_stride, varlen ? 0 : p.k_batch_stride);
+  auto mV = gmem_qkv<Element>(p.v, rows_kv, T::kHeadDimV, p.heads_kv, batch_g, p.v_row_stride,
+                              p.v_head_stride, varlen ? 0 : p.v_batch_stride);
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, typename T::SmemLayoutQ{},
+                           Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, _1{});
+  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename T::SmemLayoutK{}),
+                           Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, _1{});
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename T::SmemLayoutV{}),
+                           Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, _1{});
+  const int m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  const TileOrder order = (p.causal || p.window_right >= 0 || p.window_left >= 0)
+                              ? TileOrder::kLongestFirst
+                              : TileOrder::kMBlockFastest;
+  const int section = lpt_section_heads(int64_t(50) << 20, p.seqlen_k, T::kHeadDim, T::kHeadDimV,
+                                        int(sizeof(Element)), kp.group);
+  kp.sched = TileScheduler::make(p.batch, p.heads_q, m_blocks, order, section);
+  const int grid = kp.sched.grid(dev.num_sms);
+  if (grid == 0) return Status::kOk;
+  auto kernel = fwd_kernel<T>;
+  cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  if (e != cudaSuccess)
+    return kernel_fail(Status::kCudaError, "cudaFuncSetAttribute: %s", cudaGetErrorString(e));
+  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(kp);
+  e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return kernel_fail(Status::kCudaError, "fwd_sm90 launch: %s", cudaGetErrorString(e));
+  return Status::kOk;
+}
+
+template <int D, int DV>
+Status launch_dtype(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+  if (p.dtype == DType::kBFloat16)
+    return launch<FwdTraits<D, DV, cutlass::bfloat16_t>>(p, dev, stream);
+  return launch<FwdTraits<D, DV, cutlass::half_t>>(p, dev, stream);
+}
+
+}  // namespace fa4::sm90

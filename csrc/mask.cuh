@@ -1,0 +1,173 @@
+// Masks: causal, sliding window and sequence ends, for the forward (and backward) kernels of
+// every architecture. Block level: which KV blocks a Q tile visits, and which of those need
+// the per-element mask (the rest are fully visible, so the kernel skips the mask there).
+// Element level: the predicate and its application to a register fragment (fragment.cuh).
+// Varlen: SeqInfo, one sequence's offsets and lengths. All __host__ __device__; the host tests
+// (tests/test_shared_headers.py) compare them with fa4.reference.allowed_keys element by element.
+//
+// Note [mask alignment] (as in fa4/reference.py): query row i of a sequence sees key j iff
+//   j >= i + (seqlen_k - seqlen_q) - window_left     (no bound when window_left < 0)
+//   j <= i + (seqlen_k - seqlen_q) + window_right    (no bound when window_right < 0)
+// causal is window_right = 0; masks are aligned to the bottom-right corner when
+// seqlen_q != seqlen_k. Half-open: row i sees [i + diag_lo, i + diag_hi) ∩ [0, seqlen_k) with
+// diag_lo = seqlen_k - seqlen_q - window_left, diag_hi = seqlen_k - seqlen_q + window_right + 1.
+// Both ends move right by one column per row and the interval is left + right + 1 >= 1 wide, so
+// consecutive rows' intervals touch or overlap: the columns seen by a band of rows form one
+// interval, and the KV blocks a Q tile visits one contiguous range [n_begin, n_end).
+//
+// Note [mask clamping]: the unbounded side and windows longer than the sequence are clamped:
+// diag_lo, diag_hi into [-seqlen_q, seqlen_k]. For rows 0 <= i < seqlen_q, a diag_lo <= -seqlen_q
+// gives a lower end i + diag_lo < 0 (no bound, like any smaller one) and a diag_hi >= seqlen_k an
+// upper end >= seqlen_k, so the clamp changes no element, and row + diag stays within int32 for
+// seqlen_q + seqlen_k < 2^31 (FwdParams lengths are int: 1e9-token sequences would be needed to
+// break it). window_left = INT_MAX, say, would otherwise overflow i + diag_lo.
+#pragma once
+
+#include <stdint.h>
+
+#include <math.h>
+
+#include "fragment.cuh"
+
+namespace fa4 {
+
+namespace detail {
+__host__ __device__ __forceinline__ int imin(int a, int b) {
+  return a < b ? a : b;
+}
+__host__ __device__ __forceinline__ int imax(int a, int b) {
+  return a > b ? a : b;
+}
+__host__ __device__ __forceinline__ int clamp_diag(int64_t d, int seqlen_q, int seqlen_k) {
+  return static_cast<int>(d < -seqlen_q ? -seqlen_q : (d > seqlen_k ? seqlen_k : d));
+}
+}  // namespace detail
+
+// Visible key columns [lo, hi) of one query row; empty when lo >= hi.
+struct RowBounds {
+  int lo, hi;
+  __host__ __device__ bool contains(int col) const { return col >= lo && col < hi; }
+};
+
+// The mask of one sequence (for varlen: lengths from SeqInfo, after seqused_k).
+struct Mask {
+  int seqlen_q = 0, seqlen_k = 0;
+  int diag_lo = 0, diag_hi = 0;  // Note [mask alignment], clamped (Note [mask clamping])
+
+  // window_* < 0: unbounded on that side; causal forces window_right = 0 (FwdParams allows only
+  // -1 or 0 with causal, so nothing is lost).
+  __host__ __device__ static Mask make(int seqlen_q, int seqlen_k, int window_left,
+                                       int window_right, bool causal) {
+    if (causal) window_right = 0;
+    const int64_t offset = int64_t(seqlen_k) - seqlen_q;
+    Mask m;
+    m.seqlen_q = seqlen_q;
+    m.seqlen_k = seqlen_k;
+    m.diag_lo =
+        window_left < 0 ? -seqlen_q : detail::clamp_diag(offset - window_left, seqlen_q, seqlen_k);
+    m.diag_hi = window_right < 0
+                    ? seqlen_k
+                    : detail::clamp_diag(offset + window_right + 1, seqlen_q, seqlen_k);
+    return m;
+  }
+  // From FwdParams (or anything with window_left, window_right, causal) and one sequence's
+  // lengths; a template so that this header does not need fa4.h (and with it the CUDA runtime).
+  template <class Params>
+  __host__ __device__ static Mask from_params(const Params& p, int seqlen_q, int seqlen_k) {
+    return make(seqlen_q, seqlen_k, p.window_left, p.window_right, p.causal);
+  }
+
+  // Rows outside [0, seqlen_q) (the padding rows of the last Q tile) see nothing, as in the
+  // model's padded tile grid; the check is per row, not per element.
+  __host__ __device__ RowBounds row_bounds(int row) const {
+    if (row < 0 || row >= seqlen_q) return {0, 0};
+    return {detail::imax(0, row + diag_lo), detail::imin(seqlen_k, row + diag_hi)};
+  }
+  __host__ __device__ bool is_visible(int row, int col) const {
+    return row_bounds(row).contains(col);
+  }
+};
+
+// The KV blocks one Q tile visits and the sub-range that needs no element mask:
+//   [n_begin, full_begin)   masked: left edge of a sliding window
+//   [full_begin, full_end)  every element visible for every row < seqlen_q of the tile
+//   [full_end, n_end)       masked: the diagonal / right window edge and the partial last block
+// n_begin == n_end: the tile sees no key (its rows get out = 0, lse = -inf: Note [empty rows]).
+struct BlockRange {
+  int n_begin = 0, n_end = 0;
+  int full_begin = 0, full_end = 0;
+  __host__ __device__ bool empty() const { return n_begin >= n_end; }
+  __host__ __device__ int size() const { return n_end - n_begin; }
+  __host__ __device__ bool needs_mask(int n_block) const {
+    return n_block < full_begin || n_block >= full_end;
+  }
+};
+
+// Q tile m_block covers rows [m_block * kBlockM, (m_block + 1) * kBlockM) ∩ [0, seqlen_q). The
+// union of its rows' intervals is [lo(first row), hi(last row)) (Note [mask alignment]); a block
+// is fully visible iff it lies inside [lo(last row), hi(first row)), the interval every row
+// sees, since lo and hi grow with the row.
+template <int kBlockM, int kBlockN>
+__host__ __device__ BlockRange block_range(const Mask& mask, int m_block) {
+  static_assert(kBlockM > 0 && kBlockN > 0, "block sizes must be positive");
+  BlockRange br;
+  const int row0 = m_block * kBlockM;
+  if (row0 < 0 || row0 >= mask.seqlen_q) return br;
+  const int row1 = detail::imin(row0 + kBlockM, mask.seqlen_q) - 1;
+  const RowBounds first = mask.row_bounds(row0);
+  const RowBounds last = mask.row_bounds(row1);
+  if (first.lo >= last.hi) return br;  // first.lo >= 0, so last.hi > 0 below
+  br.n_begin = first.lo / kBlockN;
+  br.n_end = (last.hi + kBlockN - 1) / kBlockN;
+  const int fb = detail::imax((last.lo + kBlockN - 1) / kBlockN, br.n_begin);
+  const int fe = detail::imin(detail::imax(first.hi, 0) / kBlockN, br.n_end);
+  br.full_begin = fb < fe ? fb : br.n_end;
+  br.full_end = fb < fe ? fe : br.n_end;
+  return br;
+}
+
+// Sets to -inf the elements of a fragment (fragment.cuh) that row/column masking hides.
+// row_of(r): the query row (within the sequence) of the thread's row r; col_of(e): the key
+// column of its element e, e.g. [=](int e) { return n_block * kBlockN + e; } for RowMajorFrag.
+// Call it on the blocks BlockRange::needs_mask names, after softcap and before the row max.
+template <class Frag, class RowOf, class ColOf>
+__host__ __device__ __forceinline__ void apply_mask(float (&s)[Frag::kSize], const Mask& mask,
+                                                    RowOf row_of, ColOf col_of) {
+  static_assert(is_register_permutation<Frag>(), "Frag::idx must be one to one");
+  FA4_UNROLL
+  for (int r = 0; r < Frag::kRows; ++r) {
+    const RowBounds b = mask.row_bounds(row_of(r));
+    FA4_UNROLL
+    for (int e = 0; e < Frag::kCols; ++e) {
+      if (!b.contains(col_of(e))) s[Frag::idx(r, e)] = -INFINITY;
+    }
+  }
+}
+
+// One sequence of a batch: where its rows start in the packed tensors and its lengths.
+// Dense (cu_seqlens_q == nullptr): offsets 0 (the kernel adds batch * batch_stride) and the
+// problem's lengths. Varlen: rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and likewise of k;
+// with seqused_k the sequence sees only its first seqused_k[b] keys, which also moves the
+// causal diagonal (FwdParams: as if seqlen_k were seqused_k[b]). Offsets are int like
+// cu_seqlens; multiply them by the int64 row strides.
+struct SeqInfo {
+  int offset_q = 0, offset_k = 0;
+  int seqlen_q = 0, seqlen_k = 0;
+
+  __host__ __device__ static SeqInfo get(int b, const int* cu_seqlens_q, const int* cu_seqlens_k,
+                                         const int* seqused_k, int seqlen_q, int seqlen_k) {
+    SeqInfo s;
+    if (cu_seqlens_q == nullptr) {
+      s.seqlen_q = seqlen_q;
+      s.seqlen_k = seqlen_k;
+      return s;
+    }
+    s.offset_q = cu_seqlens_q[b];
+    s.offset_k = cu_seqlens_k[b];
+    s.seqlen_q = cu_seqlens_q[b + 1] - s.offset_q;
+    s.seqlen_k = seqused_k != nullptr ? seqused_k[b] : cu_seqlens_k[b + 1] - s.offset_k;
+    return s;
+  }
+};
+
+}  // namespace fa4

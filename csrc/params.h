@@ -1,0 +1,28 @@
+// Internal interface between dispatch.cu and the kernel files: what a launch function gets
+// besides the public params, and the launch functions each kernel file defines.
+#pragma once
+
+#include "fa4.h"
+
+namespace fa4 {
+
+// Resolved once by dispatch.cu so that kernels do not each query the device.
+struct DeviceInfo {
+  int cc_major = 0;
+  int cc_minor = 0;
+  int num_sms = 0;  // FwdParams::num_sms if set, else the device's SM count
+};
+
+using FwdLaunch = Status (*)(const FwdParams&, const DeviceInfo&, cudaStream_t);
+using BwdLaunch = Status (*)(const BwdParams&, const DeviceInfo&, void* workspace, cudaStream_t);
+
+// Defined by fwd_sm90.cu, compiled (with FA4_HAS_SM90_FWD) when 90a is in FA4_CUDA_ARCHS.
+Status run_fwd_sm90(const FwdParams&, const DeviceInfo&, cudaStream_t);
+
+// Sets last_error() for a kernel file's kUnsupported / kCudaError answers (dispatch.cu).
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+Status kernel_fail(Status s, const char* fmt, ...);
+
+}  // namespace fa4

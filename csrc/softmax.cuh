@@ -1,0 +1,231 @@
+// Online softmax with conditional rescaling, per row, on the scores a thread holds in registers
+// (a fragment, fragment.cuh). Shared by the SM90 forward (wgmma accumulators: QuadFrag, a row
+// over 4 lanes) and the SM100 forward (TMEM loads: RowMajorFrag, a row per thread), and run on
+// the host by tests/cpp/shared_headers_harness.cpp, which reproduces
+// fa4.reference.attention_fa4_model with it (tests/test_shared_headers.py).
+//
+// Per KV block, in the order of the model (fa4/reference.py, _online_step):
+//   (i)   update_max: block row max of the scores, in log2 units
+//   (ii)  update_max: the rescale decision (Note [conditional rescale]); returns the O scale
+//         factor of each row (exactly 1 where nothing moved) and which rows rescaled, so that a
+//         warp vote can skip the O rescale (SM100 correction warpgroup)
+//   (iii) exp2_and_sum: P = 2^(s - m), split between exp2_poly and MUFU.EX2
+//         (Note [exp2 column split])
+//   (iv)  exp2_and_sum: l += rowsum(P) in fp32, before the caller rounds P to 16 bits for P·V
+//   (v)   finalize: 1/l and the natural-log LSE (Note [empty rows])
+//
+// Note [conditional rescale] (the full note is in fa4/reference.py): per row a running max m
+// (log2 units, -inf before any visible key) and sum l. With m_blk the block's row max:
+//   m_blk == -inf: nothing (no visible key of this row in the block)
+//   m == -inf:     m = m_blk ("first"; O and l are still 0)
+//   m_blk > m + tau (fp32 add, strict): factor = 2^(m - m_blk), m = m_blk, l *= factor, and the
+//                  caller scales O by factor ("rescaled")
+//   otherwise:     m stays stale ("skipped"): P = 2^(s - m) <= 2^tau = 256 for tau = 8, which fp32
+//                  l and O and 16-bit P (fp16 max 65504) hold, so the rescale can wait.
+// tau = 0 is the classic online softmax.
+//
+// Note [score scaling]: the model scales in three steps, s = qk · scale, s = softcap ·
+// tanh(s / softcap), s · log2(e). The kernels fold the constants (ScoreScale): x = qk, or
+// x = tanh(qk · scale / softcap) with softcap; the row max is taken on x, and x enters the
+// exponent as fmaf(x, scale_log2, -m), one FFMA per element instead of an FMUL and an FADD:
+// 16384 FMULs per 128 x 128 tile saved, 128 clk of the FMA pipe (128/clk/SM) that also runs
+// exp2_poly. fl(max(x) · c) equals max(fl(x · c)) because rounding is monotone, so m is the max
+// of the scaled scores. With scale_log2 = 1 and x pre-scaled the model's way, the arithmetic
+// is the model's exactly (the host tests compare to 1e-6). Folded, P differs from the model's
+// by the rounding of x · c, and the row max's own exponent is that rounding's residual
+// (|r| ~ 1e-7) instead of 0: for r < 0 exp2_poly reduces it to f = 1 + r, where its error is
+// largest (8.6e-5 for degree 3) instead of none, so l and lse move by up to that much. Both are
+// far below the 16-bit rounding of P (2^-8 bf16, 2^-11 fp16).
+#pragma once
+
+#include <stdint.h>
+
+#include <math.h>
+
+#include "exp2_poly.cuh"
+#include "fragment.cuh"
+
+namespace fa4 {
+
+constexpr float kLog2e = 1.44269504088896340736f;  // 0x1.715476p+0
+constexpr float kLn2 = 0.693147180559945309417f;   // 0x1.62e43p-1
+
+// Note [host exp2]: MUFU.EX2 (PTX ex2.approx.ftz.f32) on the device: ~2 ulp, denormal results
+// flushed to +0. The host stands in with 2^x rounded from double (correctly rounded but for
+// double-rounding cases, ~2^-29 of arguments), flushed the same way below 2^-126. Not exp2f:
+// glibc's exp2f and torch's CPU exp2 differ in 1 ulp for ~6 % of arguments, while the
+// double-rounded value is the same in both, so the host harness and the torch model agree bit
+// for bit on P and no bf16 rounding of P can flip between them.
+__host__ __device__ __forceinline__ float exp2_hw(float x) {
+#ifdef __CUDA_ARCH__
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return x < -126.0f ? 0.0f : static_cast<float>(exp2(static_cast<double>(x)));
+#endif
+}
+
+// Folded score constants (Note [score scaling]).
+struct ScoreScale {
+  float pre = 1.0f;         // softcap: x = tanh(qk · pre), pre = scale / softcap
+  float scale_log2 = 0.0f;  // log2-domain score = x · scale_log2
+  bool softcap = false;
+  __host__ __device__ static ScoreScale make(float softmax_scale, float softcap) {
+    ScoreScale s;
+    s.softcap = softcap > 0.0f;
+    s.pre = s.softcap ? softmax_scale / softcap : 1.0f;
+    s.scale_log2 = (s.softcap ? softcap : softmax_scale) * kLog2e;
+    return s;
+  }
+};
+
+// x = tanh(qk · pre) in place; call before masking (tanh(-inf) would be -1, not -inf). tanhf,
+// not tanh.approx.f32: the latter's absolute error 2^-10.99 times a softcap of 30 is 0.015 in
+// the score, 1.5 % in P, four times a bf16 step.
+template <class Frag>
+__host__ __device__ __forceinline__ void apply_softcap(float (&s)[Frag::kSize], float pre) {
+  FA4_UNROLL
+  for (int i = 0; i < Frag::kSize; ++i) s[i] = tanhf(s[i] * pre);
+}
+
+namespace detail {
+// v combined over the kThreads adjacent lanes sharing a row (fragment.cuh). All 32 lanes of the
+// warp must call it together (the kernels call the softmax warp-uniformly).
+template <int kThreads, bool kMax>
+__host__ __device__ __forceinline__ float row_allreduce(float v) {
+  static_assert(kThreads == 1 || kThreads == 2 || kThreads == 4, "kThreadsPerRow: 1, 2 or 4");
+#ifdef __CUDA_ARCH__
+  FA4_UNROLL
+  for (int lane_mask = 1; lane_mask < kThreads; lane_mask <<= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, lane_mask);
+    v = kMax ? fmaxf(v, o) : v + o;
+  }
+#elif !defined(__CUDACC__)
+  static_assert(kThreads == 1, "on the host a row belongs to one thread (kThreadsPerRow = 1)");
+#endif
+  return v;
+}
+}  // namespace detail
+
+// Which rows of this thread took which branch of Note [conditional rescale] in one KV block,
+// bit r for row r.
+struct RowDecisions {
+  uint32_t first = 0, rescaled = 0, skipped = 0;
+  __host__ __device__ bool any_rescaled() const { return rescaled != 0; }
+};
+
+// Multiplies each row of an O fragment (rows as the S fragment's, columns d_v) by its factor:
+// the o_scale of update_max, or 1/l at the end.
+template <class OFrag>
+__host__ __device__ __forceinline__ void scale_rows(float (&o)[OFrag::kSize],
+                                                    const float (&factor)[OFrag::kRows]) {
+  FA4_UNROLL
+  for (int r = 0; r < OFrag::kRows; ++r) {
+    FA4_UNROLL
+    for (int e = 0; e < OFrag::kCols; ++e) o[OFrag::idx(r, e)] *= factor[r];
+  }
+}
+
+template <class Frag>
+struct OnlineSoftmax {
+  static constexpr int kRows = Frag::kRows;
+  static constexpr int kThreads = Frag::kThreadsPerRow;
+  static_assert(kRows >= 1 && kRows <= 32, "RowDecisions holds 32 rows");
+  static_assert(is_register_permutation<Frag>(), "Frag::idx must be one to one");
+
+  float row_max[kRows];  // m, log2 units; -inf until the row sees a key
+  float row_sum[kRows];  // l; this lane's part when kThreadsPerRow > 1 (summed in finalize:
+                         // 2 SHFL + 2 FADD per row once, instead of per KV block)
+
+  __host__ __device__ void init() {
+    FA4_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.0f;
+    }
+  }
+
+  // Steps (i) and (ii). s: scores x of one KV block (softcap applied, masked with -inf); see
+  // Note [score scaling] for scale_log2. o_scale[r]: the factor for row r of O, 1 if none.
+  __host__ __device__ RowDecisions update_max(const float (&s)[Frag::kSize], float scale_log2,
+                                              float tau, float (&o_scale)[kRows]) {
+    RowDecisions d;
+    FA4_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float x = -INFINITY;
+      FA4_UNROLL
+      for (int e = 0; e < Frag::kCols; ++e) x = fmaxf(x, s[Frag::idx(r, e)]);
+      const float m_blk = detail::row_allreduce<kThreads, true>(x) * scale_log2;
+      const float m = row_max[r];
+      const uint32_t bit = 1u << r;
+      float factor = 1.0f;
+      if (m_blk == -INFINITY) {
+        // no visible key of this row in the block
+      } else if (m == -INFINITY) {
+        row_max[r] = m_blk;
+        d.first |= bit;
+      } else if (m_blk > m + tau) {
+        factor = exp2_hw(m - m_blk);  // < 2^-tau; flushed to 0 below 2^-126, like MUFU
+        row_max[r] = m_blk;
+        row_sum[r] *= factor;
+        d.rescaled |= bit;
+      } else {
+        d.skipped |= bit;
+      }
+      o_scale[r] = factor;
+    }
+    return d;
+  }
+
+  // Steps (iii) and (iv), after update_max on the same s: s becomes P = 2^(x · scale_log2 - m)
+  // in fp32, and l gains its row sums. Note [exp2 column split]: element e of a row goes
+  // through exp2_poly<kDegree> iff e % 16 < kEmuSixteenths, else through MUFU.EX2; a
+  // compile-time choice per register, so no lane diverges. With RowMajorFrag element e is column
+  // e of the KV block: the model's split (emu_columns). With QuadFrag the same fraction of each
+  // lane's elements is emulated, but the columns differ (element e is column 8(e/2) + 2(t%4) +
+  // e%2); a per-column split there would depend on the lane, and a quad would run both paths.
+  template <int kEmuSixteenths, int kDegree = 3>
+  __host__ __device__ void exp2_and_sum(float (&s)[Frag::kSize], float scale_log2) {
+    static_assert(kEmuSixteenths >= 0 && kEmuSixteenths <= 16, "kEmuSixteenths: 0..16");
+    // 4 partial sums: a 128-element row as one dependent FADD chain would take 128 x 4 clk.
+    constexpr int kPart = Frag::kCols % 4 == 0 ? 4 : 1;
+    FA4_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      // While m is -inf the row has seen no key and all its x are -inf: offset 0, P = 0, and
+      // -inf - (-inf) = NaN is never formed.
+      const float neg_m = row_max[r] == -INFINITY ? 0.0f : -row_max[r];
+      float part[kPart];
+      FA4_UNROLL
+      for (int k = 0; k < kPart; ++k) part[k] = 0.0f;
+      FA4_UNROLL
+      for (int e = 0; e < Frag::kCols; ++e) {
+        const int i = Frag::idx(r, e);
+        const float x = fmaf(s[i], scale_log2, neg_m);
+        const float p = e % 16 < kEmuSixteenths ? exp2_poly<kDegree>(x) : exp2_hw(x);
+        s[i] = p;
+        part[e % kPart] += p;
+      }
+      float sum = part[0];
+      FA4_UNROLL
+      for (int k = 1; k < kPart; ++k) sum += part[k];
+      row_sum[r] += sum;
+    }
+  }
+
+  // Step (v): inv_l = 1/l (0 where l = 0: the row saw no key, O is 0, and out = 0) and
+  // lse = (m + log2 l) · ln 2, natural log, -inf for such rows (Note [empty rows] in
+  // fa4/reference.py). The caller scales O by inv_l (scale_rows). row_sum becomes the full l.
+  __host__ __device__ void finalize(float (&inv_l)[kRows], float (&lse)[kRows]) {
+    FA4_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const float l = detail::row_allreduce<kThreads, false>(row_sum[r]);
+      row_sum[r] = l;
+      const bool empty = row_max[r] == -INFINITY || !(l > 0.0f);
+      inv_l[r] = empty ? 0.0f : 1.0f / l;
+      lse[r] = empty ? -INFINITY : (row_max[r] + log2f(l)) * kLn2;
+    }
+  }
+};
+
+}  // namespace fa4

@@ -1,0 +1,115 @@
+// Persistent static tile scheduling for the forward kernels of every architecture: a grid of
+// min(num_sms, tiles) CTAs, CTA c taking work items c, c + grid, c + 2 grid, ...; each item is
+// one (batch, head, m_block) Q tile. Host-callable, so tests/test_shared_headers.py checks that
+// every tile is visited exactly once and that the causal order is longest first.
+//
+//   const TileScheduler sched = TileScheduler::make(...);
+//   for (int64_t w = blockIdx.x; w < sched.total(); w += gridDim.x) {
+//     const TileCoord t = sched.at(w);
+//     ...
+//   }
+//
+// Orders (TileOrder):
+// - kMBlockFastest (non-causal): w -> (batch, head, m_block) with m_block fastest, then head,
+//   then batch. The CTAs running at one time take consecutive items, i.e. the Q tiles of one or
+//   a few heads, and every Q tile of a head reads all of the head's K and V; q heads of one GQA
+//   group are adjacent (head = kv_head * group + g), so the group's tiles are consecutive too.
+//   132 CTAs at s = 16k (128 Q tiles per head) span 2-3 heads: K and V of d = 128 are 8 MB per
+//   head, which the 50 MB L2 of an H100/H200 holds, and HBM reads each K/V block about once
+//   instead of once per Q tile.
+// - kLongestFirst (causal, Note [LPT order]): Q tile m_block of a causal mask visits m_block + 1
+//   (+ the diagonal offset) KV blocks, so costs range over 1..n_m blocks. Static striding in
+//   increasing order would give the last CTAs the most expensive tiles at the end; descending
+//   order (longest-processing-time first) leaves the cheap tiles for the tail, where they even
+//   out. To keep K/V reuse, the (batch, head) pairs are cut into sections of section_heads
+//   consecutive pairs (sized by lpt_section_heads so that the section's K and V fit in half the
+//   L2): sections in order; within one, m_block descending and the pair fastest. Pure LPT over
+//   all heads would run the same m_block of 132 different heads at once: each tile's K/V
+//   from HBM, 128 FLOP/byte at d = 128, which caps 4.3 TB/s at ~550 TFLOP/s.
+//
+// Note [scheduler int64]: the item index is int64. Dense problems cannot reach 2^31 items
+// (b·h·s_q <= 2^30 for a bf16 q of d >= 64 in 141 GB, so items <= b·h·(s_q/128 + 1) < 2^31), but
+// varlen tiles are counted over max_seqlen_q for every sequence: 10^6 sequences, one of them
+// 10^5 tokens long, and 64 heads give 10^6 · 64 · 782 = 5·10^10 items. The int64 divisions cost
+// ~100 instructions once per tile, next to ~10^3 clk of MMA for each KV block the tile visits.
+#pragma once
+
+#include <stdint.h>
+
+#include "fragment.cuh"
+
+namespace fa4 {
+
+struct TileCoord {
+  int batch, head, m_block;
+};
+
+enum class TileOrder : int { kMBlockFastest, kLongestFirst };
+
+// (batch, head) pairs per LPT section: as many GQA groups as fit their K and V (seqlen_k rows of
+// d + d_v elements) into half of the L2, the other half left to Q, O and the rest; at least one
+// group. E.g. 50 MB L2, s_k = 8k, d = d_v = 128, bf16: 4 MB per kv head, 6 groups.
+__host__ __device__ inline int lpt_section_heads(int64_t l2_bytes, int seqlen_k, int head_dim,
+                                                 int head_dim_v, int elem_bytes, int group) {
+  const int64_t kv_bytes = int64_t(seqlen_k) * (head_dim + head_dim_v) * elem_bytes;
+  int64_t groups = kv_bytes > 0 ? (l2_bytes / 2) / kv_bytes : 1;
+  groups = groups < 1 ? 1 : (groups > (1 << 20) ? (1 << 20) : groups);
+  return static_cast<int>(groups) * group;
+}
+
+struct TileScheduler {
+  int num_batch = 0, num_heads = 0, num_m_blocks = 0;
+  TileOrder order = TileOrder::kMBlockFastest;
+  int section_heads = 1;  // kLongestFirst: (batch, head) pairs per section, >= 1
+
+  // num_m_blocks: ceil(seqlen_q / kBlockM), of max_seqlen_q for varlen (the tiles past a
+  // sequence's end get an empty BlockRange with no rows, and the CTA moves on).
+  __host__ __device__ static TileScheduler make(int num_batch, int num_heads, int num_m_blocks,
+                                                TileOrder order, int section_heads = 1) {
+    TileScheduler s;
+    s.num_batch = num_batch;
+    s.num_heads = num_heads;
+    s.num_m_blocks = num_m_blocks;
+    s.order = order;
+    s.section_heads = section_heads < 1 ? 1 : section_heads;
+    return s;
+  }
+
+  __host__ __device__ int64_t total() const {
+    return int64_t(num_batch) * num_heads * num_m_blocks;
+  }
+  // CTAs to launch: one per SM, fewer when there are fewer tiles (0: nothing to launch).
+  __host__ __device__ int grid(int num_sms) const {
+    const int64_t t = total();
+    return t < num_sms ? static_cast<int>(t) : num_sms;
+  }
+
+  // Work item w in [0, total()) -> its tile.
+  __host__ __device__ TileCoord at(int64_t w) const {
+    int64_t pair;  // batch * num_heads + head
+    int m_block;
+    if (order == TileOrder::kMBlockFastest) {
+      m_block = static_cast<int>(w % num_m_blocks);
+      pair = w / num_m_blocks;
+    } else {
+      // Note [LPT order]: section k holds pairs [k S, k S + S_k), S_k = S except for the last;
+      // its items run m_block from num_m_blocks - 1 down, each over the section's pairs.
+      const int64_t pairs = int64_t(num_batch) * num_heads;
+      const int64_t per_section = int64_t(section_heads) * num_m_blocks;
+      const int64_t k = w / per_section;
+      const int64_t r = w - k * per_section;
+      const int64_t first = k * section_heads;
+      const int64_t left = pairs - first;
+      const int64_t size = left < section_heads ? left : section_heads;
+      m_block = num_m_blocks - 1 - static_cast<int>(r / size);
+      pair = first + r % size;
+    }
+    TileCoord t;
+    t.batch = static_cast<int>(pair / num_heads);
+    t.head = static_cast<int>(pair - int64_t(t.batch) * num_heads);
+    t.m_block = m_block;
+    return t;
+  }
+};
+
+}  // namespace fa4

@@ -1,0 +1,142 @@
+"""SM90 forward kernel against the fp32 reference (tolerance rule of DESIGN.md §5), on an H100/H200.
+
+Outputs are poisoned: before each call the caching allocator's free blocks are filled with NaN,
+so an element the kernel fails to write shows up as NaN in the comparison.
+"""
+
+import pytest
+import torch
+from helpers import assert_tolerance
+
+import fa4
+from fa4 import build_info, reference
+
+pytestmark = pytest.mark.gpu
+
+
+def _sm90_hdims():
+    return [tuple(p) for p in build_info.KERNELS.get("fwd", {}).get("sm90", [])]
+
+
+@pytest.fixture(autouse=True)
+def _needs_sm90_kernel():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an SM90 (H100/H200) device")
+    if not _sm90_hdims():
+        pytest.skip(f"no SM90 forward kernel in this build: {build_info.CONFIG.get('reason')}")
+
+
+def poison():
+    """Fill the allocator's free memory with NaN so unwritten outputs are visible."""
+    free, _ = torch.cuda.mem_get_info()
+    n = min(free // 8, 1 << 28)  # up to 1 GiB of fp32
+    torch.empty(n, device="cuda", dtype=torch.float32).fill_(float("nan"))
+
+
+def make(shape_q, shape_k, d_v, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(*shape_q, device="cuda", generator=g).to(dtype)
+    k = torch.randn(*shape_k, device="cuda", generator=g).to(dtype)
+    v = torch.randn(*shape_k[:-1], d_v, device="cuda", generator=g).to(dtype)
+    return q, k, v
+
+
+def check(q, k, v, out, lse, **kw):
+    ref, ref_lse = reference.attention_ref(q, k, v, **kw)
+    pt, pt_lse = reference.attention_ref(q, k, v, upcast=False, **kw)
+    assert_tolerance("out", out, ref, pt, q.dtype)
+    assert_tolerance("lse", lse, ref_lse, pt_lse, torch.float32)
+
+
+def run(q, k, v, **kw):
+    poison()
+    return fa4.attention(q, k, v, return_lse=True, backend="sm90", **kw)
+
+
+DENSE = [
+    # (b, s_q, s_k, h, h_kv, kwargs)
+    (2, 128, 128, 4, 4, {}),
+    (2, 1024, 1024, 4, 4, {"causal": True}),
+    (1, 1, 1, 2, 2, {}),
+    (3, 17, 17, 4, 2, {"causal": True}),
+    (2, 113, 1013, 4, 1, {}),
+    (2, 1013, 113, 4, 4, {"causal": True}),  # rows that see no key: out 0, lse -inf
+    (1, 4224, 4224, 2, 2, {"causal": True}),
+    (2, 300, 700, 6, 2, {"window_size": (64, 32)}),
+    (2, 500, 500, 4, 4, {"causal": True, "window_size": (100, 0)}),
+    (2, 257, 257, 4, 4, {"softcap": 10.0}),
+    (1, 256, 320, 8, 1, {"causal": True, "softcap": 5.0, "softmax_scale": 0.05}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", range(len(DENSE)))
+@pytest.mark.parametrize(
+    "hdims", [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
+)
+def test_dense(hdims, case, dtype):
+    if hdims not in _sm90_hdims():
+        pytest.skip(f"head dims {hdims} not compiled (FA4_HDIMS)")
+    b, s_q, s_k, h, h_kv, kw = DENSE[case]
+    d, d_v = hdims
+    q, k, v = make((b, s_q, h, d), (b, s_k, h_kv, d), d_v, dtype, seed=case * 31 + d)
+    out, lse = run(q, k, v, **kw)
+    check(q, k, v, out, lse, **kw)
+
+
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (50, 10)}])
+def test_varlen(kw):
+    d = _sm90_hdims()[0][0]
+    d_v = _sm90_hdims()[0][1]
+    lens_q = [0, 1, 17, 300, 129, 0, 1013]
+    lens_k = [5, 0, 40, 300, 128, 0, 900]
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    q, k, v = make((sum(lens_q), 4, d), (sum(lens_k), 2, d), d_v, torch.bfloat16, seed=5)
+    poison()
+    out, lse = fa4.attention_varlen(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True, backend="sm90", **kw
+    )
+    ref, ref_lse = reference.attention_varlen_ref(q, k, v, cu_q, cu_k, **kw)
+    pt, pt_lse = reference.attention_varlen_ref(q, k, v, cu_q, cu_k, upcast=False, **kw)
+    assert_tolerance("out", out, ref, pt, q.dtype)
+    assert_tolerance("lse", lse, ref_lse, pt_lse, torch.float32)
+
+
+def test_varlen_seqused_k():
+    d, d_v = _sm90_hdims()[0]
+    lens = [200, 333, 64]
+    cu = torch.tensor([0, 200, 533, 597], dtype=torch.int32).cuda()
+    used = torch.tensor([150, 333, 1], dtype=torch.int32).cuda()
+    q, k, v = make((597, 2, d), (597, 2, d), d_v, torch.bfloat16, seed=6)
+    poison()
+    out, lse = fa4.attention_varlen(
+        q, k, v, cu, cu, max(lens), max(lens), seqused_k=used, causal=True, return_lse=True,
+        backend="sm90",
+    )  # fmt: skip
+    kw = {"seqused_k": used, "causal": True}
+    ref, ref_lse = reference.attention_varlen_ref(q, k, v, cu, cu, **kw)
+    pt, pt_lse = reference.attention_varlen_ref(q, k, v, cu, cu, upcast=False, **kw)
+    assert_tolerance("out", out, ref, pt, q.dtype)
+    assert_tolerance("lse", lse, ref_lse, pt_lse, torch.float32)
+
+
+def test_non_contiguous_heads_and_large_batch_heads():
+    """Strided q (a slice of a packed qkv tensor) and more tiles than the grid has CTAs."""
+    d, d_v = _sm90_hdims()[0]
+    if d != d_v:
+        pytest.skip("packed qkv needs d == d_v")
+    qkv = torch.randn(64, 130, 3, 16, d, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(2)
+    out, lse = run(q, k, v, causal=True)
+    check(q, k, v, out, lse, causal=True)
+
+
+def test_repeatable():
+    """Same inputs, same bits: a moving result would mean a race."""
+    d, d_v = _sm90_hdims()[0]
+    q, k, v = make((4, 2048, 8, d), (4, 2048, 8, d), d_v, torch.bfloat16, seed=9)
+    first = run(q, k, v, causal=True)
+    for _ in range(3):
+        again = run(q, k, v, causal=True)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])

@@ -1,0 +1,89 @@
+"""The SM90 forward as compiled for sm_90a: the instructions it must use and its ptxas budget.
+
+Runs in CI (CPU machine): compiles csrc/fwd_sm90_hd128.cu to a cubin with nvcc and reads its
+SASS with cuobjdump (the nvidia-cuda-cuobjdump wheel or the CUDA toolkit's).
+"""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.build
+
+
+def _tool(name):
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        import nvidia
+
+        for base in nvidia.__path__:
+            hits = sorted(Path(base).glob(f"*/bin/{name}"))
+            if hits:
+                return str(hits[0])
+    except ImportError:
+        pass
+    cuda = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / name
+    return str(cuda) if cuda.exists() else None
+
+
+def _cutlass_include():
+    import cutlass_library
+
+    return str(Path(cutlass_library.source_path) / "include")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    nvcc, cuobjdump = _tool("nvcc"), _tool("cuobjdump")
+    if nvcc is None or cuobjdump is None:
+        pytest.skip(f"needs nvcc and cuobjdump (found nvcc={nvcc}, cuobjdump={cuobjdump})")
+    cubin = tmp_path_factory.mktemp("sass") / "fwd_sm90_hd128.cubin"
+    cmd = [nvcc, "-cubin", str(ROOT / "csrc/fwd_sm90_hd128.cu"), "-o", str(cubin),
+           "-std=c++17", "--expt-relaxed-constexpr", "-O3", "--use_fast_math",
+           "-gencode=arch=compute_90a,code=sm_90a", f"-I{ROOT / 'csrc'}",
+           f"-I{_cutlass_include()}", "-DFA4_HDIM_128", "-Xptxas=-v"]  # fmt: skip
+    build = subprocess.run(cmd, capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-4000:]
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True)
+    assert sass.returncode == 0, sass.stderr
+    return build.stderr, sass.stdout
+
+
+def test_one_kernel_per_dtype_and_no_spills(compiled):
+    ptxas, _ = compiled
+    kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", ptxas)
+    assert len(kernels) == 2, kernels  # bf16 and fp16
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas)
+    assert spills and all(s == ("0", "0") for s in spills), ptxas
+
+
+@pytest.mark.parametrize(
+    "op, why",
+    [
+        ("HGMMA", "S = Q·Kᵀ and O += P·V on wgmma"),
+        ("UTMALDG", "Q, K, V loaded by TMA"),
+        ("USETMAXREG", "registers moved from the producer to the consumers"),
+        ("MUFU.EX2", "the hardware exp2 of the softmax"),
+        ("SYNCS", "mbarrier pipelines"),
+    ],
+)
+def test_sass_has(compiled, op, why):
+    _, sass = compiled
+    assert op in sass, f"{op} missing: {why}"
+
+
+def test_p_is_register_operand(compiled):
+    """O += P·V takes P from registers: some HGMMA has a register (not descriptor) A operand."""
+    _, sass = compiled
+    hgmma = [line for line in sass.splitlines() if "HGMMA" in line]
+    # SASS: "HGMMA.64x128x16.F32 R24, R88, gdesc[UR16].tnspB, R24" (A in R88: register form);
+    # "HGMMA.64x128x16.F32 R88, gdesc[UR20], R88" (A from shared memory: descriptor form).
+    assert any(re.search(r"HGMMA\.\S+\s+R\d+, R\d+, gdesc", line) for line in hgmma), hgmma[:4]
+    assert any(re.search(r"HGMMA\.\S+\s+R\d+, gdesc", line) for line in hgmma), hgmma[:4]

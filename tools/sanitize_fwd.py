@@ -1,0 +1,52 @@
+"""Small forward problems for compute-sanitizer (memcheck / racecheck) on the GPU:
+
+    compute-sanitizer --tool memcheck python3 tools/sanitize_fwd.py
+    compute-sanitizer --tool racecheck python3 tools/sanitize_fwd.py
+
+One call per feature, each small enough that the instrumented run takes seconds. Exits non-zero
+if a result is not finite where it must be.
+"""
+
+import torch
+
+import fa4
+
+
+def run(name, q, k, v, varlen=None, **kw):
+    if varlen is None:
+        out = fa4.attention(q, k, v, backend="sm90", **kw)
+    else:
+        cu_q, cu_k, mq, mk = varlen
+        out = fa4.attention_varlen(q, k, v, cu_q, cu_k, mq, mk, backend="sm90", **kw)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out.float()).all(), name
+    print(f"ok {name} {tuple(q.shape)}")
+
+
+def main():
+    torch.manual_seed(0)
+    dev, bf = "cuda", torch.bfloat16
+    compiled = fa4.build_info.KERNELS["fwd"]["sm90"]
+    for d, d_v in compiled:
+        q = torch.randn(2, 200, 4, d, device=dev, dtype=bf)
+        k = torch.randn(2, 333, 2, d, device=dev, dtype=bf)
+        v = torch.randn(2, 333, 2, d_v, device=dev, dtype=bf)
+        run(f"dense d={d},{d_v}", q, k, v)
+        run(f"causal d={d},{d_v}", q, k, v, causal=True)
+    d, d_v = compiled[0]
+    q = torch.randn(1, 257, 2, d, device=dev, dtype=bf)
+    k = torch.randn(1, 257, 2, d, device=dev, dtype=bf)
+    v = torch.randn(1, 257, 2, d_v, device=dev, dtype=bf)
+    run("window", q, k, v, window_size=(40, 8))
+    run("softcap", q, k, v, softcap=5.0)
+    run("fp16", q.half(), k.half(), v.half(), causal=True)
+    lens = [0, 5, 130, 1, 256]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    qv = torch.randn(sum(lens), 2, d, device=dev, dtype=bf)
+    kv = torch.randn(sum(lens), 1, d, device=dev, dtype=bf)
+    vv = torch.randn(sum(lens), 1, d_v, device=dev, dtype=bf)
+    run("varlen causal", qv, kv, vv, varlen=(cu, cu, max(lens), max(lens)), causal=True)
+
+
+if __name__ == "__main__":
+    main()
