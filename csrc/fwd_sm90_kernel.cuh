@@ -318,39 +318,72 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       ss.q_full.wait(tiles_loaded & 1);
       ++tiles_loaded;
       const int row_base = t.tile.m_block * T::kBlockM + row_in_tile0;
-      for (int n = br.n_end - 1; n >= br.n_begin; --n) {
+      // Note [intra-warpgroup overlap]: S of block n is issued before, and O += P·V of block
+      // n + 1 right after, the softmax of block n runs on the CUDA cores while the tensor cores
+      // finish P·V; wgmma groups retire in order, so wait<1> is "S done, P·V may still run".
+      // P (tOrP) is rewritten only after wait<0>, when the P·V that reads it has finished.
+      auto issue_s = [&]() {
         pipe_k.consumer_wait(k_state);
         warpgroup_fence_operand(tSrS);
         warpgroup_arrive();
         gemm_zero_acc(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
         warpgroup_commit_batch();
-        warpgroup_wait<0>();
+      };
+      auto issue_pv = [&]() {
+        pipe_v.consumer_wait(v_state);
+        warpgroup_fence_operand(tOrO);
+        warpgroup_arrive();
+        gemm(mma_pv, tOrP, tOrVt(_, _, _, v_state.index()), tOrO);
+        warpgroup_commit_batch();
+      };
+      auto s_done = [&](int n) {
         warpgroup_fence_operand(tSrS);
         pipe_k.consumer_release(k_state);
         ++k_state;
         if (n == br.n_begin) ss.q_empty.arrive();  // last use of sQ in this tile
+      };
+      auto pv_done = [&]() {
+        warpgroup_fence_operand(tOrO);
+        pipe_v.consumer_release(v_state);
+        ++v_state;
+      };
+      // Scores of block n -> P in fp32 (in tSrS); returns the rows' O factors.
+      auto softmax_block = [&](int n, float (&o_scale)[2]) {
         if (kp.score.softcap) apply_softcap<SFrag>(s_arr, kp.score.pre);
         if (br.needs_mask(n)) {
           apply_mask<SFrag>(
               s_arr, t.mask, [&](int r) { return row_base + 8 * r; },
               [&](int e) { return n * T::kBlockN + 8 * (e / 2) + 2 * quad_lane + e % 2; });
         }
-        float o_scale[2];
         const RowDecisions d = softmax.update_max(s_arr, kp.score.scale_log2, T::kTau, o_scale);
         softmax.template exp2_and_sum<T::kEmuSixteenths>(s_arr, kp.score.scale_log2);
-        if (d.any_rescaled()) scale_rows<OFrag>(o_arr, o_scale);
+        return d;
+      };
+      auto convert_p = [&]() {
         FA4_UNROLL
         for (int i = 0; i < SFrag::kSize; ++i) tOrP(i) = Element(s[i]);
-        pipe_v.consumer_wait(v_state);
-        warpgroup_fence_operand(tOrO);
-        warpgroup_arrive();
-        gemm(mma_pv, tOrP, tOrVt(_, _, _, v_state.index()), tOrO);
-        warpgroup_commit_batch();
+      };
+
+      float o_scale[2];
+      issue_s();
+      warpgroup_wait<0>();
+      s_done(br.n_end - 1);
+      softmax_block(br.n_end - 1, o_scale);  // O is still 0: nothing to rescale
+      convert_p();
+      for (int n = br.n_end - 2; n >= br.n_begin; --n) {
+        issue_s();
+        issue_pv();  // P and V of block n + 1
+        warpgroup_wait<1>();
+        s_done(n);
+        const RowDecisions d = softmax_block(n, o_scale);
         warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        pipe_v.consumer_release(v_state);
-        ++v_state;
+        pv_done();
+        if (d.any_rescaled()) scale_rows<OFrag>(o_arr, o_scale);
+        convert_p();
       }
+      issue_pv();
+      warpgroup_wait<0>();
+      pv_done();
     }
     float inv_l[2], lse[2];
     softmax.finalize(inv_l, lse);
