@@ -42,6 +42,11 @@
 #include "softmax.cuh"
 #include "tile_scheduler.cuh"
 
+// Compile-time switch for measurements (docs/perf-notes.md); the default is the measured winner.
+#ifndef FA4_SM90_PINGPONG
+#define FA4_SM90_PINGPONG 1
+#endif
+
 namespace fa4::sm90 {
 
 using namespace cute;
@@ -79,6 +84,9 @@ struct FwdTraits {
   // measurements that set it.
   static constexpr int kEmuSixteenths = 0;
   static constexpr float kTau = 8.0f;  // Note [conditional rescale]
+  // Note [warpgroup ping-pong]: the consumer warpgroups take turns issuing their GEMMs (two
+  // named barriers), so one's softmax runs while the other's GEMMs hold the tensor cores.
+  static constexpr bool kPingPong = FA4_SM90_PINGPONG;
 
   using TileQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
   using AtomLayout = Layout<Shape<Int<kConsumerWGs>, _1, _1>>;
@@ -307,6 +315,18 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
   auto k_state = typename T::PipelineKV::PipelineState{};
   auto v_state = k_state;
   int tiles_loaded = 0;
+  // Note [warpgroup ping-pong]: warpgroup g waits on barrier g before issuing GEMMs and then
+  // opens the other's; both take the same number of turns (same tiles, same blocks). Warpgroup 1
+  // opens warpgroup 0's first turn; the last turn's arrival is left over at exit.
+  const int wg = tid / 128;
+  constexpr uint32_t kTurnThreads = T::kConsumerThreads;
+  auto turn_begin = [&]() {
+    if constexpr (T::kPingPong) cutlass::arch::NamedBarrier::sync(kTurnThreads, wg);
+  };
+  auto turn_end = [&]() {
+    if constexpr (T::kPingPong) cutlass::arch::NamedBarrier::arrive(kTurnThreads, 1 - wg);
+  };
+  if (T::kPingPong && wg == 1) cutlass::arch::NamedBarrier::arrive(kTurnThreads, 0);
 
   for (int64_t w = blockIdx.x; w < kp.sched.total(); w += gridDim.x) {
     const TileWork t = tile_work(kp, w);
@@ -365,14 +385,18 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       };
 
       float o_scale[2];
+      turn_begin();
       issue_s();
+      turn_end();
       warpgroup_wait<0>();
       s_done(br.n_end - 1);
       softmax_block(br.n_end - 1, o_scale);  // O is still 0: nothing to rescale
       convert_p();
       for (int n = br.n_end - 2; n >= br.n_begin; --n) {
+        turn_begin();
         issue_s();
         issue_pv();  // P and V of block n + 1
+        turn_end();
         warpgroup_wait<1>();
         s_done(n);
         const RowDecisions d = softmax_block(n, o_scale);
@@ -381,7 +405,9 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
         if (d.any_rescaled()) scale_rows<OFrag>(o_arr, o_scale);
         convert_p();
       }
+      turn_begin();
       issue_pv();
+      turn_end();
       warpgroup_wait<0>();
       pv_done();
     }
