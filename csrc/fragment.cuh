@@ -30,9 +30,10 @@
 #endif
 #endif
 
-// Full unrolling of the register loops: nvcc must see constant indices (see idx below); g++
-// would warn about the unknown pragma.
-#ifdef __CUDACC__
+// Full unrolling of the register loops: nvcc's device pass must see constant indices (see idx
+// below). Host compilers (g++, and nvcc's host pass, which hands the pragma to g++) would warn
+// about the unknown pragma, so only the device pass gets it.
+#ifdef __CUDA_ARCH__
 #define FA4_UNROLL _Pragma("unroll")
 #else
 #define FA4_UNROLL
