@@ -1,7 +1,7 @@
 """The SM90 forward as compiled for sm_90a: the instructions it must use and its ptxas budget.
 
 Runs in CI (CPU machine): compiles csrc/fwd_sm90_hd128.cu to a cubin with nvcc and reads its
-SASS with cuobjdump (the nvidia-cuda-cuobjdump wheel or the CUDA toolkit's).
+SASS with cuobjdump and nvdisasm (the nvidia-cuda-cuobjdump / -nvdisasm wheels, or the toolkit's).
 """
 
 import os
@@ -41,9 +41,9 @@ def _cutlass_include():
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    nvcc, cuobjdump = _tool("nvcc"), _tool("cuobjdump")
-    if nvcc is None or cuobjdump is None:
-        pytest.skip(f"needs nvcc and cuobjdump (found nvcc={nvcc}, cuobjdump={cuobjdump})")
+    nvcc, cuobjdump, nvdisasm = _tool("nvcc"), _tool("cuobjdump"), _tool("nvdisasm")
+    if None in (nvcc, cuobjdump, nvdisasm):
+        pytest.skip(f"needs nvcc, cuobjdump, nvdisasm (found {nvcc}, {cuobjdump}, {nvdisasm})")
     cubin = tmp_path_factory.mktemp("sass") / "fwd_sm90_hd128.cubin"
     cmd = [nvcc, "-cubin", str(ROOT / "csrc/fwd_sm90_hd128.cu"), "-o", str(cubin),
            "-std=c++17", "--expt-relaxed-constexpr", "-O3", "--use_fast_math",
@@ -51,7 +51,9 @@ def compiled(tmp_path_factory):
            f"-I{_cutlass_include()}", "-DFA4_HDIM_128", "-Xptxas=-v"]  # fmt: skip
     build = subprocess.run(cmd, capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-4000:]
-    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True)
+    # cuobjdump -sass runs nvdisasm, which the pip wheels put in a folder of its own
+    env = {**os.environ, "NVDISASM_PATH": str(Path(nvdisasm).parent)}
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, env=env)
     assert sass.returncode == 0, sass.stderr
     return build.stderr, sass.stdout
 
