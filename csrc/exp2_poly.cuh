@@ -31,20 +31,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifndef __CUDACC__
-// Host-only compilers (the g++ unit-test harness) see the same function. These match what
-// CUDA's host_defines.h defines for non-CUDA compilation, so including CUDA headers after this
-// one is harmless.
-#ifndef __host__
-#define __host__
-#endif
-#ifndef __device__
-#define __device__
-#endif
-#ifndef __forceinline__
-#define __forceinline__ __inline__ __attribute__((always_inline))
-#endif
-#endif
+#include "host_device.cuh"
 
 namespace fa4 {
 

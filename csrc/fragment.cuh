@@ -16,28 +16,7 @@
 // index; the caller supplies the column when one is needed (masking).
 #pragma once
 
-#ifndef __CUDACC__
-// Host-only compilers (the g++ harnesses) see the same code. As in exp2_poly.cuh: these match
-// CUDA's host_defines.h for non-CUDA compilation, so CUDA headers included later are harmless.
-#ifndef __host__
-#define __host__
-#endif
-#ifndef __device__
-#define __device__
-#endif
-#ifndef __forceinline__
-#define __forceinline__ __inline__ __attribute__((always_inline))
-#endif
-#endif
-
-// Full unrolling of the register loops: nvcc's device pass must see constant indices (see idx
-// below). Host compilers (g++, and nvcc's host pass, which hands the pragma to g++) would warn
-// about the unknown pragma, so only the device pass gets it.
-#ifdef __CUDA_ARCH__
-#define FA4_UNROLL _Pragma("unroll")
-#else
-#define FA4_UNROLL
-#endif
+#include "host_device.cuh"
 
 namespace fa4 {
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
 import torch
 
 
@@ -38,3 +43,16 @@ def assert_tolerance(name, out, ref, out_pt, dtype, slack: float = 2.0) -> None:
 def randn(*shape, dtype=torch.bfloat16, requires_grad=False, generator=None):
     t = torch.randn(*shape, generator=generator).to(dtype)
     return t.requires_grad_(requires_grad)
+
+
+def build_gxx(src: Path, exe: Path) -> Path:
+    """Compiles a host test harness (tests/cpp/*.cpp) with g++, warnings as errors; skips the
+    calling test when g++ is missing."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip(f"g++ not found: cannot build {src.name}")
+    cmd = [gxx, "-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-o", str(exe), str(src)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.fail(f"g++ failed on {src}:\n{res.stderr}")
+    return exe

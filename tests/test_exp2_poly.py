@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import build_gxx
 
 from fa4._exp2 import _fma_f32, exp2_poly
 from fa4._exp2_coeffs import COEFFS
@@ -91,15 +92,7 @@ def _torch_eval(x: np.ndarray) -> dict[int, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory) -> Path:
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ not found: cannot build tests/cpp/exp2_harness.cpp")
-    exe = tmp_path_factory.mktemp("exp2") / "exp2_harness"
-    cmd = [gxx, "-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-o", str(exe)]
-    res = subprocess.run([*cmd, str(HARNESS_SRC)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.fail(f"g++ failed on {HARNESS_SRC}:\n{res.stderr}")
-    return exe
+    return build_gxx(HARNESS_SRC, tmp_path_factory.mktemp("exp2") / "exp2_harness")
 
 
 def run_harness(exe: Path, x: np.ndarray, tmp: Path, *flags: str) -> dict[int, np.ndarray]:

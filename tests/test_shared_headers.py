@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import assert_tolerance
+from helpers import assert_tolerance, build_gxx
 
 from fa4 import reference
 from fa4.reference import allowed_keys, attention_fa4_model, attention_ref
@@ -44,15 +44,7 @@ COUNT_KEYS = (
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory) -> Path:
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ not found: cannot build tests/cpp/shared_headers_harness.cpp")
-    exe = tmp_path_factory.mktemp("shared") / "shared_headers_harness"
-    cmd = [gxx, "-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-o", str(exe)]
-    res = subprocess.run([*cmd, str(HARNESS_SRC)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.fail(f"g++ failed on {HARNESS_SRC}:\n{res.stderr}")
-    return exe
+    return build_gxx(HARNESS_SRC, tmp_path_factory.mktemp("shared") / "shared_headers_harness")
 
 
 def _run(exe: Path, mode: str, src: Path, dst: Path) -> str:
