@@ -1,0 +1,149 @@
+// SM100 tensor memory (TMEM): the forward's column plan, allocation, and tcgen05.ld / st helpers.
+//
+// TMEM is 128 lanes × 512 columns × 32 bit per SM. A tile row lives in one lane; an fp32 S or O
+// row of n elements takes n columns, a 16-bit P row n / 2 columns (two values per 32-bit cell).
+// Each warp of a warpgroup reaches only its quarter of the lanes (32 × (warp % 4) onward), which
+// is why the softmax and correction roles are whole warpgroups: one 128-row tile, one
+// warpgroup.
+//
+// Note [TMEM plan]: per CTA two Q tiles of 128 rows ping-pong (DESIGN §1): S0 | S1 | O0 | O1.
+//   d_v = 64,  kBlockN 128: 128 + 128 +  64 +  64 = 384 columns
+//   d_v = 128, kBlockN 128: 128 + 128 + 128 + 128 = 512 columns (the whole TMEM)
+//   d_v = 192, kBlockN  64:  64 +  64 + 192 + 192 = 512 columns
+//   d_v = 256: the two O tiles alone take 512 columns, so hd 256 runs one Q tile per CTA:
+//              S0 (kBlockN 128) | O0 (256) = 384 columns, no ping-pong (kQTiles = 1).
+// P (16-bit) is written over the first kBlockN / 2 columns of its S: the softmax warpgroup has
+// loaded its whole S row into registers (one tcgen05.ld per 32 columns, all waited for) before
+// it stores P, and the MMA warp issues the next S = Q·Kᵀ into that region only after the P·V
+// that reads P has committed (barrier p_consumed in fwd_sm100.cu).
+//
+// The plan (FwdTmemPlan) compiles on the host too, so tests/test_tmem_plan.py checks every head
+// dim's plan for overlaps and the 512-column limit, next to the static_asserts here.
+#pragma once
+
+#include <stdint.h>
+
+#include "host_device.cuh"
+
+namespace fa4::sm100 {
+
+constexpr uint32_t kTmemColumns = 512;
+constexpr uint32_t kTmemLanes = 128;
+
+// The smallest legal allocation (a power of two, >= 32 columns) that holds `columns`.
+__host__ __device__ constexpr uint32_t tmem_alloc_columns(uint32_t columns) {
+  uint32_t n = 32;
+  while (n < columns) n *= 2;
+  return n;
+}
+
+// Column offsets of the forward's TMEM regions (Note [TMEM plan]).
+template <int kHeadDimV, int kBlockN>
+struct FwdTmemPlan {
+  static constexpr int kQTiles = 2 * (kBlockN + kHeadDimV) <= int(kTmemColumns) ? 2 : 1;
+  enum : uint32_t {
+    kS0 = 0,
+    kS1 = kS0 + kBlockN,  // unused when kQTiles == 1
+    kO0 = kS0 + kQTiles * kBlockN,
+    kO1 = kO0 + kHeadDimV,  // unused when kQTiles == 1
+    kEnd = kO0 + kQTiles * kHeadDimV,
+    kP0 = kS0,  // 16-bit P over its S
+    kP1 = kS1,
+    kPColumns = kBlockN / 2,
+  };
+  static constexpr uint32_t kAllocColumns = tmem_alloc_columns(kEnd);
+  static_assert(kBlockN % 32 == 0 && kHeadDimV % 32 == 0, "tcgen05.ld moves 32-column chunks");
+  static_assert(kEnd <= kTmemColumns, "TMEM plan: S and O tiles exceed 512 columns");
+  static_assert(kAllocColumns <= kTmemColumns, "TMEM allocation above 512 columns");
+  static_assert(kPColumns <= kBlockN, "P must fit inside its S region");
+};
+
+// The plans the SM100 forward instantiates (kBlockN per head dim, Note [TMEM plan]).
+template <int kHeadDimV>
+__host__ __device__ constexpr int fwd_block_n() {
+  return kHeadDimV <= 128 ? 128 : (kHeadDimV <= 192 ? 64 : 128);
+}
+static_assert(FwdTmemPlan<64, fwd_block_n<64>()>::kQTiles == 2, "hd64 ping-pongs two Q tiles");
+static_assert(FwdTmemPlan<128, fwd_block_n<128>()>::kEnd == 512, "hd128 uses all of TMEM");
+static_assert(FwdTmemPlan<192, fwd_block_n<192>()>::kQTiles == 2, "hd192 ping-pongs at N=64");
+static_assert(FwdTmemPlan<256, fwd_block_n<256>()>::kQTiles == 1, "hd256: one Q tile per CTA");
+
+// TMEM address of (lane, column): lane in bits 31..16, column in 15..0.
+__host__ __device__ constexpr uint32_t tmem_addr(uint32_t base, uint32_t lane, uint32_t column) {
+  return base + (lane << 16) + column;
+}
+
+#if defined(__CUDA_ARCH__)
+
+// Allocation by one full warp, which must also free it (the same warp, at the end); the
+// address is written to shared memory, read by the other roles after a barrier.
+__device__ __forceinline__ void tmem_allocate(uint32_t* smem_dst, uint32_t columns) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%0], %1;" ::"r"(dst),
+               "r"(columns));
+}
+__device__ __forceinline__ void tmem_relinquish() {
+  asm volatile("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;" ::);
+}
+__device__ __forceinline__ void tmem_free(uint32_t base, uint32_t columns) {
+  asm volatile("tcgen05.dealloc.cta_group::1.sync.aligned.b32 %0, %1;" ::"r"(base), "r"(columns));
+}
+
+// Ordering of tcgen05 operations around thread synchronization (mbarrier waits and arrives,
+// named barriers): "before" on the signalling side, "after" on the waiting side.
+__device__ __forceinline__ void tmem_fence_before_sync() {
+  asm volatile("tcgen05.fence::before_thread_sync;" ::: "memory");
+}
+__device__ __forceinline__ void tmem_fence_after_sync() {
+  asm volatile("tcgen05.fence::after_thread_sync;" ::: "memory");
+}
+// tcgen05.ld / st are asynchronous: registers are valid (ld) or TMEM written (st) only after
+// these.
+__device__ __forceinline__ void tmem_wait_ld() {
+  asm volatile("tcgen05.wait::ld.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void tmem_wait_st() {
+  asm volatile("tcgen05.wait::st.sync.aligned;" ::: "memory");
+}
+
+// 32 consecutive columns of this warp's 32 lanes (32x32b shape, x32): thread t gets lane
+// (32 × (warp % 4) + t) of `taddr`'s lane base, columns [col, col + 32) into r[0..31].
+__device__ __forceinline__ void tmem_load_32(uint32_t taddr, uint32_t (&r)[32]) {
+  asm volatile(
+      "tcgen05.ld.sync.aligned.32x32b.x32.b32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, [%32];"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]), "=r"(r[4]), "=r"(r[5]), "=r"(r[6]),
+        "=r"(r[7]), "=r"(r[8]), "=r"(r[9]), "=r"(r[10]), "=r"(r[11]), "=r"(r[12]), "=r"(r[13]),
+        "=r"(r[14]), "=r"(r[15]), "=r"(r[16]), "=r"(r[17]), "=r"(r[18]), "=r"(r[19]), "=r"(r[20]),
+        "=r"(r[21]), "=r"(r[22]), "=r"(r[23]), "=r"(r[24]), "=r"(r[25]), "=r"(r[26]), "=r"(r[27]),
+        "=r"(r[28]), "=r"(r[29]), "=r"(r[30]), "=r"(r[31])
+      : "r"(taddr));
+}
+
+// 16 consecutive columns (x16): a 16-bit P row of 32 elements, packed two per column.
+__device__ __forceinline__ void tmem_store_16(uint32_t taddr, const uint32_t (&r)[16]) {
+  asm volatile(
+      "tcgen05.st.sync.aligned.32x32b.x16.b32 [%0], "
+      "{%1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16};" ::"r"(taddr),
+      "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]), "r"(r[4]), "r"(r[5]), "r"(r[6]), "r"(r[7]),
+      "r"(r[8]), "r"(r[9]), "r"(r[10]), "r"(r[11]), "r"(r[12]), "r"(r[13]), "r"(r[14]), "r"(r[15]));
+}
+
+// 32 consecutive columns (x32): the correction warpgroup's O rescale writes back what it loaded.
+__device__ __forceinline__ void tmem_store_32(uint32_t taddr, const uint32_t (&r)[32]) {
+  asm volatile(
+      "tcgen05.st.sync.aligned.32x32b.x32.b32 [%0], "
+      "{%1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, "
+      "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32};" ::"r"(
+          taddr),
+      "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]), "r"(r[4]), "r"(r[5]), "r"(r[6]), "r"(r[7]),
+      "r"(r[8]), "r"(r[9]), "r"(r[10]), "r"(r[11]), "r"(r[12]), "r"(r[13]), "r"(r[14]), "r"(r[15]),
+      "r"(r[16]), "r"(r[17]), "r"(r[18]), "r"(r[19]), "r"(r[20]), "r"(r[21]), "r"(r[22]),
+      "r"(r[23]), "r"(r[24]), "r"(r[25]), "r"(r[26]), "r"(r[27]), "r"(r[28]), "r"(r[29]),
+      "r"(r[30]), "r"(r[31]));
+}
+
+#endif  // __CUDA_ARCH__
+
+}  // namespace fa4::sm100
