@@ -39,10 +39,11 @@
 
 #include "mask.cuh"
 #include "params.h"
+#include "sm90_common.cuh"
 #include "softmax.cuh"
 #include "tile_scheduler.cuh"
 
-// Compile-time switch for measurements (docs/perf-notes.md); the default is the measured winner.
+// Compile-time switch for measurements (docs/perf-notes.md: on and off measured within noise).
 #ifndef FA4_SM90_PINGPONG
 #define FA4_SM90_PINGPONG 1
 #endif
@@ -51,21 +52,8 @@ namespace fa4::sm90 {
 
 using namespace cute;
 
-enum class WarpGroupRole : int { kProducer = 0, kConsumer0 = 1, kConsumer1 = 2 };
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;  // 40·128 + 232·256 = 64512 = 168·384, the launch allocation
-
-// The largest GMMA K-major swizzle atom whose row (64, 32 or 16 elements) divides the head dim.
-template <class Element, int kCols>
-auto smem_atom_k() {
-  if constexpr (kCols % 64 == 0) {
-    return GMMA::Layout_K_SW128_Atom<Element>{};
-  } else if constexpr (kCols % 32 == 0) {
-    return GMMA::Layout_K_SW64_Atom<Element>{};
-  } else {
-    return GMMA::Layout_K_SW32_Atom<Element>{};
-  }
-}
 
 // Compile-time options of one forward kernel.
 template <int kHeadDim_, int kHeadDimV_, class Element_>
@@ -105,9 +93,7 @@ struct FwdTraits {
   using SmemLayoutV = decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(),
                                              Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
   // Vᵀ as the B operand of P·V: (d_v, kBlockN) with d_v contiguous, i.e. MN-major.
-  using SmemLayoutVt = decltype(composition(
-      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{},
-                                         Step<_2, _1, _3>{})));
+  using SmemLayoutVt = TransposedSmem<SmemLayoutV, kBlockN, kHeadDimV, kStages>;
 
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
   struct SharedStorage {
@@ -126,16 +112,6 @@ struct FwdTraits {
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kVBytes = kBlockN * kHeadDimV * sizeof(Element);
 };
-
-// Global tensors as TMA sees them: (rows, d, heads, batch), d contiguous. Varlen passes batch 1
-// and moves each sequence's rows by its offset (domain_offset).
-template <class Element>
-auto gmem_qkv(const void* ptr, int rows, int d, int heads, int batch, int64_t row_stride,
-              int64_t head_stride, int64_t batch_stride) {
-  return make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)),
-                     make_shape(rows, d, heads, batch),
-                     make_stride(row_stride, _1{}, head_stride, batch_stride));
-}
 
 template <class T>
 struct KernelParams {
