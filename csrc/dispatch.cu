@@ -32,7 +32,6 @@ constexpr FwdLaunch kSm90Fwd = &run_fwd_sm90;
 constexpr FwdLaunch kSm90Fwd = nullptr;
 #endif
 #if defined(FA4_HAS_SM90_BWD)
-Status run_bwd_sm90(const BwdParams&, const DeviceInfo&, void*, cudaStream_t);
 constexpr BwdLaunch kSm90Bwd = &run_bwd_sm90;
 #else
 constexpr BwdLaunch kSm90Bwd = nullptr;

@@ -1,0 +1,7 @@
+// SM90 backward for head dims (96, 96), bf16 and fp16 (see bwd_sm90_kernel.cuh).
+// STATUS: compiled, not yet executed; not in the build's kernel sources (issue 4).
+#include "bwd_sm90_kernel.cuh"
+
+namespace fa4::sm90 {
+template Status launch_bwd_dtype<96, 96>(const BwdParams&, const DeviceInfo&, void*, cudaStream_t);
+}  // namespace fa4::sm90
