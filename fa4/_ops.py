@@ -82,7 +82,7 @@ def _fwd_cuda(
     q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det, backend
 ):
     _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k)
-    arch = dispatch.kernel_for(q, v, backend, "fwd")
+    arch = dispatch.kernel_for(q, v, backend, "fwd", (q, k, v))
     if arch is not None:
         return torch.ops.fa4._fwd_kernel(
             q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det
@@ -128,7 +128,7 @@ def bwd(
 @bwd.register_kernel("cuda")
 def _bwd_cuda(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_q, max_k, *opts):
     causal, scale, wl, wr, softcap, det, backend = opts
-    arch = dispatch.kernel_for(q, v, backend, "bwd")
+    arch = dispatch.kernel_for(q, v, backend, "bwd", (dout, q, k, v, out))
     if arch is not None:
         return torch.ops.fa4._bwd_kernel(
             dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_q, max_k, *opts[:-1]

@@ -212,9 +212,25 @@ def warn_once(msg: str) -> None:
         warnings.warn(msg, stacklevel=3)
 
 
-def kernel_for(q: torch.Tensor, v: torch.Tensor, backend: str, direction: str) -> str | None:
+def tma_incompatible(*tensors: torch.Tensor) -> str | None:
+    """Why the kernels' TMA loads cannot address these tensors (None if they can): 16-byte
+    aligned base and strides that are multiples of 16 bytes for every dimension of extent > 1
+    (the rule fa4.h states and the C++ validate() enforces)."""
+    for t in tensors:
+        if t.data_ptr() % 16:
+            return "a tensor's base address is not 16-byte aligned"
+        step = 16 // t.element_size()
+        if any(n > 1 and st % step for n, st in zip(t.shape[:-1], t.stride()[:-1], strict=True)):
+            return f"strides {t.stride()} are not multiples of {step} elements (TMA: 16 bytes)"
+    return None
+
+
+def kernel_for(
+    q: torch.Tensor, v: torch.Tensor, backend: str, direction: str, tensors=()
+) -> str | None:
     """The compiled kernel family ('sm90'/'sm100') that runs this problem, or None for the
-    reference. Explicit backends raise when they cannot run it; 'auto' falls back with a warning."""
+    reference. Explicit backends raise when they cannot run it; 'auto' falls back with a warning.
+    tensors: every tensor the kernel will address with TMA (checked for alignment)."""
     if backend == "reference":
         return None
     hdims = (q.shape[-1], v.shape[-1])
@@ -226,6 +242,8 @@ def kernel_for(q: torch.Tensor, v: torch.Tensor, backend: str, direction: str) -
             why = f"the device has compute capability {cc[0]}.{cc[1]}"
         if why is None and q.dtype not in KERNEL_DTYPES:
             why = f"kernels take float16/bfloat16, got {q.dtype}"
+        if why is None:
+            why = tma_incompatible(*tensors)
         if why is None:
             return arch
         if backend != "auto":

@@ -227,3 +227,19 @@ def test_varlen_good_input_passes():
     assert fa4.attention_varlen(*args, **kw).shape == (8, H, D)
     q, k, v = qkv()
     assert fa4.attention(q, k, v).shape == (B, S, H, D)
+
+
+def test_tma_alignment_rule():
+    """Tensors the kernels cannot address with TMA are named before any launch; auto then runs
+    the reference (kernel_for), an explicit backend raises."""
+    from fa4.dispatch import tma_incompatible
+
+    base = torch.randn(2, 16, 4, 64, dtype=torch.bfloat16)
+    assert tma_incompatible(base) is None
+    assert tma_incompatible(base[:, :, :1].expand(2, 16, 3, 64)) is None  # stride 0 is fine
+    odd = torch.randn(2, 16, 4 * 64 + 4, dtype=torch.bfloat16)[..., : 4 * 64].view(2, 16, 4, 64)
+    assert "multiples of 8 elements" in tma_incompatible(odd)  # row stride 260
+    shifted = torch.randn(2 * 16 * 4 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 16, 4, 64)
+    assert "16-byte aligned" in tma_incompatible(shifted)
+    one_row = torch.randn(1, 1, 4, 65, dtype=torch.bfloat16)[..., :64]  # extent-1 dims exempt
+    assert "multiples" in tma_incompatible(one_row)  # the head stride (65) still counts
