@@ -203,14 +203,8 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
     auto [tDgD, tDsD] = tma_partition(kp.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sDO),
                                       group_modes<0, 2>(gDO));
     for (int m = m_begin; m < m_end; ++m) {
-      pipe_q.producer_acquire(q_state);
-      copy(kp.tma_q.with(*pipe_q.producer_get_barrier(q_state), 0), tQgQ(_, m),
-           tQsQ(_, q_state.index()));
-      ++q_state;
-      pipe_do.producer_acquire(do_state);
-      copy(kp.tma_do.with(*pipe_do.producer_get_barrier(do_state), 0), tDgD(_, m),
-           tDsD(_, do_state.index()));
-      ++do_state;
+      pipelined_tma_load(pipe_q, q_state, kp.tma_q, tQgQ(_, m), tQsQ);
+      pipelined_tma_load(pipe_do, do_state, kp.tma_do, tDgD(_, m), tDsD);
     }
   }
   pipe_q.producer_tail(q_state);

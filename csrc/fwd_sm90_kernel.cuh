@@ -197,14 +197,8 @@ __device__ __forceinline__ void producer(const KernelParams<T>& kp, typename T::
     ++tiles_loaded;
     // Blocks from last to first: the masked diagonal block first, like the consumers.
     for (int n = br.n_end - 1; n >= br.n_begin; --n) {
-      pipe_k.producer_acquire(k_state);
-      copy(kp.tma_k.with(*pipe_k.producer_get_barrier(k_state), 0), tKgK(_, n),
-           tKsK(_, k_state.index()));
-      ++k_state;
-      pipe_v.producer_acquire(v_state);
-      copy(kp.tma_v.with(*pipe_v.producer_get_barrier(v_state), 0), tVgV(_, n),
-           tVsV(_, v_state.index()));
-      ++v_state;
+      pipelined_tma_load(pipe_k, k_state, kp.tma_k, tKgK(_, n), tKsK);
+      pipelined_tma_load(pipe_v, v_state, kp.tma_v, tVgV(_, n), tVsV);
     }
   }
   // Keep the CTA alive until the consumers released every buffer the TMA may still write.

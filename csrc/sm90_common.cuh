@@ -40,4 +40,14 @@ using TransposedSmem = decltype(composition(
     Layout{},
     make_ordered_layout(Shape<Int<kCols>, Int<kRows>, Int<kStages>>{}, Step<_2, _1, _3>{})));
 
+// One TMA load through a PipelineTmaAsync stage: wait for the stage to be free, load `src` into
+// the stage's buffer of `dst` (its last mode indexes stages), advance the state.
+template <class Pipeline, class State, class Tma, class Src, class Dst>
+__device__ __forceinline__ void pipelined_tma_load(Pipeline& pipe, State& state, const Tma& tma,
+                                                   const Src& src, Dst&& dst) {
+  pipe.producer_acquire(state);
+  copy(tma.with(*pipe.producer_get_barrier(state), 0), src, dst(_, state.index()));
+  ++state;
+}
+
 }  // namespace fa4::sm90
