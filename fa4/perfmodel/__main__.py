@@ -1,0 +1,5 @@
+"""`python -m fa4.perfmodel`: see cli.py."""
+
+from .cli import main
+
+main()
