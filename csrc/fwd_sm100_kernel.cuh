@@ -1,0 +1,776 @@
+// SM100 (Blackwell) forward kernel: tcgen05 MMA with S, P and O in tensor memory, two Q tiles
+// ping-ponged per CTA, a correction warpgroup, software exp2. Compiled, not executed: no
+// Blackwell GPU is available to this project (DESIGN §2); docs/sm100.md has the timeline, the
+// barrier protocol and the budgets.
+//
+// One CTA owns 256 query rows as two Q tiles of 128 (Q0, Q1) and walks the KV blocks both
+// tiles see, last to first (the masked diagonal block first, as on SM90). 16 warps, one role
+// each (Role, kWarpRole):
+//   softmax0, softmax1  a warpgroup per Q tile: S row from TMEM (tcgen05.ld 32x32b: thread t
+//                       holds row t), mask, row max, rescale decision, exp2, P (16-bit) to TMEM
+//                       over its S
+//   correction          one warpgroup for both tiles: rescales O_t in TMEM when a warp vote
+//                       says a row of the warp needs it, then the epilogue: O · 1/l written to
+//                       global memory straight from TMEM (no separate epilogue warp: folded in
+//                       here), and the LSE
+//   mma                 one thread issues every tcgen05.mma: S_t = Q_t·Kᵀ (both operands from
+//                       shared memory descriptors), O_t += P_t·V (P from TMEM: the TS form)
+//   load                one thread issues every TMA load: Q0, Q1 per tile, K and V per block
+//   idle                warps 14 and 15: they fill the fourth warpgroup, whose registers go to
+//                       the softmax warpgroups (setmaxnreg acts per warpgroup)
+// The TMEM lane rule (a warp reaches lanes 32 · (warp % 4) onward) is why softmax and
+// correction are whole, aligned warpgroups: thread i of either warpgroup owns row i of its tile.
+//
+// Per KV block the MMA thread issues, in order (tcgen05 MMAs of one thread execute in issue
+// order, which makes the writes of S_t(i+1) over P_t(i) safe without a barrier):
+//   PV0(i), S0(i+1), PV1(i), S1(i+1)
+// so that S0(i+1) is in the tensor core while softmax1 still works on S1(i): the ping-pong.
+#pragma once
+
+#include <utility>
+
+#include <cute/arch/mma_sm100_umma.hpp>
+#include <cute/atom/mma_traits_sm100.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_conversion.h>
+#include <cutlass/numeric_types.h>
+
+#include "mask.cuh"
+#include "params.h"
+#include "sm90_common.cuh"
+#include "softmax.cuh"
+#include "tile_scheduler.cuh"
+#include "tmem.cuh"
+
+namespace fa4::sm100 {
+
+using namespace cute;
+
+// ---- Warp roles --------------------------------------------------------------------------
+enum class Role : int { kSoftmax0, kSoftmax1, kCorrection, kMma, kLoad, kIdle };
+constexpr int kWarps = 16;
+constexpr Role kWarpRole[kWarps] = {
+    Role::kSoftmax0,   Role::kSoftmax0,   Role::kSoftmax0,   Role::kSoftmax0,    // warps 0-3
+    Role::kSoftmax1,   Role::kSoftmax1,   Role::kSoftmax1,   Role::kSoftmax1,    // warps 4-7
+    Role::kCorrection, Role::kCorrection, Role::kCorrection, Role::kCorrection,  // warps 8-11
+    Role::kMma,        Role::kLoad,       Role::kIdle,       Role::kIdle,        // warps 12-15
+};
+// The table as device code reads it (a host array is readable there only in constant
+// expressions); the static_assert keeps the two equal.
+__host__ __device__ constexpr Role warp_role(int warp) {
+  return warp < 12 ? Role(warp / 4)
+                   : (warp == 12 ? Role::kMma : (warp == 13 ? Role::kLoad : Role::kIdle));
+}
+constexpr bool warp_role_matches_table() {
+  for (int w = 0; w < kWarps; ++w) {
+    if (warp_role(w) != kWarpRole[w]) return false;
+  }
+  return true;
+}
+static_assert(warp_role_matches_table(), "warp_role() must follow kWarpRole");
+
+// Registers per thread after setmaxnreg, per warpgroup (setmaxnreg is warpgroup-wide). The sum
+// is the register file: (192 + 192 + 80 + 48) · 128 = 65536. Launch: 512 threads at 128.
+//   softmax 192: a 128-column S row is 128 fp32 registers, plus the 64 packed P words, which
+//                reuse the S registers as they are converted, and addresses
+//   correction 80: one 32-column O chunk (32) plus the row's factor, pointers, loop state
+//   mma / load 48: descriptors, barrier counters and the tile scheduler's int64 division (the
+//                SM90 producer spilled that at 24 and runs at 40)
+constexpr int kRegsSoftmax = 192;
+constexpr int kRegsCorrection = 80;
+constexpr int kRegsOther = 48;
+static_assert((2 * kRegsSoftmax + kRegsCorrection + kRegsOther) * 128 == 65536,
+              "the per-warpgroup budgets must add up to the 64 K register file");
+
+// ---- Barriers ----------------------------------------------------------------------------
+// Every mbarrier of the kernel: one row per producer -> consumer connection. The protocol
+// model reads this table; keep one entry per line, in this format.
+//   kPerQTile: one barrier per Q tile (2); kPerStage: one per K/V stage (kStages)
+//   arrivals: the arrive count at init; "tx" barriers also count TMA bytes
+enum class Bar : int {
+  kQFull,       // from load to mma, protects sQ[t]: Q tile landed (TMA tx)
+  kQEmpty,      // from mma to load, protects sQ[t]: last S_t of the tile done (commit)
+  kKFull,       // from load to mma, protects sK[stage]: K block landed (TMA tx)
+  kKEmpty,      // from mma to load, protects sK[stage]: S0 and S1 of the block done (commit)
+  kVFull,       // from load to mma, protects sV[stage]: V block landed (TMA tx)
+  kVEmpty,      // from mma to load, protects sV[stage]: PV0 and PV1 of the block done (commit)
+  kSFull,       // from mma to softmax_t, protects TMEM S_t: S_t = Q_t·Kᵀ done (commit)
+  kPFull,       // from softmax_t to mma, protects TMEM P_t: P stored over S_t (128 arrivals)
+  kStatsFull,   // from softmax_t to correction, protects stats[t]: row factors / 1/l, lse (128)
+  kStatsEmpty,  // from correction to softmax_t, protects stats[t]: read, may be rewritten (128)
+  kOFull,       // from mma to correction, protects TMEM O_t: O_t += P_t·V done (commit)
+  kORescaled,   // from correction to mma, protects TMEM O_t: rescaled, next P·V may add (128)
+  kOEmpty,      // from correction to mma, protects TMEM O_t: epilogue read it, next tile's
+                // first P·V may overwrite (128)
+  kCount
+};
+enum class BarCopies : int { kPerQTile, kPerStage };
+struct BarSpec {
+  Bar bar;
+  BarCopies copies;
+  int arrivals;
+};
+// clang-format off
+constexpr BarSpec kBarriers[] = {
+    {Bar::kQFull,       BarCopies::kPerQTile,   1},
+    {Bar::kQEmpty,      BarCopies::kPerQTile,   1},
+    {Bar::kKFull,       BarCopies::kPerStage,   1},
+    {Bar::kKEmpty,      BarCopies::kPerStage,   1},
+    {Bar::kVFull,       BarCopies::kPerStage,   1},
+    {Bar::kVEmpty,      BarCopies::kPerStage,   1},
+    {Bar::kSFull,       BarCopies::kPerQTile,   1},
+    {Bar::kPFull,       BarCopies::kPerQTile, 128},
+    {Bar::kStatsFull,   BarCopies::kPerQTile, 128},
+    {Bar::kStatsEmpty,  BarCopies::kPerQTile, 128},
+    {Bar::kOFull,       BarCopies::kPerQTile,   1},
+    {Bar::kORescaled,   BarCopies::kPerQTile, 128},
+    {Bar::kOEmpty,      BarCopies::kPerQTile, 128},
+};
+// clang-format on
+static_assert(sizeof(kBarriers) / sizeof(BarSpec) == int(Bar::kCount), "one row per barrier");
+constexpr bool barrier_table_in_enum_order() {
+  for (int i = 0; i < int(Bar::kCount); ++i) {
+    if (int(kBarriers[i].bar) != i) return false;
+  }
+  return true;
+}
+static_assert(barrier_table_in_enum_order(), "kBarriers rows in the order of enum Bar");
+
+// ---- Traits ------------------------------------------------------------------------------
+template <int kHeadDim_, class Element_>
+struct FwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDim_;
+  static constexpr int kBlockM = 128;  // one Q tile = one warpgroup's 128 TMEM lanes
+  static constexpr int kBlockN = fwd_block_n<kHeadDimV>();
+  using Plan = FwdTmemPlan<kHeadDimV, kBlockN>;
+  static constexpr int kQTiles = Plan::kQTiles;
+  // hd 256 (kQTiles == 1) needs a second MMA order and a single softmax warpgroup: not in this
+  // version of the kernel.
+  static_assert(kQTiles == 2, "SM100 forward: one-Q-tile (hd 256) variant not written yet");
+  static constexpr int kCtaRows = kQTiles * kBlockM;
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 32 * kWarps;
+  // Note [exp2 column split], SM100 defaults (fa4/perfmodel/model.py EMU_SIXTEENTHS, chosen by
+  // the cycle model, not measured): 4/16 of each row through exp2_poly for hd 64-192, where
+  // MUFU's 16 ex2/clk/SM would otherwise outlast the tile's MMAs; 0 for hd 256.
+  static constexpr int kEmuSixteenths = kHeadDim <= 192 ? 4 : 0;
+  static constexpr float kTau = 8.0f;  // Note [conditional rescale]
+
+  using AtomS = SM100_MMA_F16BF16_SS<Element, Element, float, kBlockM, kBlockN, UMMA::Major::K,
+                                     UMMA::Major::K>;
+  // V is (kBlockN, d_v) with d_v contiguous: as the B operand (N = d_v, K = kBlockN) it is
+  // MN-major.
+  using AtomO = SM100_MMA_F16BF16_TS<Element, Element, float, kBlockM, kHeadDimV, UMMA::Major::K,
+                                     UMMA::Major::MN>;
+  static constexpr int kMmaK = 16;  // 256 bits of 16-bit elements per tcgen05.mma
+
+  using SmemLayoutQ = decltype(tile_to_shape(sm90::smem_atom_k<Element, kHeadDim>(),
+                                             Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQTiles>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(sm90::smem_atom_k<Element, kHeadDim>(),
+                                             Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutV = decltype(tile_to_shape(sm90::smem_atom_k<Element, kHeadDimV>(),
+                                             Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
+  using SmemLayoutVt = sm90::TransposedSmem<SmemLayoutV, kBlockN, kHeadDimV, kStages>;
+
+  static constexpr int kBarCount = [] {
+    int n = 0;
+    for (const BarSpec& b : kBarriers) n += b.copies == BarCopies::kPerQTile ? kQTiles : kStages;
+    return n;
+  }();
+  // Shared memory (bf16/fp16, kStages = 2), the Q tiles, K and V stages, row statistics:
+  //   hd 64:  Q 2×16 KB + K 2×16 KB + V 2×16 KB =  96 KB + 2 KB
+  //   hd 128: Q 2×32 KB + K 2×32 KB + V 2×32 KB = 192 KB + 2 KB
+  //   hd 192: Q 2×48 KB + K 2×24 KB + V 2×24 KB = 192 KB + 2 KB (kBlockN 64)
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
+    // Row statistics, softmax_t -> correction (Bar::kStatsFull): per block the O factor of
+    // each row (stat_a); after the last block 1/l (stat_a) and the LSE (stat_b).
+    alignas(16) float stat_a[kQTiles][kBlockM];
+    float stat_b[kQTiles][kBlockM];
+    alignas(8) uint64_t bars[kBarCount];
+    uint32_t tmem_base;
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (227 KB per CTA on SM100)");
+
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kVBytes = kBlockN * kHeadDimV * sizeof(Element);
+};
+
+// Where barrier b's copies start in SharedStorage::bars; evaluated at compile time only (the
+// table is host data, which device code may read only in constant expressions).
+template <class T>
+constexpr int bar_offset(Bar b) {
+  int n = 0;
+  for (const BarSpec& s : kBarriers) {
+    if (s.bar == b) return n;
+    n += s.copies == BarCopies::kPerQTile ? T::kQTiles : T::kStages;
+  }
+  return -1;
+}
+
+// Copy i of barrier b.
+template <class T, Bar b>
+__device__ __forceinline__ uint64_t* bar_ptr(typename T::SharedStorage& ss, int i) {
+  constexpr int kOffset = bar_offset<T>(b);
+  static_assert(kOffset >= 0, "barrier missing from kBarriers");
+  return &ss.bars[kOffset + i];
+}
+
+// Initializes every copy of every barrier of the table (one thread).
+template <class T, int... I>
+__device__ __forceinline__ void init_barriers(typename T::SharedStorage& ss,
+                                              std::integer_sequence<int, I...>) {
+  auto init = [&](auto spec_index) {
+    constexpr BarSpec spec = kBarriers[decltype(spec_index)::value];
+    constexpr int kCopies = spec.copies == BarCopies::kPerQTile ? T::kQTiles : T::kStages;
+    FA4_UNROLL
+    for (int i = 0; i < kCopies; ++i) {
+      cutlass::arch::ClusterBarrier::init(bar_ptr<T, spec.bar>(ss, i), spec.arrivals);
+    }
+  };
+  (init(std::integral_constant<int, I>{}), ...);
+}
+
+template <class T>
+struct KernelParams {
+  using Element = typename T::Element;
+  using TmaQ = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, sm90::gmem_qkv<Element>(nullptr, 1, T::kHeadDim, 1, 1, 0, 0, 0),
+      take<0, 2>(typename T::SmemLayoutQ{}), Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, _1{}));
+  using TmaK = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, sm90::gmem_qkv<Element>(nullptr, 1, T::kHeadDim, 1, 1, 0, 0, 0),
+      take<0, 2>(typename T::SmemLayoutK{}), Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, _1{}));
+  using TmaV = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, sm90::gmem_qkv<Element>(nullptr, 1, T::kHeadDimV, 1, 1, 0, 0, 0),
+      take<0, 2>(typename T::SmemLayoutV{}), Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, _1{}));
+  TmaQ tma_q;
+  TmaK tma_k;
+  TmaV tma_v;
+  Shape<int, int, int, int> shape_q, shape_k, shape_v;
+  FwdParams p;
+  ScoreScale score;
+  TileScheduler sched;  // items of kCtaRows query rows
+  int group;            // heads_q / heads_kv
+};
+
+// The per-tile geometry every role derives the same way: sequence, mask, and the KV blocks of
+// the union of both Q tiles' ranges. A block outside one tile's own range is masked away
+// entirely for that tile (BlockRange::needs_mask is true there), so one block list serves both.
+struct TileWork {
+  TileCoord tile;
+  SeqInfo seq;
+  Mask mask;
+  BlockRange br[2];
+  int n_begin, n_end;  // union of br[0], br[1]
+  int bidb_gmem;       // batch index of the TMA tensors (0 for varlen)
+  __device__ int blocks() const { return n_end - n_begin; }
+};
+
+template <class T>
+__device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp, int64_t w) {
+  const FwdParams& p = kp.p;
+  TileWork t;
+  t.tile = kp.sched.at(w);
+  t.seq = SeqInfo::get(t.tile.batch, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.seqlen_q,
+                       p.seqlen_k);
+  t.mask = Mask::from_params(p, t.seq.seqlen_q, t.seq.seqlen_k);
+  t.n_begin = 1 << 30;
+  t.n_end = 0;
+  for (int q = 0; q < T::kQTiles; ++q) {
+    t.br[q] = block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block * T::kQTiles + q);
+    if (!t.br[q].empty()) {
+      t.n_begin = detail::imin(t.n_begin, t.br[q].n_begin);
+      t.n_end = detail::imax(t.n_end, t.br[q].n_end);
+    }
+  }
+  if (t.n_end == 0) t.n_begin = 0;
+  t.bidb_gmem = p.cu_seqlens_q == nullptr ? t.tile.batch : 0;
+  return t;
+}
+
+// ---- mbarrier and tcgen05 primitives -------------------------------------------------------
+// Phase parity of the k-th completion a consumer waits for on a barrier with `copies` copies
+// used round robin: copy k % copies, parity (k / copies) & 1. A producer waiting for a free
+// buffer waits on the opposite parity, which a fresh barrier satisfies at once.
+struct Ring {
+  uint32_t count = 0;
+  __device__ int index(int copies) const { return int(count % uint32_t(copies)); }
+  __device__ uint32_t parity(int copies) const { return (count / uint32_t(copies)) & 1u; }
+};
+
+__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
+  cutlass::arch::ClusterBarrier::wait(bar, parity);
+}
+__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
+  cutlass::arch::ClusterBarrier::arrive(bar);
+}
+// tcgen05.commit: the barrier's arrival happens when every tcgen05 operation this thread has
+// issued so far has completed (issued by the single MMA thread).
+__device__ __forceinline__ void umma_commit(uint64_t* bar) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile(
+      "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%0];" ::"r"(addr)
+      : "memory");
+}
+
+template <class Element>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  cutlass::NumericArrayConverter<Element, float, 2> cvt;
+  cutlass::Array<float, 2> in;
+  in[0] = a;
+  in[1] = b;
+  const cutlass::Array<Element, 2> out = cvt(in);
+  return reinterpret_cast<const uint32_t&>(out);
+}
+
+// ---- Load role -----------------------------------------------------------------------------
+template <class T>
+__device__ void load_role(const KernelParams<T>& kp, typename T::SharedStorage& ss) {
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
+  Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);
+  Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_k);
+  Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_v);
+  Ring q_free, k_free, v_free;
+  for (int64_t w = blockIdx.x; w < kp.sched.total(); w += gridDim.x) {
+    const TileWork t = tile_work(kp, w);
+    if (t.blocks() <= 0) continue;  // correction writes zeros; nothing to load
+    const int head_kv = t.tile.head / kp.group;
+    Tensor gQ = local_tile(
+        domain_offset(make_coord(t.seq.offset_q, _0{}), mQ(_, _, t.tile.head, t.bidb_gmem)),
+        Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, make_coord(_, _0{}));
+    Tensor gK =
+        local_tile(domain_offset(make_coord(t.seq.offset_k, _0{}), mK(_, _, head_kv, t.bidb_gmem)),
+                   Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, make_coord(_, _0{}));
+    Tensor gV =
+        local_tile(domain_offset(make_coord(t.seq.offset_k, _0{}), mV(_, _, head_kv, t.bidb_gmem)),
+                   Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, make_coord(_, _0{}));
+    auto [tQgQ, tQsQ] =
+        tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto [tKgK, tKsK] =
+        tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] =
+        tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    for (int q = 0; q < T::kQTiles; ++q) {
+      // Q tile q of this CTA is global Q tile m_block · kQTiles + q; rows past the sequence
+      // are zero-filled (or the next sequence's, for varlen) and masked by the softmax.
+      bar_wait(bar_ptr<T, Bar::kQEmpty>(ss, q), q_free.parity(1) ^ 1u);
+      uint64_t& full = *bar_ptr<T, Bar::kQFull>(ss, q);
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full, T::kQBytes);
+      copy(kp.tma_q.with(full, 0), tQgQ(_, t.tile.m_block * T::kQTiles + q), tQsQ(_, q));
+    }
+    ++q_free.count;
+    for (int n = t.n_end - 1; n >= t.n_begin; --n) {
+      const int ks = k_free.index(T::kStages);
+      bar_wait(bar_ptr<T, Bar::kKEmpty>(ss, ks), k_free.parity(T::kStages) ^ 1u);
+      uint64_t& kfull = *bar_ptr<T, Bar::kKFull>(ss, ks);
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&kfull, T::kKBytes);
+      copy(kp.tma_k.with(kfull, 0), tKgK(_, n), tKsK(_, ks));
+      ++k_free.count;
+      const int vs = v_free.index(T::kStages);
+      bar_wait(bar_ptr<T, Bar::kVEmpty>(ss, vs), v_free.parity(T::kStages) ^ 1u);
+      uint64_t& vfull = *bar_ptr<T, Bar::kVFull>(ss, vs);
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&vfull, T::kVBytes);
+      copy(kp.tma_v.with(vfull, 0), tVgV(_, n), tVsV(_, vs));
+      ++v_free.count;
+    }
+  }
+}
+
+// ---- MMA role ------------------------------------------------------------------------------
+template <class T>
+__device__ void mma_role(const KernelParams<T>& kp, typename T::SharedStorage& ss, uint32_t tmem) {
+  using Plan = typename T::Plan;
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutVt{});
+  // Shared-memory descriptors, (atom, 1, k, stage): one per 16-element K slice.
+  auto thr_s = make_tiled_mma(typename T::AtomS{}).get_slice(0);
+  auto thr_o = make_tiled_mma(typename T::AtomO{}).get_slice(0);
+  Tensor dQ = thr_s.partition_fragment_A(sQ);
+  Tensor dK = thr_s.partition_fragment_B(sK);
+  Tensor dV = thr_o.partition_fragment_B(sVt);
+  constexpr int kKQk = T::kHeadDim / T::kMmaK;
+  constexpr int kKPv = T::kBlockN / T::kMmaK;
+  static_assert(size<2>(decltype(dQ){}) == kKQk && size<2>(decltype(dV){}) == kKPv, "K slices");
+  const uint64_t idesc_s = UMMA::make_runtime_instr_desc<>(
+      UMMA::make_instr_desc<typename T::Element, typename T::Element, float, T::kBlockM, T::kBlockN,
+                            UMMA::Major::K, UMMA::Major::K>());
+  const uint64_t idesc_o = UMMA::make_runtime_instr_desc<>(
+      UMMA::make_instr_desc<typename T::Element, typename T::Element, float, T::kBlockM,
+                            T::kHeadDimV, UMMA::Major::K, UMMA::Major::MN>());
+  const uint32_t s_col[2] = {Plan::kS0, Plan::kS1};
+  const uint32_t o_col[2] = {Plan::kO0, Plan::kO1};
+
+  Ring q_ready, k_ready, v_ready, p_ready[2], o_ok[2], o_free;
+  auto issue_s = [&](int q, int ks) {
+    FA4_UNROLL
+    for (int k = 0; k < kKQk; ++k) {
+      T::AtomS::fma(dQ(_0{}, _0{}, k, q), dK(_0{}, _0{}, k, ks), tmem + s_col[q], k > 0 ? 1u : 0u,
+                    idesc_s);
+    }
+    umma_commit(bar_ptr<T, Bar::kSFull>(ss, q));
+  };
+  for (int64_t w = blockIdx.x; w < kp.sched.total(); w += gridDim.x) {
+    const TileWork t = tile_work(kp, w);
+    const int nblk = t.blocks();
+    if (nblk <= 0) continue;
+    for (int q = 0; q < T::kQTiles; ++q)
+      bar_wait(bar_ptr<T, Bar::kQFull>(ss, q), q_ready.parity(1));
+    ++q_ready.count;
+    // Prologue: S0(0), S1(0).
+    int ks = k_ready.index(T::kStages);
+    bar_wait(bar_ptr<T, Bar::kKFull>(ss, ks), k_ready.parity(T::kStages));
+    tmem_fence_after_sync();
+    for (int q = 0; q < T::kQTiles; ++q) {
+      issue_s(q, ks);
+      if (nblk == 1) umma_commit(bar_ptr<T, Bar::kQEmpty>(ss, q));
+    }
+    umma_commit(bar_ptr<T, Bar::kKEmpty>(ss, ks));
+    ++k_ready.count;
+    for (int i = 0; i < nblk; ++i) {
+      const bool next = i + 1 < nblk;
+      if (next) {
+        ks = k_ready.index(T::kStages);
+        bar_wait(bar_ptr<T, Bar::kKFull>(ss, ks), k_ready.parity(T::kStages));
+      }
+      const int vs = v_ready.index(T::kStages);
+      bar_wait(bar_ptr<T, Bar::kVFull>(ss, vs), v_ready.parity(T::kStages));
+      for (int q = 0; q < T::kQTiles; ++q) {
+        bar_wait(bar_ptr<T, Bar::kPFull>(ss, q), p_ready[q].parity(1));
+        ++p_ready[q].count;
+        bar_wait(bar_ptr<T, Bar::kORescaled>(ss, q), o_ok[q].parity(1));
+        ++o_ok[q].count;
+        // The tile's first P·V overwrites O_t: the epilogue of the previous tile must be done.
+        if (i == 0) bar_wait(bar_ptr<T, Bar::kOEmpty>(ss, q), o_free.parity(1) ^ 1u);
+        tmem_fence_after_sync();
+        FA4_UNROLL
+        for (int k = 0; k < kKPv; ++k) {
+          // P_t: 16-bit, two per column, so K slice k starts 8 columns further on.
+          T::AtomO::fma(tmem + s_col[q] + k * (T::kMmaK / 2), dV(_0{}, _0{}, k, vs),
+                        tmem + o_col[q], (i > 0 || k > 0) ? 1u : 0u, idesc_o);
+        }
+        umma_commit(bar_ptr<T, Bar::kOFull>(ss, q));
+        if (next) {
+          issue_s(q, ks);  // S_t(i+1) over P_t(i): issued after the P·V that reads it
+          if (i + 2 == nblk) umma_commit(bar_ptr<T, Bar::kQEmpty>(ss, q));
+        }
+      }
+      umma_commit(bar_ptr<T, Bar::kVEmpty>(ss, vs));
+      ++v_ready.count;
+      if (next) {
+        umma_commit(bar_ptr<T, Bar::kKEmpty>(ss, ks));
+        ++k_ready.count;
+      }
+    }
+    ++o_free.count;  // one kOEmpty completion per tile and Q tile
+  }
+}
+
+// ---- Softmax roles -------------------------------------------------------------------------
+// Warpgroup q (0 or 1) owns Q tile q; thread i holds row i: lanes 32 · (warp % 4) + lane.
+template <class T>
+__device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorage& ss,
+                             uint32_t tmem, int q, int row_in_tile) {
+  using Element = typename T::Element;
+  using Plan = typename T::Plan;
+  using SFrag = RowMajorFrag<1, T::kBlockN>;
+  const uint32_t lane_base = uint32_t(row_in_tile & ~31) << 16;
+  const uint32_t s_addr = tmem + lane_base + (q == 0 ? Plan::kS0 : Plan::kS1);
+  const uint32_t p_addr = tmem + lane_base + (q == 0 ? Plan::kP0 : Plan::kP1);
+  uint64_t* s_full = bar_ptr<T, Bar::kSFull>(ss, q);
+  uint64_t* p_full = bar_ptr<T, Bar::kPFull>(ss, q);
+  uint64_t* st_full = bar_ptr<T, Bar::kStatsFull>(ss, q);
+  uint64_t* st_empty = bar_ptr<T, Bar::kStatsEmpty>(ss, q);
+  Ring s_ready, st_free;
+  // Publishes this row's statistics to the correction warpgroup once it read the last ones.
+  auto publish = [&](float a, float b) {
+    bar_wait(st_empty, st_free.parity(1) ^ 1u);
+    ++st_free.count;
+    ss.stat_a[q][row_in_tile] = a;
+    ss.stat_b[q][row_in_tile] = b;
+    bar_arrive(st_full);
+  };
+  for (int64_t w = blockIdx.x; w < kp.sched.total(); w += gridDim.x) {
+    const TileWork t = tile_work(kp, w);
+    if (t.blocks() <= 0) continue;  // the correction warpgroup writes out = 0, lse = -inf
+    // This tile's own range (recomputed: t.br[q] with a run-time q would sit in local memory).
+    const BlockRange br =
+        block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block * T::kQTiles + q);
+    const int row = (t.tile.m_block * T::kQTiles + q) * T::kBlockM + row_in_tile;
+    OnlineSoftmax<SFrag> softmax;
+    softmax.init();
+    for (int n = t.n_end - 1; n >= t.n_begin; --n) {
+      bar_wait(s_full, s_ready.parity(1));
+      ++s_ready.count;
+      tmem_fence_after_sync();
+      float s[T::kBlockN];
+      FA4_UNROLL
+      for (int c = 0; c < T::kBlockN / 32; ++c) {
+        tmem_load_32(s_addr + 32 * c, *reinterpret_cast<uint32_t (*)[32]>(&s[32 * c]));
+      }
+      tmem_wait_ld();
+      if (kp.score.softcap) apply_softcap<SFrag>(s, kp.score.pre);
+      // Blocks outside this tile's own range are in the union of both tiles' ranges only:
+      // needs_mask is true there and the mask hides the whole block.
+      if (br.empty() || br.needs_mask(n)) {
+        apply_mask<SFrag>(
+            s, t.mask, [&](int) { return row; }, [&](int e) { return n * T::kBlockN + e; });
+      }
+      float o_scale[1];
+      softmax.update_max(s, kp.score.scale_log2, T::kTau, o_scale);
+      publish(o_scale[0], 0.0f);  // early: correction rescales O while we exponentiate
+      softmax.template exp2_and_sum<T::kEmuSixteenths>(s, kp.score.scale_log2);
+      FA4_UNROLL
+      for (int c = 0; c < T::kBlockN / 32; ++c) {
+        uint32_t p[16];
+        FA4_UNROLL
+        for (int j = 0; j < 16; ++j)
+          p[j] = pack2<Element>(s[32 * c + 2 * j], s[32 * c + 2 * j + 1]);
+        tmem_store_16(p_addr + 16 * c, p);
+      }
+      tmem_wait_st();
+      tmem_fence_before_sync();
+      bar_arrive(p_full);
+    }
+    float inv_l[1], lse[1];
+    softmax.finalize(inv_l, lse);
+    publish(inv_l[0], lse[0]);
+  }
+}
+
+// ---- Correction role (and epilogue) ---------------------------------------------------------
+// Thread i of the warpgroup owns row i of both Q tiles' O.
+template <class T>
+__device__ void correction_role(const KernelParams<T>& kp, typename T::SharedStorage& ss,
+                                uint32_t tmem, int row_in_tile) {
+  using Element = typename T::Element;
+  using Plan = typename T::Plan;
+  const FwdParams& p = kp.p;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const uint32_t lane_base = uint32_t(row_in_tile & ~31) << 16;
+  Ring st_ready[2], o_done[2];
+  // Reads this row's next statistics message of tile q.
+  auto take_stats = [&](int q, float& a, float& b) {
+    bar_wait(bar_ptr<T, Bar::kStatsFull>(ss, q), st_ready[q].parity(1));
+    ++st_ready[q].count;
+    a = ss.stat_a[q][row_in_tile];
+    b = ss.stat_b[q][row_in_tile];
+    bar_arrive(bar_ptr<T, Bar::kStatsEmpty>(ss, q));
+  };
+  auto wait_o = [&](int q) {
+    bar_wait(bar_ptr<T, Bar::kOFull>(ss, q), o_done[q].parity(1));
+    ++o_done[q].count;
+    tmem_fence_after_sync();
+  };
+  for (int64_t w = blockIdx.x; w < kp.sched.total(); w += gridDim.x) {
+    const TileWork t = tile_work(kp, w);
+    const int nblk = t.blocks();
+    for (int i = 0; i < nblk; ++i) {
+      for (int q = 0; q < T::kQTiles; ++q) {
+        float factor, unused;
+        take_stats(q, factor, unused);
+        // Block 0 has no O yet (its P·V overwrites); afterwards O_t holds P·V up to block i-1.
+        if (i > 0) {
+          wait_o(q);
+          // Note [conditional rescale]: most blocks rescale no row; the vote skips the 2 x
+          // d_v/32 TMEM round trips for warps whose 32 rows all keep their max.
+          if (__any_sync(0xffffffffu, factor != 1.0f)) {
+            const uint32_t o_addr = tmem + lane_base + (q == 0 ? Plan::kO0 : Plan::kO1);
+            FA4_UNROLL
+            for (int c = 0; c < T::kHeadDimV / 32; ++c) {
+              uint32_t o[32];
+              tmem_load_32(o_addr + 32 * c, o);
+              tmem_wait_ld();
+              FA4_UNROLL
+              for (int j = 0; j < 32; ++j) o[j] = __float_as_uint(__uint_as_float(o[j]) * factor);
+              tmem_store_32(o_addr + 32 * c, o);
+            }
+            tmem_wait_st();
+          }
+        }
+        tmem_fence_before_sync();
+        bar_arrive(bar_ptr<T, Bar::kORescaled>(ss, q));
+      }
+    }
+    // Epilogue: out = O · 1/l, row by row from TMEM (a thread writes its row's d_v contiguous
+    // elements as 16-byte stores: dispatch requires 16-byte aligned rows of out).
+    for (int q = 0; q < T::kQTiles; ++q) {
+      float inv_l = 0.0f, lse = -INFINITY;  // Note [empty rows]: no block, no key
+      if (nblk > 0) {
+        take_stats(q, inv_l, lse);
+        wait_o(q);
+      }
+      const int row = (t.tile.m_block * T::kQTiles + q) * T::kBlockM + row_in_tile;
+      const bool in_seq = row < t.seq.seqlen_q;  // rows past the sequence are not written
+      const int64_t grow = int64_t(t.seq.offset_q) + row;
+      Element* out = static_cast<Element*>(p.out) + grow * p.out_row_stride +
+                     int64_t(t.tile.head) * p.out_head_stride +
+                     (varlen ? 0 : int64_t(t.tile.batch) * p.out_batch_stride);
+      const uint32_t o_addr = tmem + lane_base + (q == 0 ? Plan::kO0 : Plan::kO1);
+      // tcgen05.ld is .sync.aligned: the whole warp loads (a warp-uniform skip is allowed),
+      // only the stores are per row.
+      if (__any_sync(0xffffffffu, in_seq)) {
+        FA4_UNROLL
+        for (int c = 0; c < T::kHeadDimV / 32; ++c) {
+          uint32_t o[32];
+          if (nblk > 0) {
+            tmem_load_32(o_addr + 32 * c, o);
+            tmem_wait_ld();
+          } else {
+            FA4_UNROLL
+            for (int j = 0; j < 32; ++j) o[j] = 0u;
+          }
+          // Packed in place (o[j] from o[2j], o[2j + 1], j <= 2j): 16 registers fewer.
+          FA4_UNROLL
+          for (int j = 0; j < 16; ++j) {
+            o[j] = pack2<Element>(__uint_as_float(o[2 * j]) * inv_l,
+                                  __uint_as_float(o[2 * j + 1]) * inv_l);
+          }
+          if (in_seq) {
+            FA4_UNROLL
+            for (int v = 0; v < 4; ++v) {
+              reinterpret_cast<uint4*>(out + 32 * c)[v] =
+                  make_uint4(o[4 * v], o[4 * v + 1], o[4 * v + 2], o[4 * v + 3]);
+            }
+          }
+        }
+      }
+      if (in_seq && p.lse != nullptr) {
+        p.lse[int64_t(t.tile.head) * p.lse_head_stride +
+              (varlen ? grow : int64_t(t.tile.batch) * p.lse_batch_stride + row)] = lse;
+      }
+      if (nblk > 0) {
+        tmem_fence_before_sync();
+        bar_arrive(bar_ptr<T, Bar::kOEmpty>(ss, q));
+      }
+    }
+  }
+}
+
+// ---- Kernel --------------------------------------------------------------------------------
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    fwd_kernel(const __grid_constant__ KernelParams<T> kp) {
+  // Only the sm_100a pass has tcgen05; other archs of a multi-arch build (sm_90a) compile an
+  // empty body, and dispatch never launches it there.
+#if defined(__CUDA_ARCH_FEAT_SM100_ALL)
+  extern __shared__ char smem[];
+  auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem);
+  const int warp = threadIdx.x / 32;
+  const Role role = warp_role(warp);
+  if (threadIdx.x == 0) {
+    cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    init_barriers<T>(ss, std::make_integer_sequence<int, int(Bar::kCount)>{});
+    cutlass::arch::fence_barrier_init();
+  }
+  // One warp allocates TMEM (and frees it at the end): the MMA warp.
+  if (role == Role::kMma) {
+    tmem_allocate(&ss.tmem_base, T::Plan::kAllocColumns);
+    tmem_relinquish();
+  }
+  tmem_fence_before_sync();
+  __syncthreads();
+  tmem_fence_after_sync();
+  const uint32_t tmem = ss.tmem_base;
+  const int lane = threadIdx.x % 32;
+
+  switch (role) {
+    case Role::kSoftmax0:
+    case Role::kSoftmax1:
+      cutlass::arch::warpgroup_reg_alloc<kRegsSoftmax>();
+      softmax_role(kp, ss, tmem, role == Role::kSoftmax0 ? 0 : 1, threadIdx.x % 128);
+      break;
+    case Role::kCorrection:
+      cutlass::arch::warpgroup_reg_dealloc<kRegsCorrection>();
+      correction_role(kp, ss, tmem, threadIdx.x % 128);
+      break;
+    default:
+      cutlass::arch::warpgroup_reg_dealloc<kRegsOther>();
+      if (role == Role::kMma && lane == 0) mma_role(kp, ss, tmem);
+      if (role == Role::kLoad && lane == 0) load_role(kp, ss);
+      break;
+  }
+  // Every tcgen05 operation has completed: the correction warpgroup waited for the last P·V
+  // of each tile (kOFull) and for its own loads before arriving here.
+  tmem_fence_before_sync();
+  __syncthreads();
+  if (role == Role::kMma) {
+    tmem_fence_after_sync();
+    tmem_free(tmem, T::Plan::kAllocColumns);
+  }
+#endif
+}
+
+// ---- Launch --------------------------------------------------------------------------------
+template <class T>
+Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+  using Element = typename T::Element;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int batch_g = varlen ? 1 : p.batch;
+  const int rows_q = varlen ? p.total_q : p.seqlen_q;
+  const int rows_k = varlen ? p.total_k : p.seqlen_k;
+  KernelParams<T> kp;
+  kp.p = p;
+  kp.group = p.heads_q / p.heads_kv;
+  kp.score = ScoreScale::make(p.softmax_scale, p.softcap);
+  kp.shape_q = make_shape(rows_q, T::kHeadDim, p.heads_q, batch_g);
+  auto mQ = sm90::gmem_qkv<Element>(p.q, rows_q, T::kHeadDim, p.heads_q, batch_g, p.q_row_stride,
+                                    p.q_head_stride, varlen ? 0 : p.q_batch_stride);
+  // TMA cannot describe an empty tensor; with no keys every tile is empty and nothing is
+  // loaded, so one phantom row is never read (as in the SM90 forward).
+  const int rows_kv = rows_k > 0 ? rows_k : 1;
+  kp.shape_k = make_shape(rows_kv, T::kHeadDim, p.heads_kv, batch_g);
+  kp.shape_v = make_shape(rows_kv, T::kHeadDimV, p.heads_kv, batch_g);
+  auto mK = sm90::gmem_qkv<Element>(p.k, rows_kv, T::kHeadDim, p.heads_kv, batch_g, p.k_row_stride,
+                                    p.k_head_stride, varlen ? 0 : p.k_batch_stride);
+  auto mV = sm90::gmem_qkv<Element>(p.v, rows_kv, T::kHeadDimV, p.heads_kv, batch_g, p.v_row_stride,
+                                    p.v_head_stride, varlen ? 0 : p.v_batch_stride);
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename T::SmemLayoutQ{}),
+                           Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, _1{});
+  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename T::SmemLayoutK{}),
+                           Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, _1{});
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename T::SmemLayoutV{}),
+                           Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, _1{});
+  const int m_blocks = (p.seqlen_q + T::kCtaRows - 1) / T::kCtaRows;
+  const TileOrder order = (p.causal || p.window_right >= 0 || p.window_left >= 0)
+                              ? TileOrder::kLongestFirst
+                              : TileOrder::kMBlockFastest;
+  // The SM90 forward's 50 MB (H100/H200 L2). B200's L2 is larger, so sections could hold more
+  // heads; left at 50 MB until a B200 can measure it.
+  const int section = lpt_section_heads(int64_t(50) << 20, p.seqlen_k, T::kHeadDim, T::kHeadDimV,
+                                        int(sizeof(Element)), kp.group);
+  kp.sched = TileScheduler::make(p.batch, p.heads_q, m_blocks, order, section);
+  const int grid = kp.sched.grid(dev.num_sms);
+  if (grid == 0) return Status::kOk;
+  auto kernel = fwd_kernel<T>;
+  cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  if (e != cudaSuccess)
+    return kernel_fail(Status::kCudaError, "cudaFuncSetAttribute: %s", cudaGetErrorString(e));
+  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(kp);
+  e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return kernel_fail(Status::kCudaError, "fwd_sm100 launch: %s", cudaGetErrorString(e));
+  return Status::kOk;
+}
+
+template <int D>
+Status launch_dtype(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+  if (p.dtype == DType::kBFloat16) return launch<FwdTraits<D, cutlass::bfloat16_t>>(p, dev, stream);
+  return launch<FwdTraits<D, cutlass::half_t>>(p, dev, stream);
+}
+
+}  // namespace fa4::sm100
