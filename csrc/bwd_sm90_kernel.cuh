@@ -476,18 +476,15 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
   if (pp_grid.x > 0) bwd_preprocess<Element><<<pp_grid, 256, 0, stream>>>(p, kp.ws);
   const dim3 grid((f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.batch);
   if (grid.x > 0) {
-    auto kernel = bwd_kernel<T>;
-    cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-    if (e != cudaSuccess) {
-      return kernel_fail(Status::kCudaError, "cudaFuncSetAttribute: %s", cudaGetErrorString(e));
-    }
-    kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(kp);
+    const Status s =
+        launch_kernel("bwd_sm90", bwd_kernel<T>, grid, T::kThreads, T::kSmemBytes, stream, kp);
+    if (s != Status::kOk) return s;
   }
   if (pp_grid.x > 0) bwd_postprocess<Element><<<pp_grid, 256, 0, stream>>>(p, kp.ws);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
-    return kernel_fail(Status::kCudaError, "bwd_sm90 launch: %s", cudaGetErrorString(e));
+    return kernel_fail(Status::kCudaError, "bwd_sm90 postprocess launch: %s",
+                       cudaGetErrorString(e));
   }
   return Status::kOk;
 }

@@ -744,27 +744,11 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
                            Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, _1{});
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename T::SmemLayoutV{}),
                            Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, _1{});
-  const int m_blocks = (p.seqlen_q + T::kCtaRows - 1) / T::kCtaRows;
-  const TileOrder order = (p.causal || p.window_right >= 0 || p.window_left >= 0)
-                              ? TileOrder::kLongestFirst
-                              : TileOrder::kMBlockFastest;
-  // The SM90 forward's 50 MB (H100/H200 L2). B200's L2 is larger, so sections could hold more
-  // heads; left at 50 MB until a B200 can measure it.
-  const int section = lpt_section_heads(int64_t(50) << 20, p.seqlen_k, T::kHeadDim, T::kHeadDimV,
-                                        int(sizeof(Element)), kp.group);
-  kp.sched = TileScheduler::make(p.batch, p.heads_q, m_blocks, order, section);
+  kp.sched = TileScheduler::for_forward(p, T::kCtaRows, int(sizeof(Element)));
   const int grid = kp.sched.grid(dev.num_sms);
   if (grid == 0) return Status::kOk;
-  auto kernel = fwd_kernel<T>;
-  cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-  if (e != cudaSuccess)
-    return kernel_fail(Status::kCudaError, "cudaFuncSetAttribute: %s", cudaGetErrorString(e));
-  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(kp);
-  e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return kernel_fail(Status::kCudaError, "fwd_sm100 launch: %s", cudaGetErrorString(e));
-  return Status::kOk;
+  return launch_kernel("fwd_sm100", fwd_kernel<T>, dim3(grid), T::kThreads, T::kSmemBytes, stream,
+                       kp);
 }
 
 template <int D>

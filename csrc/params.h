@@ -29,4 +29,25 @@ __attribute__((format(printf, 2, 3)))
 #endif
 Status kernel_fail(Status s, const char* fmt, ...);
 
+// Launches a kernel with `smem_bytes` of dynamic shared memory (opting in above 48 KB) and turns
+// CUDA errors into kCudaError with the kernel's name. Host code; for the kernel files (.cu).
+#ifdef __CUDACC__
+template <class Kernel, class... Args>
+Status launch_kernel(const char* name, Kernel kernel, dim3 grid, int threads, int smem_bytes,
+                     cudaStream_t stream, const Args&... args) {
+  cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (e != cudaSuccess) {
+    return kernel_fail(Status::kCudaError, "%s: cudaFuncSetAttribute: %s", name,
+                       cudaGetErrorString(e));
+  }
+  kernel<<<grid, threads, smem_bytes, stream>>>(args...);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    return kernel_fail(Status::kCudaError, "%s launch: %s", name, cudaGetErrorString(e));
+  }
+  return Status::kOk;
+}
+#endif
+
 }  // namespace fa4

@@ -75,6 +75,20 @@ struct TileScheduler {
     return s;
   }
 
+  // The forward's scheduler for FwdParams (a template, so this header needs no fa4.h): tiles of
+  // `tile_rows` query rows (max_seqlen_q for varlen), longest-first for any mask. 50 MB is the
+  // H100/H200 L2; B200's is larger, left at 50 MB until a B200 can measure it.
+  template <class Params>
+  static TileScheduler for_forward(const Params& p, int tile_rows, int elem_bytes) {
+    const int m_blocks = (p.seqlen_q + tile_rows - 1) / tile_rows;
+    const bool masked = p.causal || p.window_right >= 0 || p.window_left >= 0;
+    const int group = p.heads_q / p.heads_kv;
+    const int section = lpt_section_heads(int64_t(50) << 20, p.seqlen_k, p.head_dim, p.head_dim_v,
+                                          elem_bytes, group);
+    return make(p.batch, p.heads_q, m_blocks,
+                masked ? TileOrder::kLongestFirst : TileOrder::kMBlockFastest, section);
+  }
+
   __host__ __device__ int64_t total() const {
     return int64_t(num_batch) * num_heads * num_m_blocks;
   }
