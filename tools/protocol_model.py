@@ -1,0 +1,580 @@
+#!/usr/bin/env python3
+"""Protocol model of the SM100 forward kernel's mbarrier pipeline (issue 5, docs/sm100.md).
+
+The barrier list, copies and arrival counts, and kStages are parsed from
+csrc/fwd_sm100_kernel.cuh (enum Bar, table kBarriers, FwdTraits::kStages). Each role of one CTA
+is a straight-line program of steps written by hand to mirror the kernel's loops (load_role,
+mma_role, softmax_role, correction_role) for a list of consecutive work tiles; the explorer
+runs every interleaving of the roles and of the asynchronous TMA loads and tcgen05 MMAs and
+checks:
+  deadlock     a reachable state where no step can run but some role has not finished
+  overwrite    a buffer written while a value in it still has unread consumers
+  stale read   a buffer read whose current value is not the one the reader expects (read
+               before the producer's write, or after a newer write)
+  phase        a wait that passes on a completion count other than the one the waiter means
+               (a stale phase two generations old, or a phase the producer ran ahead of)
+  arrivals     more arrivals than the barrier's pending count (undefined in PTX)
+The MMA thread's tcgen05 operations execute in issue order (a FIFO; tcgen05.commit arrives when
+everything issued before it has completed); `mma_in_order=False` lets MMAs complete in any
+order, to show that the kernel relies on that ordering.
+
+Usage: python tools/protocol_model.py [N ...]   (KV blocks per consecutive work tile; default
+3). `3` takes ~2 s, `2 2` ~30 s and 0.9 M states.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+KERNEL = Path(__file__).resolve().parents[1] / "csrc" / "fwd_sm100_kernel.cuh"
+Q_TILES = 2  # FwdTraits static_asserts kQTiles == 2
+WG = 128  # a softmax/correction warpgroup is one process: its arrive counts 128 at once
+
+
+# ---- Parsing the kernel's table ------------------------------------------------------------
+@dataclass(frozen=True)
+class BarSpec:
+    name: str
+    src: str  # "from" role of the comment; softmax_t stands for softmax0 and softmax1
+    dst: str  # "to" role
+    protects: str
+    per_stage: bool
+    arrivals: int
+
+
+@dataclass(frozen=True)
+class Table:
+    bars: dict[str, BarSpec]
+    stages: int
+
+    def copies(self, bar: str) -> int:
+        return self.stages if self.bars[bar].per_stage else Q_TILES
+
+
+def parse_kernel(text: str | None = None) -> Table:
+    """Reads enum Bar (with its comments), kBarriers and kStages; raises on anything missing."""
+    if text is None:
+        text = KERNEL.read_text()
+    enum = re.search(r"enum class Bar : int \{(.*?)\n\s*kCount", text, re.S)
+    if not enum:
+        raise ValueError("enum class Bar not found")
+    comments = {}
+    for m in re.finditer(
+        r"^\s*(k\w+),\s*//\s*from (\w+) to (\w+), protects ([^:]+):", enum.group(1), re.M
+    ):
+        comments[m.group(1)] = (m.group(2), m.group(3), m.group(4).strip())
+    enumerators = re.findall(r"^\s*(k\w+),", enum.group(1), re.M)
+    if set(enumerators) != set(comments):
+        raise ValueError(
+            f"Bar enumerators without a 'from X to Y, protects Z' comment: "
+            f"{sorted(set(enumerators) - set(comments))}"
+        )
+    table = re.search(r"kBarriers\[\] = \{(.*?)\};", text, re.S)
+    if not table:
+        raise ValueError("kBarriers table not found")
+    rows = re.findall(
+        r"\{Bar::(k\w+),\s*BarCopies::(kPerQTile|kPerStage),\s*(\d+)\}", table.group(1)
+    )
+    if [r[0] for r in rows] != enumerators:
+        raise ValueError(f"kBarriers rows {[r[0] for r in rows]} != enum Bar {enumerators}")
+    stages = re.search(r"static constexpr int kStages = (\d+);", text)
+    if not stages:
+        raise ValueError("kStages not found")
+    bars = {}
+    for name, copies, arrivals in rows:
+        src, dst, protects = comments[name]
+        bars[name] = BarSpec(name, src, dst, protects, copies == "kPerStage", int(arrivals))
+    return Table(bars, int(stages.group(1)))
+
+
+# ---- Steps ---------------------------------------------------------------------------------
+# Tags name the value a buffer holds: (kind, tile, ...). A write declares how many reads the
+# value expects before it may be overwritten.
+@dataclass(frozen=True)
+class Wait:
+    bar: str
+    idx: int
+    parity: int
+    need: int = -1  # completions the waiter means to see; set by _annotate
+
+
+@dataclass(frozen=True)
+class Arrive:
+    bar: str
+    idx: int
+    count: int
+
+
+@dataclass(frozen=True)
+class Tma:  # arrive_and_expect_tx + TMA copy: the write and the arrival happen on completion
+    bar: str
+    idx: int
+    buf: str
+    tag: tuple
+    reads: int
+
+
+@dataclass(frozen=True)
+class Mma:  # tcgen05.mma: reads and write happen when it executes (asynchronously)
+    reads: tuple  # ((buf, tag), ...)
+    buf: str
+    tag: tuple
+    reads_of_result: int
+
+
+@dataclass(frozen=True)
+class Commit:  # tcgen05.commit: arrives once everything issued before it has completed
+    bar: str
+    idx: int
+
+
+@dataclass(frozen=True)
+class Read:
+    buf: str
+    tag: tuple
+
+
+@dataclass(frozen=True)
+class Write:
+    buf: str
+    tag: tuple
+    reads: int
+
+
+@dataclass
+class Config:
+    """What a mutation test may change; the defaults are the kernel."""
+
+    tiles: tuple = (3,)  # KV blocks of each consecutive work tile of the CTA
+    stages: int | None = None  # None: the parsed kStages
+    mma_in_order: bool = True
+    drop: set = field(default_factory=set)  # (role, step kind, bar, occurrence) to remove
+    flip: set = field(default_factory=set)  # (role, bar, occurrence): wait parity ^ 1
+    rescale: bool = True  # correction touches O_t every block (the vote said "rescale")
+
+
+class Ring:
+    """The kernel's Ring: index and parity of the count-th use of `copies` copies."""
+
+    def __init__(self):
+        self.count = 0
+
+    def index(self, copies):
+        return self.count % copies
+
+    def parity(self, copies):
+        return (self.count // copies) & 1
+
+
+def load_program(tiles, S):
+    p = []
+    q_free, k_free, v_free = Ring(), Ring(), Ring()
+    for w, nblk in enumerate(tiles):
+        for q in range(Q_TILES):
+            p.append(Wait("kQEmpty", q, q_free.parity(1) ^ 1))
+            p.append(Tma("kQFull", q, f"sQ{q}", ("Q", w, q), nblk))  # one S_q per block
+        q_free.count += 1
+        for i in range(nblk):  # block i of the tile in the kernel's order (n_end - 1 down)
+            ks = k_free.index(S)
+            p.append(Wait("kKEmpty", ks, k_free.parity(S) ^ 1))
+            p.append(Tma("kKFull", ks, f"sK{ks}", ("K", w, i), Q_TILES))  # S0 and S1
+            k_free.count += 1
+            vs = v_free.index(S)
+            p.append(Wait("kVEmpty", vs, v_free.parity(S) ^ 1))
+            p.append(Tma("kVFull", vs, f"sV{vs}", ("V", w, i), Q_TILES))  # PV0 and PV1
+            v_free.count += 1
+    return p
+
+
+def mma_program(tiles, S):
+    p = []
+    q_ready, k_ready, v_ready, o_free = Ring(), Ring(), Ring(), Ring()
+    p_ready, o_ok = [Ring(), Ring()], [Ring(), Ring()]
+
+    def issue_s(w, q, ks, blk):
+        p.append(
+            Mma(((f"sQ{q}", ("Q", w, q)), (f"sK{ks}", ("K", w, blk))), f"S{q}", ("S", w, q, blk), 1)
+        )
+        p.append(Commit("kSFull", q))
+
+    for w, nblk in enumerate(tiles):
+        for q in range(Q_TILES):
+            p.append(Wait("kQFull", q, q_ready.parity(1)))
+        q_ready.count += 1
+        ks = k_ready.index(S)
+        p.append(Wait("kKFull", ks, k_ready.parity(S)))
+        for q in range(Q_TILES):
+            issue_s(w, q, ks, 0)
+            if nblk == 1:
+                p.append(Commit("kQEmpty", q))
+        p.append(Commit("kKEmpty", ks))
+        k_ready.count += 1
+        for i in range(nblk):
+            nxt = i + 1 < nblk
+            if nxt:
+                ks = k_ready.index(S)
+                p.append(Wait("kKFull", ks, k_ready.parity(S)))
+            vs = v_ready.index(S)
+            p.append(Wait("kVFull", vs, v_ready.parity(S)))
+            for q in range(Q_TILES):
+                p.append(Wait("kPFull", q, p_ready[q].parity(1)))
+                p_ready[q].count += 1
+                p.append(Wait("kORescaled", q, o_ok[q].parity(1)))
+                o_ok[q].count += 1
+                if i == 0:
+                    p.append(Wait("kOEmpty", q, o_free.parity(1) ^ 1))
+                reads = ((f"S{q}", ("P", w, q, i)), (f"sV{vs}", ("V", w, i)))
+                if i > 0:  # accumulate: O_t as the correction left it
+                    reads += ((f"O{q}", ("R", w, q, i - 1)),)
+                p.append(Mma(reads, f"O{q}", ("O", w, q, i), 1))
+                p.append(Commit("kOFull", q))
+                if nxt:
+                    issue_s(w, q, ks, i + 1)
+                    if i + 2 == nblk:
+                        p.append(Commit("kQEmpty", q))
+            p.append(Commit("kVEmpty", vs))
+            v_ready.count += 1
+            if nxt:
+                p.append(Commit("kKEmpty", ks))
+                k_ready.count += 1
+        o_free.count += 1
+    return p
+
+
+def softmax_program(tiles, q):
+    p = []
+    s_ready, st_free = Ring(), Ring()
+
+    def publish(tag):
+        p.append(Wait("kStatsEmpty", q, st_free.parity(1) ^ 1))
+        st_free.count += 1
+        p.append(Write(f"stats{q}", tag, 1))
+        p.append(Arrive("kStatsFull", q, WG))
+
+    for w, nblk in enumerate(tiles):
+        for i in range(nblk):
+            p.append(Wait("kSFull", q, s_ready.parity(1)))
+            s_ready.count += 1
+            p.append(Read(f"S{q}", ("S", w, q, i)))
+            publish(("f", w, q, i))  # the O factor, before the exponentials
+            p.append(Write(f"S{q}", ("P", w, q, i), 1))  # P over S, read by PV_q(i)
+            p.append(Arrive("kPFull", q, WG))
+        publish(("L", w, q))  # 1/l and the LSE
+    return p
+
+
+def correction_program(tiles, rescale=True):
+    p = []
+    st_ready, o_done = [Ring(), Ring()], [Ring(), Ring()]
+
+    def take_stats(q, tag):
+        p.append(Wait("kStatsFull", q, st_ready[q].parity(1)))
+        st_ready[q].count += 1
+        p.append(Read(f"stats{q}", tag))
+        p.append(Arrive("kStatsEmpty", q, WG))
+
+    def wait_o(q):
+        p.append(Wait("kOFull", q, o_done[q].parity(1)))
+        o_done[q].count += 1
+
+    for w, nblk in enumerate(tiles):
+        for i in range(nblk):
+            for q in range(Q_TILES):
+                take_stats(q, ("f", w, q, i))
+                if i > 0:
+                    wait_o(q)
+                    if rescale:
+                        p.append(Read(f"O{q}", ("O", w, q, i - 1)))
+                        p.append(Write(f"O{q}", ("R", w, q, i - 1), 1))
+                p.append(Arrive("kORescaled", q, WG))
+        for q in range(Q_TILES):
+            if nblk > 0:
+                take_stats(q, ("L", w, q))
+                wait_o(q)
+                p.append(Read(f"O{q}", ("O", w, q, nblk - 1)))
+                p.append(Arrive("kOEmpty", q, WG))
+    return p
+
+
+def programs(cfg: Config, S: int) -> dict[str, list]:
+    tiles = cfg.tiles
+    progs = {
+        "load": load_program(tiles, S),
+        "mma": mma_program(tiles, S),
+        "softmax0": softmax_program(tiles, 0),
+        "softmax1": softmax_program(tiles, 1),
+        "correction": correction_program(tiles, cfg.rescale),
+    }
+    return {r: _mutate(r, _annotate(prog), cfg) for r, prog in progs.items()}
+
+
+def _annotate(prog):
+    """The completion each wait means, counted independently of the parity the program
+    computes: the k-th wait (from 0) of a role on a copy needs k + 1 completions of a "full"
+    barrier, k of an "Empty" one (a free buffer: k earlier releases). Done before mutations,
+    so that a dropped wait does not shift the meaning of the later ones."""
+    out, count = [], {}
+    for st in prog:
+        if isinstance(st, Wait):
+            k = count.get((st.bar, st.idx), 0)
+            count[(st.bar, st.idx)] = k + 1
+            st = replace(st, need=k + (0 if st.bar.endswith("Empty") else 1))
+        out.append(st)
+    return out
+
+
+def _mutate(role, prog, cfg):
+    out, seen = [], {}
+    for st in prog:
+        bar = getattr(st, "bar", None)
+        key = (type(st).__name__, bar)
+        k = seen.get(key, 0)
+        seen[key] = k + 1
+        if (role, type(st).__name__, bar, k) in cfg.drop:
+            continue
+        if isinstance(st, Wait) and (role, bar, k) in cfg.flip:
+            st = replace(st, parity=st.parity ^ 1)
+        out.append(st)
+    return out
+
+
+def _role_of(name: str) -> set[str]:
+    return {"softmax0", "softmax1"} if name == "softmax_t" else {name}
+
+
+def check_consistency(table: Table, progs: dict[str, list], S: int) -> list[str]:
+    """The programs use exactly the parsed barriers, from the roles the comments name."""
+    errors = []
+    used = set()
+    for role, prog in progs.items():
+        for st in prog:
+            bar = getattr(st, "bar", None)
+            if bar is None:
+                continue
+            used.add(bar)
+            if bar not in table.bars:
+                errors.append(f"{role} uses {bar}, which is not in kBarriers")
+                continue
+            spec = table.bars[bar]
+            copies = S if spec.per_stage else Q_TILES
+            if not 0 <= st.idx < copies:
+                errors.append(f"{role}: {bar}[{st.idx}] out of {copies} copies")
+            side = spec.dst if isinstance(st, Wait) else spec.src
+            if role not in _role_of(side):
+                what = "waits on" if isinstance(st, Wait) else "arrives on"
+                errors.append(f"{role} {what} {bar}, whose comment says {side}")
+    for bar in sorted(set(table.bars) - used):
+        errors.append(f"{bar} is in kBarriers but no role program uses it")
+    return errors
+
+
+# ---- Explorer ------------------------------------------------------------------------------
+class Model:
+    def __init__(self, table: Table, cfg: Config):
+        self.cfg = cfg
+        self.S = cfg.stages if cfg.stages is not None else table.stages
+        self.progs = programs(cfg, self.S)
+        self.errors = check_consistency(table, self.progs, self.S)
+        if self.errors:
+            raise ValueError("model and kBarriers disagree:\n  " + "\n  ".join(self.errors))
+        self.roles = list(self.progs)
+        # Copy slots and their init counts.
+        self.slot = {}
+        self.expected = []
+        for name, spec in table.bars.items():
+            for i in range(self.S if spec.per_stage else Q_TILES):
+                self.slot[(name, i)] = len(self.expected)
+                self.expected.append(spec.arrivals)
+        bufs = [f"{b}{i}" for b in ("sQ", "S", "O", "stats") for i in range(Q_TILES)]
+        bufs += [f"{b}{i}" for b in ("sK", "sV") for i in range(self.S)]
+        self.buf = {b: i for i, b in enumerate(sorted(bufs))}
+
+    def initial(self):
+        n = len(self.expected)
+        return (
+            (0,) * len(self.roles),  # program counters
+            (0,) * n,  # completions per barrier copy
+            tuple(self.expected),  # pending arrivals of the current phase
+            ((None, 0),) * len(self.buf),  # (tag, unread count) per buffer
+            frozenset(),  # TMA loads in flight: (slot, buf, tag, reads)
+            (),  # MMA thread's tcgen05 queue, issue order
+        )
+
+    # A successor is (role index or -1 for an asynchronous event, state); violations are
+    # returned separately.
+    def successors(self, state):
+        pcs, done, pend, bufs, tmas, queue = state
+        out, bad = [], []
+        for r, role in enumerate(self.roles):
+            prog = self.progs[role]
+            if pcs[r] == len(prog):
+                continue
+            st = prog[pcs[r]]
+            npcs = pcs[:r] + (pcs[r] + 1,) + pcs[r + 1 :]
+            if isinstance(st, Wait):
+                s = self.slot[(st.bar, st.idx)]
+                if (done[s] & 1) != st.parity:  # try_wait.parity: phase `parity` completed
+                    need = st.need
+                    if done[s] != need:
+                        bad.append(
+                            (
+                                "phase",
+                                f"{role}[{pcs[r]}] {st} passed after {done[s]} completions, "
+                                f"means {need}",
+                            )
+                        )
+                        continue
+                    out.append((r, (npcs, done, pend, bufs, tmas, queue)))
+            elif isinstance(st, Arrive):
+                nd, np_, err = self._arrive(done, pend, self.slot[(st.bar, st.idx)], st.count)
+                if err:
+                    bad.append(("arrivals", f"{role}[{pcs[r]}] {st}: {err}"))
+                    continue
+                out.append((r, (npcs, nd, np_, bufs, tmas, queue)))
+            elif isinstance(st, Tma):
+                # In flight, the load counts as an unread value: no one may write or read the
+                # buffer until it lands.
+                nb, err = self._write(bufs, st.buf, ("tma", st.tag), 1)
+                if err:
+                    bad.append(("overwrite", f"{role}[{pcs[r]}] {st}: {err}"))
+                    continue
+                op = (self.slot[(st.bar, st.idx)], st.buf, st.tag, st.reads)
+                out.append((r, (npcs, done, pend, nb, tmas | {op}, queue)))
+            elif isinstance(st, (Mma, Commit)):
+                out.append((r, (npcs, done, pend, bufs, tmas, queue + (st,))))
+            elif isinstance(st, Read):
+                nb, err = self._read(bufs, st.buf, st.tag)
+                if err:
+                    bad.append(("stale read", f"{role}[{pcs[r]}] {st}: {err}"))
+                    continue
+                out.append((r, (npcs, done, pend, nb, tmas, queue)))
+            elif isinstance(st, Write):
+                nb, err = self._write(bufs, st.buf, st.tag, st.reads)
+                if err:
+                    bad.append(("overwrite", f"{role}[{pcs[r]}] {st}: {err}"))
+                    continue
+                out.append((r, (npcs, done, pend, nb, tmas, queue)))
+        for op in tmas:  # a TMA load lands: data, then the tx count completes the arrival
+            s, buf, tag, reads = op
+            nb = self._set(bufs, buf, tag, reads)
+            nd, np_, err = self._arrive(done, pend, s, 1)
+            if err:
+                bad.append(("arrivals", f"TMA {tag}: {err}"))
+                continue
+            out.append((-1, (pcs, nd, np_, nb, tmas - {op}, queue)))
+        for j, op in enumerate(queue):
+            # In order: only the head executes. Out of order (a mutation): any MMA; a commit
+            # still waits for every operation issued before it.
+            if j > 0 and self.cfg.mma_in_order:
+                break
+            if j > 0 and isinstance(op, Commit):
+                continue
+            rest = queue[:j] + queue[j + 1 :]
+            if isinstance(op, Commit):
+                nd, np_, err = self._arrive(done, pend, self.slot[(op.bar, op.idx)], 1)
+                if err:
+                    bad.append(("arrivals", f"commit {op.bar}[{op.idx}]: {err}"))
+                    break
+                out.append((-1, (pcs, nd, np_, bufs, tmas, rest)))
+                continue
+            nb, err = bufs, None
+            for buf, tag in op.reads:
+                nb, err = self._read(nb, buf, tag)
+                if err:
+                    bad.append(("stale read", f"MMA -> {op.tag}: {err}"))
+                    break
+            if err:
+                continue
+            nb, err = self._write(nb, op.buf, op.tag, op.reads_of_result)
+            if err:
+                bad.append(("overwrite", f"MMA -> {op.tag}: {err}"))
+                continue
+            out.append((-1, (pcs, done, pend, nb, tmas, rest)))
+        return out, bad
+
+    def _arrive(self, done, pend, s, count):
+        left = pend[s] - count
+        if left < 0:
+            return done, pend, f"{count} arrivals, {pend[s]} pending"
+        if left == 0:  # phase completes; the count re-arms
+            done = done[:s] + (done[s] + 1,) + done[s + 1 :]
+            left = self.expected[s]
+        return done, pend[:s] + (left,) + pend[s + 1 :], None
+
+    def _set(self, bufs, buf, tag, reads):
+        b = self.buf[buf]
+        return bufs[:b] + ((tag, reads),) + bufs[b + 1 :]
+
+    def _write(self, bufs, buf, tag, reads):
+        old, unread = bufs[self.buf[buf]]
+        if unread:
+            return bufs, f"{buf} overwritten with {tag} while {old} has {unread} unread"
+        return self._set(bufs, buf, tag, reads), None
+
+    def _read(self, bufs, buf, tag):
+        cur, unread = bufs[self.buf[buf]]
+        if cur != tag or unread == 0:
+            return bufs, f"{buf} read for {tag} but holds {cur} ({unread} reads left)"
+        return self._set(bufs, buf, cur, unread - 1), None
+
+
+@dataclass
+class Result:
+    states: int
+    violations: list  # (kind, message)
+
+    def kinds(self):
+        return {k for k, _ in self.violations}
+
+
+def explore(table: Table, cfg: Config, stop_on: set | None = None) -> Result:
+    """Depth-first over all interleavings, memoized on the full state. A violating transition
+    is reported and not taken; the search stops at the first violation of a kind in stop_on
+    (None: explore everything)."""
+    m = Model(table, cfg)
+    start = m.initial()
+    seen = {start}
+    stack = [start]
+    violations = []
+    lens = tuple(len(m.progs[r]) for r in m.roles)
+    while stack:
+        state = stack.pop()
+        succ, bad = m.successors(state)
+        violations.extend(bad)
+        if not succ and not bad:
+            pcs = state[0]
+            if pcs != lens or state[4] or state[5]:
+                where = ", ".join(
+                    f"{r} at {m.progs[r][pc] if pc < len(m.progs[r]) else 'end'}"
+                    for r, pc in zip(m.roles, pcs, strict=True)
+                )
+                violations.append(("deadlock", where))
+        if stop_on and any(k in stop_on for k, _ in violations):
+            break
+        # Reversed: the load role's step is taken first, so producers run ahead of their
+        # consumers early in the search, where missing waits show first.
+        for _, nxt in reversed(succ):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return Result(len(seen), violations)
+
+
+def main(argv):
+    tiles = tuple(int(a) for a in argv) or (3,)
+    table = parse_kernel()
+    res = explore(table, Config(tiles=tiles))
+    print(
+        f"kStages {table.stages}, tiles {tiles}: {res.states} states, "
+        f"{len(res.violations)} violations"
+    )
+    for kind, msg in res.violations[:20]:
+        print(f"  {kind}: {msg}")
+    return 1 if res.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
