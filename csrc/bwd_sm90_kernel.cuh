@@ -123,18 +123,10 @@ enum BwdBarrier : uint32_t { kDsWritten = 0, kDsRead = 1, kStatsWritten = 2 };
 template <class T>
 struct BwdKernelParams {
   using Element = typename T::Element;
-  using TmaQ = decltype(make_tma_copy(
-      SM90_TMA_LOAD{}, gmem_qkv<Element>(nullptr, 1, T::kHeadDim, 1, 1, 0, 0, 0),
-      take<0, 2>(typename T::SmemLayoutQ{}), Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, _1{}));
-  using TmaDO = decltype(make_tma_copy(
-      SM90_TMA_LOAD{}, gmem_qkv<Element>(nullptr, 1, T::kHeadDimV, 1, 1, 0, 0, 0),
-      take<0, 2>(typename T::SmemLayoutDO{}), Shape<Int<T::kBlockM>, Int<T::kHeadDimV>>{}, _1{}));
-  using TmaK = decltype(make_tma_copy(
-      SM90_TMA_LOAD{}, gmem_qkv<Element>(nullptr, 1, T::kHeadDim, 1, 1, 0, 0, 0),
-      take<0, 2>(typename T::SmemLayoutK{}), Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, _1{}));
-  using TmaV = decltype(make_tma_copy(
-      SM90_TMA_LOAD{}, gmem_qkv<Element>(nullptr, 1, T::kHeadDimV, 1, 1, 0, 0, 0),
-      take<0, 2>(typename T::SmemLayoutV{}), Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, _1{}));
+  using TmaQ = TmaTile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>;
+  using TmaDO = TmaTile<Element, typename T::SmemLayoutDO, T::kBlockM, T::kHeadDimV>;
+  using TmaK = TmaTile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>;
+  using TmaV = TmaTile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>;
   TmaQ tma_q;
   TmaDO tma_do;
   TmaK tma_k;
@@ -435,42 +427,27 @@ template <class T>
 Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaStream_t stream) {
   using Element = typename T::Element;
   const FwdParams& f = p.fwd;
-  const bool varlen = f.cu_seqlens_q != nullptr;
-  const int batch_g = varlen ? 1 : f.batch;
-  const int rows_q = varlen ? f.total_q : f.seqlen_q;
-  const int rows_k = varlen ? f.total_k : f.seqlen_k;
   BwdKernelParams<T> kp;
   kp.p = p;
   kp.ws = BwdWorkspace::make(f, workspace);
   kp.score = ScoreScale::make(f.softmax_scale, f.softcap);
   kp.group = f.heads_q / f.heads_kv;
-  // TMA cannot describe empty tensors; with no rows nothing reads them (see the forward).
-  const int rq = rows_q > 0 ? rows_q : 1, rk = rows_k > 0 ? rows_k : 1;
-  kp.shape_q = make_shape(rq, T::kHeadDim, f.heads_q, batch_g);
-  kp.shape_do = make_shape(rq, T::kHeadDimV, f.heads_q, batch_g);
-  kp.shape_k = make_shape(rk, T::kHeadDim, f.heads_kv, batch_g);
-  kp.shape_v = make_shape(rk, T::kHeadDimV, f.heads_kv, batch_g);
-  const int64_t zero = 0;
-  kp.tma_q = make_tma_copy(
-      SM90_TMA_LOAD{},
-      gmem_qkv<Element>(f.q, rq, T::kHeadDim, f.heads_q, batch_g, f.q_row_stride, f.q_head_stride,
-                        varlen ? zero : f.q_batch_stride),
-      take<0, 2>(typename T::SmemLayoutQ{}), Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, _1{});
-  kp.tma_do = make_tma_copy(
-      SM90_TMA_LOAD{},
-      gmem_qkv<Element>(p.dout, rq, T::kHeadDimV, f.heads_q, batch_g, p.dout_row_stride,
-                        p.dout_head_stride, varlen ? zero : p.dout_batch_stride),
-      take<0, 2>(typename T::SmemLayoutDO{}), Shape<Int<T::kBlockM>, Int<T::kHeadDimV>>{}, _1{});
-  kp.tma_k = make_tma_copy(
-      SM90_TMA_LOAD{},
-      gmem_qkv<Element>(f.k, rk, T::kHeadDim, f.heads_kv, batch_g, f.k_row_stride, f.k_head_stride,
-                        varlen ? zero : f.k_batch_stride),
-      take<0, 2>(typename T::SmemLayoutK{}), Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, _1{});
-  kp.tma_v = make_tma_copy(
-      SM90_TMA_LOAD{},
-      gmem_qkv<Element>(f.v, rk, T::kHeadDimV, f.heads_kv, batch_g, f.v_row_stride, f.v_head_stride,
-                        varlen ? zero : f.v_batch_stride),
-      take<0, 2>(typename T::SmemLayoutV{}), Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, _1{});
+  const GmemView q =
+      gmem_view(f, f.q, false, T::kHeadDim, f.q_row_stride, f.q_head_stride, f.q_batch_stride);
+  const GmemView dout = gmem_view(f, p.dout, false, T::kHeadDimV, p.dout_row_stride,
+                                  p.dout_head_stride, p.dout_batch_stride);
+  const GmemView k =
+      gmem_view(f, f.k, true, T::kHeadDim, f.k_row_stride, f.k_head_stride, f.k_batch_stride);
+  const GmemView v =
+      gmem_view(f, f.v, true, T::kHeadDimV, f.v_row_stride, f.v_head_stride, f.v_batch_stride);
+  kp.shape_q = q.shape();
+  kp.shape_do = dout.shape();
+  kp.shape_k = k.shape();
+  kp.shape_v = v.shape();
+  kp.tma_q = make_tma_tile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>(q);
+  kp.tma_do = make_tma_tile<Element, typename T::SmemLayoutDO, T::kBlockM, T::kHeadDimV>(dout);
+  kp.tma_k = make_tma_tile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>(k);
+  kp.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(v);
   const dim3 pp_grid((f.seqlen_q + BwdWorkspace::kRowPad - 1) / BwdWorkspace::kRowPad, f.heads_q,
                      f.batch);
   if (pp_grid.x > 0) bwd_preprocess<Element><<<pp_grid, 256, 0, stream>>>(p, kp.ws);

@@ -117,15 +117,9 @@ template <class T>
 struct KernelParams {
   using Element = typename T::Element;
   using ShapeQKV = Shape<int, int, int, int>;
-  using TmaQ = decltype(make_tma_copy(
-      SM90_TMA_LOAD{}, gmem_qkv<Element>(nullptr, 1, T::kHeadDim, 1, 1, 0, 0, 0),
-      typename T::SmemLayoutQ{}, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, _1{}));
-  using TmaK = decltype(make_tma_copy(
-      SM90_TMA_LOAD{}, gmem_qkv<Element>(nullptr, 1, T::kHeadDim, 1, 1, 0, 0, 0),
-      take<0, 2>(typename T::SmemLayoutK{}), Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, _1{}));
-  using TmaV = decltype(make_tma_copy(
-      SM90_TMA_LOAD{}, gmem_qkv<Element>(nullptr, 1, T::kHeadDimV, 1, 1, 0, 0, 0),
-      take<0, 2>(typename T::SmemLayoutV{}), Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, _1{}));
+  using TmaQ = TmaTile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>;
+  using TmaK = TmaTile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>;
+  using TmaV = TmaTile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>;
   TmaQ tma_q;
   TmaK tma_k;
   TmaV tma_v;
@@ -432,32 +426,22 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 template <class T>
 Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   using Element = typename T::Element;
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const int batch_g = varlen ? 1 : p.batch;
-  const int rows_q = varlen ? p.total_q : p.seqlen_q;
-  const int rows_k = varlen ? p.total_k : p.seqlen_k;
   KernelParams<T> kp;
   kp.p = p;
   kp.group = p.heads_q / p.heads_kv;
   kp.score = ScoreScale::make(p.softmax_scale, p.softcap);
-  kp.shape_q = make_shape(rows_q, T::kHeadDim, p.heads_q, batch_g);
-  auto mQ = gmem_qkv<Element>(p.q, rows_q, T::kHeadDim, p.heads_q, batch_g, p.q_row_stride,
-                              p.q_head_stride, varlen ? 0 : p.q_batch_stride);
-  // TMA cannot describe an empty tensor; with no keys every tile's BlockRange is empty and the
-  // kernel loads nothing, so one phantom row is never read.
-  const int rows_kv = rows_k > 0 ? rows_k : 1;
-  kp.shape_k = make_shape(rows_kv, T::kHeadDim, p.heads_kv, batch_g);
-  kp.shape_v = make_shape(rows_kv, T::kHeadDimV, p.heads_kv, batch_g);
-  auto mK = gmem_qkv<Element>(p.k, rows_kv, T::kHeadDim, p.heads_kv, batch_g, p.k_row_stride,
-                              p.k_head_stride, varlen ? 0 : p.k_batch_stride);
-  auto mV = gmem_qkv<Element>(p.v, rows_kv, T::kHeadDimV, p.heads_kv, batch_g, p.v_row_stride,
-                              p.v_head_stride, varlen ? 0 : p.v_batch_stride);
-  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, typename T::SmemLayoutQ{},
-                           Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, _1{});
-  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename T::SmemLayoutK{}),
-                           Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, _1{});
-  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename T::SmemLayoutV{}),
-                           Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, _1{});
+  const GmemView q =
+      gmem_view(p, p.q, false, T::kHeadDim, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+  const GmemView k =
+      gmem_view(p, p.k, true, T::kHeadDim, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+  const GmemView v =
+      gmem_view(p, p.v, true, T::kHeadDimV, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+  kp.shape_q = q.shape();
+  kp.shape_k = k.shape();
+  kp.shape_v = v.shape();
+  kp.tma_q = make_tma_tile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>(q);
+  kp.tma_k = make_tma_tile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>(k);
+  kp.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(v);
   kp.sched = TileScheduler::for_forward(p, T::kBlockM, int(sizeof(Element)));
   const int grid = kp.sched.grid(dev.num_sms);
   if (grid == 0) return Status::kOk;
