@@ -28,6 +28,11 @@ ALL_HDIMS = {"64": (64, 64), "96": (96, 96), "128": (128, 128), "192": (192, 192
 # Filled as kernels land (issues 3-6); the extension itself always carries the API dispatch.
 KERNEL_SOURCES: dict[tuple[str, str], list[str]] = {
     ("sm90", "fwd"): ["csrc/fwd_sm90.cu", "csrc/fwd_sm90_hd{h}.cu"],
+    ("sm90", "bwd"): ["csrc/bwd_sm90.cu", "csrc/bwd_sm90_hd{h}.cu"],
+}
+# Kernels that cover only some head dims (the rest run the reference, with dispatch's warning).
+KERNEL_HDIMS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("sm90", "bwd"): ("64", "96", "128"),
 }
 ARCH_FAMILY = {"90a": "sm90", "100a": "sm100", "100f": "sm100", "103a": "sm100"}
 
@@ -107,9 +112,10 @@ def _extension(archs, hdims, bwd, config):
     for (family, direction), files in KERNEL_SOURCES.items():
         if direction == "bwd" and not bwd:
             continue
-        if any(ARCH_FAMILY[a] == family for a in archs):
-            sources += sorted({f.format(h=h.lower()) for f in files for h in hdims})
-            kernels[direction][family] = [list(ALL_HDIMS[h]) for h in hdims]
+        covered = [h for h in hdims if h in KERNEL_HDIMS.get((family, direction), ALL_HDIMS)]
+        if covered and any(ARCH_FAMILY[a] == family for a in archs):
+            sources += sorted({f.format(h=h.lower()) for f in files for h in covered})
+            kernels[direction][family] = [list(ALL_HDIMS[h]) for h in covered]
     config["kernels"] = kernels
     # dispatch.cu's kernel table: FA4_HAS_<ARCH>_<DIR> for each kernel file compiled in.
     defines = [f"-DFA4_HAS_{fam.upper()}_{d.upper()}" for d, per in kernels.items() for fam in per]

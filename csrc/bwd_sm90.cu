@@ -1,7 +1,5 @@
 // SM90 backward: the head-dim dispatch (kernel: bwd_sm90_kernel.cuh, instantiated per head dim
 // in bwd_sm90_hd*.cu).
-// STATUS: compiled, not yet executed; not in the build's kernel sources until it passes the GPU
-// tests (issue 4), so dispatch.cu's FA4_HAS_SM90_BWD is never defined yet.
 #include "params.h"
 
 namespace fa4::sm90 {
@@ -13,11 +11,6 @@ namespace fa4 {
 
 Status run_bwd_sm90(const BwdParams& p, const DeviceInfo& dev, void* workspace,
                     cudaStream_t stream) {
-  if (p.fwd.deterministic) {
-    return kernel_fail(Status::kUnsupported,
-                       "fa4: the SM90 backward has no deterministic mode yet (dQ is reduced with "
-                       "atomics in arrival order)");
-  }
   const int d = p.fwd.head_dim, dv = p.fwd.head_dim_v;
 #ifdef FA4_HDIM_64
   if (d == 64 && dv == 64) return sm90::launch_bwd_dtype<64, 64>(p, dev, workspace, stream);

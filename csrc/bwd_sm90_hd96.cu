@@ -1,5 +1,4 @@
 // SM90 backward for head dims (96, 96), bf16 and fp16 (see bwd_sm90_kernel.cuh).
-// STATUS: compiled, not yet executed; not in the build's kernel sources (issue 4).
 #include "bwd_sm90_kernel.cuh"
 
 namespace fa4::sm90 {

@@ -118,7 +118,27 @@ constexpr int kBwdProducerRegs = 40;
 constexpr int kBwdConsumerRegs = 232;  // 40·128 + 232·256 = 64512 = 168·384
 
 // Named barrier ids (user range, above CUTLASS's reserved ones).
-enum BwdBarrier : uint32_t { kDsWritten = 0, kDsRead = 1, kStatsWritten = 2 };
+enum BwdBarrier : uint32_t {
+  kDsWritten = 0,
+  kDsRead = 1,
+  kStatsWritten = 2,
+  kDqTurn = 3,  // deterministic mode: this CTA's turn to add to a dQ block has come
+  kDqAdded = 4  // ... and every consumer thread's adds are issued and fenced
+};
+
+// Grid: (kv tile, kv head, batch) flattened into x with the kv tile fastest, so that the
+// hardware's in-order block dispatch starts the tiles of one head in increasing order, which
+// deterministic mode relies on (Note [deterministic dQ]); and no grid dimension limits heads or
+// batch.
+struct BwdGrid {
+  int n_tiles, heads_kv;
+  __device__ void decode(int64_t bid, int& n, int& head_kv, int& b) const {
+    n = int(bid % n_tiles);
+    const int64_t rest = bid / n_tiles;
+    head_kv = int(rest % heads_kv);
+    b = int(rest / heads_kv);
+  }
+};
 
 template <class T>
 struct BwdKernelParams {
@@ -135,6 +155,7 @@ struct BwdKernelParams {
   BwdParams p;
   BwdWorkspace ws;
   ScoreScale score;
+  BwdGrid grid;
   int group;
 };
 
@@ -227,12 +248,37 @@ __device__ __forceinline__ void store_rows(typename T::Element* base, int64_t ro
   }
 }
 
+// Note [deterministic dQ]: with FwdParams::deterministic, the kv tiles that see a 64-row query
+// block add their dQ to it in increasing tile order. Tile n of a head waits, before its adds,
+// until the block's turn counter (BwdWorkspace::sem) equals the number of tiles before it that
+// see the block (those form the range [n_begin, n), Note [mask alignment]), and increments it
+// after. The float adds to each address then happen in one fixed order, so dQ is bitwise
+// reproducible. A tile only waits on tiles of lower block index, which the in-order dispatch
+// started earlier, so the waits cannot deadlock; the cost is the skew this imposes (measured:
+// docs/perf.md).
+// `threads`: the consumer threads that add to the block; tid 0 of them waits and signals.
+__device__ __forceinline__ void dq_turn_wait(const int* sem, int turn, int tid, int threads) {
+  if (tid == 0) {
+    int seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
+    } while (seen != turn);
+  }
+  cutlass::arch::NamedBarrier::sync(threads, kDqTurn);
+}
+
+__device__ __forceinline__ void dq_turn_pass(int* sem, int tid, int threads) {
+  __threadfence();
+  cutlass::arch::NamedBarrier::sync(threads, kDqAdded);
+  if (tid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(sem) : "memory");
+}
+
 template <class T>
 __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
                                              typename T::SharedStorage& ss,
                                              typename T::Pipeline& pipe_q,
                                              typename T::Pipeline& pipe_do, const SeqInfo& seq,
-                                             const Mask& mask, int n, int head_kv, int tid) {
+                                             const Mask& mask, int n, int head_kv, int b, int tid) {
   using Element = typename T::Element;
   constexpr int kM = T::kBlockM, kN = T::kBlockN;
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
@@ -294,7 +340,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
 
   const BwdParams& p = kp.p;
   const FwdParams& f = p.fwd;
-  const int64_t row0_ws = kp.ws.row_offset(f, seq, int(blockIdx.z), 0);  // first workspace row
+  const int64_t row0_ws = kp.ws.row_offset(b, seq.offset_q, 0);  // first workspace row
   auto q_state = typename T::Pipeline::PipelineState{};
   auto do_state = q_state;
   int m_begin, m_end;
@@ -304,7 +350,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     const int head = head_kv * kp.group + g;
     const float* lse2 = kp.ws.lse2(head) + row0_ws;
     const float* dpsum = kp.ws.dpsum(head) + row0_ws;
-    float* dq_acc = kp.ws.dq(head, f.head_dim) + row0_ws * f.head_dim;
+    float* dq_acc = kp.ws.dq(head) + row0_ws * f.head_dim;
     for (int m = m_begin; m < m_end; ++m) {
       // Row statistics of this Q block into shared memory (both warpgroups read all 64).
       cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kDsRead);  // previous block done
@@ -350,6 +396,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
       ++do_state;
       // Note [dQ reduce]: float2 atomics on adjacent columns, one per two elements; rows past the
       // sequence land in the workspace's per-sequence padding and are never read back.
+      int* sem = f.deterministic ? kp.ws.sem(head, row0_ws + m * kM) : nullptr;
+      if (sem != nullptr) {
+        dq_turn_wait(sem, n - block_range<kM, kN>(mask, m).n_begin, tid, T::kConsumerThreads);
+      }
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(acc_dq); i += 2) {
         const int row = m * kM + get<0>(c_dq(i));
@@ -357,12 +407,13 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
         atomicAdd(reinterpret_cast<float2*>(dq_acc + int64_t(row) * f.head_dim + col),
                   make_float2(acc_dq(i), acc_dq(i + 1)));
       }
+      if (sem != nullptr) dq_turn_pass(sem, tid, T::kConsumerThreads);
     }
   }
   // dK and dV of this tile, summed over the group: dK scaled by softmax_scale (dS is the
   // gradient w.r.t. the scaled scores), written as the dtype; rows past seqlen_k skipped.
   const bool varlen = f.cu_seqlens_q != nullptr;
-  const int bidb = varlen ? 0 : int(blockIdx.z);
+  const int bidb = varlen ? 0 : b;
   Element* dk = static_cast<Element*>(p.dk) + int64_t(bidb) * p.dk_batch_stride +
                 (int64_t(seq.offset_k) + int64_t(n) * kN) * p.dk_row_stride +
                 int64_t(head_kv) * p.dk_head_stride;
@@ -383,7 +434,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ char smem[];
   auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem);
   const FwdParams& f = kp.p.fwd;
-  const int n = blockIdx.x, head_kv = blockIdx.y, b = blockIdx.z;
+  int n, head_kv, b;
+  kp.grid.decode(blockIdx.x, n, head_kv, b);
   const SeqInfo seq =
       SeqInfo::get(b, f.cu_seqlens_q, f.cu_seqlens_k, f.seqused_k, f.seqlen_q, f.seqlen_k);
   const Mask mask = Mask::from_params(f, seq.seqlen_q, seq.seqlen_k);
@@ -413,7 +465,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<kBwdConsumerRegs>();
-    bwd_consumer(kp, ss, pipe_q, pipe_do, seq, mask, n, head_kv, threadIdx.x - 128);
+    bwd_consumer(kp, ss, pipe_q, pipe_do, seq, mask, n, head_kv, b, threadIdx.x - 128);
   }
 #endif
 }
@@ -429,7 +481,7 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
   const FwdParams& f = p.fwd;
   BwdKernelParams<T> kp;
   kp.p = p;
-  kp.ws = BwdWorkspace::make(f, workspace);
+  kp.ws = workspace_of(f, workspace);
   kp.score = ScoreScale::make(f.softmax_scale, f.softcap);
   kp.group = f.heads_q / f.heads_kv;
   const GmemView q =
@@ -448,16 +500,21 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
   kp.tma_do = make_tma_tile<Element, typename T::SmemLayoutDO, T::kBlockM, T::kHeadDimV>(dout);
   kp.tma_k = make_tma_tile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>(k);
   kp.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(v);
-  const dim3 pp_grid((f.seqlen_q + BwdWorkspace::kRowPad - 1) / BwdWorkspace::kRowPad, f.heads_q,
-                     f.batch);
-  if (pp_grid.x > 0) bwd_preprocess<Element><<<pp_grid, 256, 0, stream>>>(p, kp.ws);
-  const dim3 grid((f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.batch);
-  if (grid.x > 0) {
-    const Status s =
-        launch_kernel("bwd_sm90", bwd_kernel<T>, grid, T::kThreads, T::kSmemBytes, stream, kp);
+  // Grids flattened into x (at most 2^31 - 1 blocks: a 2^31-row problem is far past memory).
+  const RowBlockGrid rows = RowBlockGrid::of(f);
+  const int64_t pp_blocks = rows.blocks(f);
+  if (pp_blocks > 0)
+    bwd_preprocess<Element><<<unsigned(pp_blocks), 256, 0, stream>>>(p, kp.ws, rows);
+  kp.grid = {(f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv};
+  const int64_t blocks = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
+  if (blocks > 0) {
+    const Status s = launch_kernel("bwd_sm90", bwd_kernel<T>, dim3(unsigned(blocks)), T::kThreads,
+                                   T::kSmemBytes, stream, kp);
     if (s != Status::kOk) return s;
   }
-  if (pp_grid.x > 0) bwd_postprocess<Element><<<pp_grid, 256, 0, stream>>>(p, kp.ws);
+  if (pp_blocks > 0) {
+    bwd_postprocess<Element><<<unsigned(pp_blocks), 256, 0, stream>>>(p, kp.ws, rows);
+  }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
     return kernel_fail(Status::kCudaError, "bwd_sm90 postprocess launch: %s",

@@ -1,5 +1,6 @@
 // Validation and arch dispatch for the C++ API in fa4.h. Built by CMake (the fa4::fa4 library)
 // and by setup.py (the PyTorch extension), so it depends on nothing but the CUDA runtime.
+#include "bwd_workspace.h"
 #include "fa4.h"
 #include "params.h"
 
@@ -51,10 +52,6 @@ constexpr BwdLaunch kSm100Bwd = nullptr;
 
 namespace {
 
-// Bwd tiles hold 128 query rows on both SM90 and SM100; the fp32 dQ accumulator and the
-// per-row scratch are padded to it so a tile's reduce-add never needs a bounds check.
-constexpr int64_t kBwdBlockM = 128;
-
 struct ArchKernels {
   // The exact compute capability the cubin runs on: sm_90a / sm_100a code uses arch-specific
   // instructions (wgmma, tcgen05) and does not run on any other CC, not even a later minor.
@@ -96,9 +93,6 @@ int64_t q_rows(const FwdParams& p) {
 }
 int64_t k_rows(const FwdParams& p) {
   return is_varlen(p) ? p.total_k : int64_t{p.batch} * p.seqlen_k;
-}
-int64_t round_up(int64_t x, int64_t m) {
-  return (x + m - 1) / m * m;
 }
 
 // Collects the first broken rule. `prefix` is "fwd." when checking BwdParams::fwd so that the
@@ -416,28 +410,15 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept {
   return arch->fwd(p, info, stream);
 }
 
-// Note [bwd workspace]: the backward keeps three fp32 buffers per query head, all over the same
-// padded row range (rows below):
-//   dq_accum  rows x head_dim  dQ summed over key blocks in fp32 (TMA reduce-add / atomics), then
-//                              converted to the output dtype by the postprocess kernel
-//   lse_log2  rows             the forward LSE pre-multiplied by log2(e) for the exp2-based
-//                              recomputation of P
-//   dpsum     rows             D = rowsum(dO * O) from the preprocess kernel
-// rows: dense, every batch entry padded to a multiple of kBwdBlockM (128); varlen, each sequence
-// starts at a 128-aligned offset (its start rounded down after adding 128 per preceding
-// sequence), which fits in round_up(total_q + 128 * batch, 128). Since rows is a multiple of 128,
-// each buffer is a multiple of 512 bytes, so consecutive buffers stay 16-byte aligned for TMA
-// without extra padding.
+// Layout and size: bwd_workspace.h (Note [bwd workspace]).
 size_t bwd_workspace_size(const BwdParams& p) noexcept {
   Checker c("fwd.");
   check_sizes(c, p.fwd);
   if (!c.ok()) return 0;
   const FwdParams& f = p.fwd;
   if (q_rows(f) == 0) return 0;
-  const int64_t rows = is_varlen(f) ? round_up(f.total_q + kBwdBlockM * f.batch, kBwdBlockM)
-                                    : int64_t{f.batch} * round_up(f.seqlen_q, kBwdBlockM);
-  const int64_t per_head = rows * f.head_dim + rows + rows;  // dq_accum, lse_log2, dpsum
-  return static_cast<size_t>(f.heads_q * per_head * int64_t{sizeof(float)});
+  return static_cast<size_t>(
+      BwdWorkspace::bytes(is_varlen(f), f.batch, f.seqlen_q, f.total_q, f.heads_q, f.head_dim));
 }
 
 Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes,

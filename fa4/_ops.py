@@ -159,7 +159,7 @@ def _backward(ctx, dout, dlse):
         v,
         out,
         lse,
-        dlse,
+        None if dlse is None else dlse.contiguous(),  # BwdParams: dlse has lse's layout
         cu_q,
         cu_k,
         seqused_k,

@@ -1,0 +1,56 @@
+"""Small backward problems for compute-sanitizer (memcheck / racecheck) on the GPU:
+
+    compute-sanitizer --tool memcheck python3 tools/sanitize_bwd.py
+    compute-sanitizer --tool racecheck python3 tools/sanitize_bwd.py
+
+One forward + backward per feature through the SM90 kernels, each small enough that the
+instrumented run takes seconds. Exits non-zero if a gradient is not finite.
+"""
+
+import torch
+
+import fa4
+
+
+def run(name, q, k, v, varlen=None, **kw):
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    if varlen is None:
+        out = fa4.attention(*leaves, backend="sm90", **kw)
+    else:
+        cu_q, cu_k, mq, mk = varlen
+        out = fa4.attention_varlen(*leaves, cu_q, cu_k, mq, mk, backend="sm90", **kw)
+    out.backward(torch.randn_like(out))
+    torch.cuda.synchronize()
+    for t, g in zip("qkv", leaves, strict=True):
+        assert torch.isfinite(g.grad.float()).all(), f"{name}: d{t}"
+    print(f"ok {name} {tuple(q.shape)}")
+
+
+def main():
+    torch.manual_seed(0)
+    dev, bf = "cuda", torch.bfloat16
+    compiled = fa4.build_info.KERNELS["bwd"]["sm90"]
+    for d, d_v in compiled:
+        q = torch.randn(2, 200, 4, d, device=dev, dtype=bf)
+        k = torch.randn(2, 333, 2, d, device=dev, dtype=bf)
+        v = torch.randn(2, 333, 2, d_v, device=dev, dtype=bf)
+        run(f"dense d={d},{d_v}", q, k, v)
+        run(f"causal d={d},{d_v}", q, k, v, causal=True)
+        run(f"deterministic d={d},{d_v}", q, k, v, causal=True, deterministic=True)
+    d, d_v = compiled[0]
+    q = torch.randn(1, 257, 2, d, device=dev, dtype=bf)
+    k = torch.randn(1, 257, 2, d, device=dev, dtype=bf)
+    v = torch.randn(1, 257, 2, d_v, device=dev, dtype=bf)
+    run("window", q, k, v, window_size=(40, 8))
+    run("softcap", q, k, v, softcap=5.0)
+    run("fp16", q.half(), k.half(), v.half(), causal=True)
+    lens = [0, 5, 130, 1, 256]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    qv = torch.randn(sum(lens), 2, d, device=dev, dtype=bf)
+    kv = torch.randn(sum(lens), 1, d, device=dev, dtype=bf)
+    vv = torch.randn(sum(lens), 1, d_v, device=dev, dtype=bf)
+    run("varlen causal", qv, kv, vv, varlen=(cu, cu, max(lens), max(lens)), causal=True)
+
+
+if __name__ == "__main__":
+    main()
