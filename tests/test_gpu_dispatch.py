@@ -42,9 +42,13 @@ def test_auto_falls_back_to_reference_with_one_warning():
 
 def test_explicit_backend_without_kernel_raises():
     q, k, v = cuda_qkv()
-    for backend in ("sm90", "sm100"):
-        with pytest.raises(RuntimeError, match=f"{backend}.*cannot run this fwd"):
+    for backend in ("sm90", "sm100"):  # float32: no kernel takes it, rejected before any op
+        with pytest.raises(TypeError, match=f"float32 not supported by backend '{backend}'"):
             fa4.attention(q, k, v, backend=backend)
+    q, k, v = (x.detach().to(torch.bfloat16) for x in (q, k, v))
+    other = "sm100" if torch.cuda.get_device_capability() != (10, 0) else "sm90"
+    with pytest.raises(RuntimeError, match=f"{other}.*cannot run this fwd"):
+        fa4.attention(q, k, v, backend=other)
 
 
 @pytest.mark.skipif(not build_info.CONFIG.get("built"), reason="fa4._C not built in this install")
