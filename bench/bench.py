@@ -33,6 +33,7 @@ if str(_HERE.parent) not in sys.path:  # the repo's fa4, unless an installed one
 import bench_util as bu  # noqa: E402
 
 IMPLS = ("fa4", "sdpa-flash", "sdpa-cudnn", "flash-attn-4")
+EXTRA_IMPLS = ("fa4-det",)  # only when named in --impls
 PNG_NAME = {"fwd": "tflops_fwd.png", "bwd": "tflops_bwd.png", "fwd+bwd": "tflops_fwd_bwd.png"}
 
 
@@ -48,7 +49,7 @@ def parse_args(argv=None):
     ap.add_argument("--hdims", help="comma list, e.g. 128,64")
     ap.add_argument("--seqlens", help="comma list, e.g. 1k,16k")
     ap.add_argument("--causal", choices=("both", "yes", "no"), default="both")
-    ap.add_argument("--impls", help=f"comma list of {', '.join(IMPLS)}")
+    ap.add_argument("--impls", help=f"comma list of {', '.join(IMPLS + EXTRA_IMPLS)}")
     ap.add_argument("--warmup-ms", type=float, default=25.0)
     ap.add_argument("--rep-ms", type=float, default=100.0)
     ap.add_argument(
@@ -82,7 +83,7 @@ def config_from(args):
         bu.parse_ints(args.hdims, bu.HDIMS), bu.parse_ints(args.seqlens, seq_default), causals
     )
     dirs = bu.parse_names(args.dirs, bu.DIRECTIONS)
-    impls = bu.parse_names(args.impls, IMPLS)
+    impls = bu.parse_names(args.impls, IMPLS + EXTRA_IMPLS) if args.impls else IMPLS
     return points, dirs, impls
 
 

@@ -120,9 +120,19 @@ class Fa4(Impl):
         return self._fa4.attention(q, k, v, causal=causal, backend="sm90")
 
 
+class Fa4Deterministic(Fa4):
+    """Ours with deterministic=True: the backward's dQ adds in a fixed order (its cost)."""
+
+    name = "fa4-det"
+
+    def fwd(self, q, k, v, causal):
+        return self._fa4.attention(q, k, v, causal=causal, deterministic=True, backend="sm90")
+
+
 def make_impls(names) -> list[Impl]:
     every = {
         "fa4": Fa4,
+        "fa4-det": Fa4Deterministic,
         "sdpa-flash": lambda: Sdpa("sdpa-flash", SDPBackend.FLASH_ATTENTION),
         "sdpa-cudnn": lambda: Sdpa("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
         "flash-attn-4": FlashAttn4,

@@ -1,7 +1,6 @@
-// Backward pre/postprocess kernels and the workspace layout, shared by the SM90 and SM100
-// backward kernels (plain CUDA, no arch-specific instructions).
-//
-// STATUS: compiled, NOT YET EXECUTED (see bwd_sm90_kernel.cuh).
+// The backward's preprocess kernel, shared by the SM90 and SM100 backward kernels (plain CUDA, no
+// arch-specific instructions). The postprocess depends on the order in which each kernel stores
+// its dQ accumulator, so it lives with the kernel (bwd_postprocess_sm90).
 //
 // Workspace layout: bwd_workspace.h (Note [bwd workspace]).
 #pragma once
@@ -24,7 +23,7 @@ __host__ __device__ inline BwdWorkspace workspace_of(const FwdParams& f, void* w
                             f.head_dim, ws);
 }
 
-// Grid of the pre/postprocess kernels: (row blocks of 128, heads_q, batch) flattened into x with
+// Grid of the preprocess kernel: (row blocks of 128, heads_q, batch) flattened into x with
 // the row block fastest, so that no grid dimension limits heads or batch.
 struct RowBlockGrid {
   int row_blocks, heads;
@@ -91,26 +90,6 @@ __global__ void bwd_preprocess(BwdParams p, BwdWorkspace ws, RowBlockGrid grid) 
     }
     ws.lse2(head)[wrow] = lse2;
     ws.dpsum(head)[wrow] = d;
-  }
-}
-
-// dq (fp32 accumulator) · softmax_scale -> the dtype, rows < seqlen_q. Same grid as above.
-template <class Element>
-__global__ void bwd_postprocess(BwdParams p, BwdWorkspace ws, RowBlockGrid grid) {
-  const FwdParams& f = p.fwd;
-  int block, head, b;
-  grid.decode(blockIdx.x, block, head, b);
-  const SeqInfo seq =
-      SeqInfo::get(b, f.cu_seqlens_q, f.cu_seqlens_k, f.seqused_k, f.seqlen_q, f.seqlen_k);
-  const bool varlen = f.cu_seqlens_q != nullptr;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = warp; r < BwdWorkspace::kRowPad; r += 8) {
-    const int i = block * BwdWorkspace::kRowPad + r;
-    if (i >= seq.seqlen_q) return;
-    const float* acc = ws.dq(head) + ws.row_offset(b, seq.offset_q, i) * f.head_dim;
-    Element* dq = static_cast<Element*>(p.dq) + (varlen ? 0 : int64_t(b) * p.dq_batch_stride) +
-                  (int64_t(seq.offset_q) + i) * p.dq_row_stride + int64_t(head) * p.dq_head_stride;
-    for (int c = lane; c < f.head_dim; c += 32) dq[c] = Element(acc[c] * f.softmax_scale);
   }
 }
 

@@ -1,33 +1,36 @@
-// SM90 (Hopper) backward main kernel: dK, dV per KV tile, dQ by fp32 reduce-add.
-//
-// STATUS: compiled for sm_90a, NOT YET EXECUTED. It is not in setup.py's KERNEL_SOURCES nor
-// CMake's sources, so no dispatch reaches it; issue 4 wires it in once it passes the GPU tests.
+// SM90 (Hopper) backward main kernel: dK, dV per KV tile, dQ by fp32 TMA reduce-add.
 //
 // One CTA per (kv tile of kBlockN rows, kv head, batch). K and V stay in shared memory; the CTA
 // loops over every query head of the GQA group and every Q block of kBlockM rows that sees the
-// tile, so dK and dV are summed over the group in registers and written once (no atomics,
-// deterministic). Per Q block, each consumer warpgroup (64 of the kv rows) computes, with the
+// tile, so dK and dV are summed over the group in registers and written once (no atomics, exact
+// and deterministic). Per Q block, each consumer warpgroup (64 of the kv rows) computes, with the
 // scores transposed so that kv rows are the wgmma M dimension:
 //   Sᵀ  = K·Qᵀ                 (SS)      Pᵀ = exp2(Sᵀ·c − lse₂)           (softmax.cuh exp2)
 //   dPᵀ = V·dOᵀ                (SS)      dSᵀ = Pᵀ ∘ (dPᵀ − D) [∘ (1 − x²) with softcap]
 //   dV += Pᵀ·dO                (RS: Pᵀ from registers)
 //   dK += dSᵀ·Q                (RS: dSᵀ from registers)
 //   dQ  = dS·K                 (SS: dS through shared memory, each warpgroup half of d)
-// and adds dQ to the fp32 accumulator in the workspace with float2 atomics: one reduction per
-// two elements, half the operations of a per-element scheme (Note [dQ reduce]).
+// The consumers put dQ (fp32) in shared memory and a reducer warp of the producer warpgroup adds
+// it to the workspace's accumulator with TMA reduce-add (Note [dQ reduce]).
+// Overlap inside a warpgroup (Note [bwd issue order]): P is computed while dPᵀ is on the tensor
+// cores, dS while dV is; the two warpgroups interleave naturally.
 // lse₂ = lse·log2(e) (+inf for rows that saw no key, so P = 0) and D = rowsum(dO∘O) − dlse come
-// from the preprocess kernel (bwd_prepost.cuh); the postprocess kernel turns dQ to the dtype.
+// from the preprocess kernel (bwd_prepost.cuh) and travel with Q and dO through the pipelines.
 //
-// Pipelines (from X to Y, protects Z):
-//   kv_full  producer -> consumers, K and V (once per CTA)
-//   pipe_q   producer -> consumers, kStages Q buffers
-//   pipe_do  producer -> consumers, kStages dO buffers
-// Named barriers: dS written by both warpgroups before the dQ GEMM reads it, and read before
-// the next block overwrites it.
+// Pipelines and barriers (from X to Y, protects Z):
+//   kv_full     producer -> consumers, K and V (once per CTA)
+//   pipe_q      producer -> consumers, kStages buffers of Q and its lse₂ rows
+//   pipe_do     producer -> consumers, kStages buffers of dO and its D rows
+//   kDsWritten  consumers -> consumers (named), dS of this block in smem before the dQ GEMM
+//               (two dS buffers: a warpgroup reaching block m+2's dS store has passed block
+//               m+1's kDsWritten, which the other warpgroup reaches only after its dQ GEMM of
+//               block m completed, so no buffer is overwritten while read)
+//   kDqFull     consumers -> reducer (named), dQ of this block in smem
+//   kDqEmpty    reducer -> consumers (named), the TMA has read dQ's smem
 //
 // Head dims: d <= 128 (kBlockN 128, kBlockM 64). Registers per consumer thread at d = 128: dK
-// 64 + dV 64 + Sᵀ 32 + dPᵀ 32 + dQ 32 (not all live at once) of 240; larger d needs dK/dV split
-// across warpgroups and is not in this kernel (kUnsupported, the reference runs).
+// 64 + dV 64 + Sᵀ/P 32 + dPᵀ 32 + Pᵀ/dSᵀ as 16-bit 16 + dQ 32 (not all live at once) of 232;
+// larger d needs dK/dV split across warpgroups and is not in this kernel.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -86,12 +89,17 @@ struct BwdTraits {
                                              Shape<Int<kBlockN>, Int<kHeadDim>, _1>{}));
   using SmemLayoutV = decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(),
                                              Shape<Int<kBlockN>, Int<kHeadDimV>, _1>{}));
+  static constexpr int kDsStages = 2;  // see kDsWritten in the header
   using SmemLayoutDS = decltype(tile_to_shape(smem_atom_k<Element, kBlockN>(),
-                                              Shape<Int<kBlockM>, Int<kBlockN>, _1>{}));
+                                              Shape<Int<kBlockM>, Int<kBlockN>, Int<kDsStages>>{}));
+  // dQ of one block in fp32, in fragment order (Note [dQ reduce]).
+  static constexpr int kDqFloats = kBlockM * kHeadDim;
+  static constexpr uint32_t kDqBytes = kDqFloats * sizeof(float);
+  static_assert(kDqFloats % (4 * 256) == 0, "each consumer thread stores whole float4s");
   using SmemLayoutQt = TransposedSmem<SmemLayoutQ, kBlockM, kHeadDim, kStages>;
   using SmemLayoutDOt = TransposedSmem<SmemLayoutDO, kBlockM, kHeadDimV, kStages>;
   using SmemLayoutKt = TransposedSmem<SmemLayoutK, kBlockN, kHeadDim, 1>;
-  using SmemLayoutDSt = TransposedSmem<SmemLayoutDS, kBlockM, kBlockN, 1>;
+  using SmemLayoutDSt = TransposedSmem<SmemLayoutDS, kBlockM, kBlockN, kDsStages>;
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   struct SharedStorage {
@@ -100,16 +108,18 @@ struct BwdTraits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDO>> dout;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDS>> ds;
-    alignas(16) float lse2[kBlockM];  // of the current Q block, written by consumer threads
-    float dpsum[kBlockM];
+    alignas(128) float4 dq[kDqFloats / 4];
+    alignas(16) float lse2[kStages][kBlockM];   // with Q's stage (bulk copy, pipe_q)
+    alignas(16) float dpsum[kStages][kBlockM];  // with dO's stage (pipe_do)
     typename Pipeline::SharedStorage pipe_q;
     typename Pipeline::SharedStorage pipe_do;
     cutlass::arch::ClusterTransactionBarrier kv_full;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (227 KB per CTA on SM90)");
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kDOBytes = kBlockM * kHeadDimV * sizeof(Element);
+  static constexpr uint32_t kRowStatBytes = kBlockM * sizeof(float);
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element) + kRowStatBytes;
+  static constexpr uint32_t kDOBytes = kBlockM * kHeadDimV * sizeof(Element) + kRowStatBytes;
   static constexpr uint32_t kKVBytes = kBlockN * (kHeadDim + kHeadDimV) * sizeof(Element);
 };
 
@@ -117,14 +127,9 @@ struct BwdTraits {
 constexpr int kBwdProducerRegs = 40;
 constexpr int kBwdConsumerRegs = 232;  // 40·128 + 232·256 = 64512 = 168·384
 
-// Named barrier ids (user range, above CUTLASS's reserved ones).
-enum BwdBarrier : uint32_t {
-  kDsWritten = 0,
-  kDsRead = 1,
-  kStatsWritten = 2,
-  kDqTurn = 3,  // deterministic mode: this CTA's turn to add to a dQ block has come
-  kDqAdded = 4  // ... and every consumer thread's adds are issued and fenced
-};
+// Named barrier ids (user range, above CUTLASS's reserved ones); see the header.
+enum BwdBarrier : uint32_t { kDsWritten = 0, kDqFull = 1, kDqEmpty = 2 };
+constexpr int kReducerThreads = 32;  // one warp of the producer warpgroup
 
 // Grid: (kv tile, kv head, batch) flattened into x with the kv tile fastest, so that the
 // hardware's in-order block dispatch starts the tiles of one head in increasing order, which
@@ -180,7 +185,9 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
                                              typename T::SharedStorage& ss,
                                              typename T::Pipeline& pipe_q,
                                              typename T::Pipeline& pipe_do, const SeqInfo& seq,
-                                             const Mask& mask, int n, int head_kv, int bidb) {
+                                             const Mask& mask, int n, int head_kv, int b) {
+  const bool varlen = kp.p.fwd.cu_seqlens_q != nullptr;
+  const int bidb = varlen ? 0 : b;
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
   Tensor sDO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutDO{});
   Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
@@ -203,6 +210,7 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
   Tensor mDO = kp.tma_do.get_tma_tensor(kp.shape_do);
   auto q_state = cutlass::make_producer_start_state<typename T::Pipeline>();
   auto do_state = q_state;
+  const int64_t row0_ws = kp.ws.row_offset(b, seq.offset_q, 0);
   int m_begin, m_end;
   q_blocks_seeing<T>(mask, n, m_begin, m_end);
   for (int g = 0; g < kp.group; ++g) {
@@ -215,13 +223,35 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
         tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
     auto [tDgD, tDsD] = tma_partition(kp.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sDO),
                                       group_modes<0, 2>(gDO));
+    const float* lse2 = kp.ws.lse2(head) + row0_ws;
+    const float* dpsum = kp.ws.dpsum(head) + row0_ws;
     for (int m = m_begin; m < m_end; ++m) {
-      pipelined_tma_load(pipe_q, q_state, kp.tma_q, tQgQ(_, m), tQsQ);
-      pipelined_tma_load(pipe_do, do_state, kp.tma_do, tDgD(_, m), tDsD);
+      // Q with its rows' lse₂, dO with its rows' D: each pair completes one stage's barrier.
+      pipe_q.producer_acquire(q_state);
+      uint64_t* bar_q = pipe_q.producer_get_barrier(q_state);
+      copy(kp.tma_q.with(*bar_q, 0), tQgQ(_, m), tQsQ(_, q_state.index()));
+      SM90_BULK_COPY_G2S::copy(lse2 + m * T::kBlockM, bar_q, ss.lse2[q_state.index()],
+                               T::kRowStatBytes);
+      ++q_state;
+      pipe_do.producer_acquire(do_state);
+      uint64_t* bar_do = pipe_do.producer_get_barrier(do_state);
+      copy(kp.tma_do.with(*bar_do, 0), tDgD(_, m), tDsD(_, do_state.index()));
+      SM90_BULK_COPY_G2S::copy(dpsum + m * T::kBlockM, bar_do, ss.dpsum[do_state.index()],
+                               T::kRowStatBytes);
+      ++do_state;
     }
   }
   pipe_q.producer_tail(q_state);
   pipe_do.producer_tail(do_state);
+}
+
+// Pins a 16-bit register fragment's packed 32-bit registers here: without it the compiler packs
+// pairs lazily between the wgmmas that read them, and ptxas then serializes every wgmma.
+template <class Frag>
+__device__ __forceinline__ void fence_packed(Frag& frag) {
+  Tensor words = recast<uint32_t>(frag);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(words); ++i) warpgroup_fence_operand(words(i));
 }
 
 // Accumulator element i of a wgmma fragment at its (row, col) in the tile: identity tensors
@@ -248,29 +278,76 @@ __device__ __forceinline__ void store_rows(typename T::Element* base, int64_t ro
   }
 }
 
+// Note [dQ reduce]: each 64-row Q block's dQ (kBlockM × d fp32, summed over the tile's kv rows
+// by the dQ GEMM) is added to the workspace accumulator by one bulk reduce-add
+// (cp.reduce.async.bulk .add.f32) of the whole block: 1 operation per 64 × d block, where a
+// per-element scheme issues 64·d atomics (8192 at d = 128) and float2 atomics half that. The
+// block is stored in fragment order, both in shared memory and in the workspace: float4 j of
+// consumer thread t at (j·256 + t)·4, so that the consumers' stores are conflict-free 16-byte
+// stores at fixed offsets (a row-major buffer would cost 8-way bank conflicts, a swizzled one
+// per-element address registers), and the reduce is one contiguous copy. The postprocess
+// kernel, which knows the fragment's coordinates (dq_coords), turns it back into rows. Rows
+// past the sequence land in the workspace's per-sequence padding and are never read back.
+//
 // Note [deterministic dQ]: with FwdParams::deterministic, the kv tiles that see a 64-row query
-// block add their dQ to it in increasing tile order. Tile n of a head waits, before its adds,
-// until the block's turn counter (BwdWorkspace::sem) equals the number of tiles before it that
-// see the block (those form the range [n_begin, n), Note [mask alignment]), and increments it
-// after. The float adds to each address then happen in one fixed order, so dQ is bitwise
-// reproducible. A tile only waits on tiles of lower block index, which the in-order dispatch
-// started earlier, so the waits cannot deadlock; the cost is the skew this imposes (measured:
-// docs/perf.md).
-// `threads`: the consumer threads that add to the block; tid 0 of them waits and signals.
-__device__ __forceinline__ void dq_turn_wait(const int* sem, int turn, int tid, int threads) {
-  if (tid == 0) {
-    int seen;
-    do {
-      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
-    } while (seen != turn);
-  }
-  cutlass::arch::NamedBarrier::sync(threads, kDqTurn);
+// block add their dQ to it in increasing tile order. The reducer of tile n waits, before its
+// reduce-add, until the block's turn counter (BwdWorkspace::sem) equals the number of tiles
+// before it that see the block (the range [n_begin, n), Note [mask alignment]), and increments
+// it once the add has completed. The float adds to each address then happen in one fixed order,
+// so dQ is bitwise reproducible. A tile only waits on tiles of lower block index, which the
+// in-order block dispatch started earlier (BwdGrid), so the waits cannot deadlock. Only the
+// reducer warp waits; the consumers run on until they need the dQ buffer again.
+__device__ __forceinline__ void dq_turn_wait(const int* sem, int turn) {
+  int seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
+  } while (seen != turn);
 }
 
-__device__ __forceinline__ void dq_turn_pass(int* sem, int tid, int threads) {
+__device__ __forceinline__ void dq_turn_pass(int* sem) {
+  // The reduce-add has completed (wait_group without .read); order it before the release.
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  asm volatile("fence.proxy.async.global;" ::: "memory");
   __threadfence();
-  cutlass::arch::NamedBarrier::sync(threads, kDqAdded);
-  if (tid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(sem) : "memory");
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(sem) : "memory");
+}
+
+// The reducer warp: one bulk reduce-add per Q block, in the consumers' order.
+template <class T>
+__device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,
+                                               typename T::SharedStorage& ss, const SeqInfo& seq,
+                                               const Mask& mask, int n, int head_kv, int b) {
+  constexpr int kBarrierThreads = T::kConsumerThreads + kReducerThreads;
+  const bool leader = cute::elect_one_sync();
+  const int64_t row0_ws = kp.ws.row_offset(b, seq.offset_q, 0);
+  const uint32_t src = cute::cast_smem_ptr_to_uint(ss.dq);
+  int m_begin, m_end;
+  q_blocks_seeing<T>(mask, n, m_begin, m_end);
+  const int blocks = kp.group * (m_end - m_begin);
+  for (int i = 0; i < blocks; ++i) {
+    const int head = head_kv * kp.group + i / (m_end - m_begin);
+    const int64_t row = row0_ws + int64_t(m_begin + i % (m_end - m_begin)) * T::kBlockM;
+    cutlass::arch::NamedBarrier::sync(kBarrierThreads, kDqFull);
+    if (leader) {
+      int* sem = kp.p.fwd.deterministic ? kp.ws.sem(head, row) : nullptr;
+      if (sem != nullptr) {
+        const int m = int(row - row0_ws) / T::kBlockM;
+        dq_turn_wait(sem, n - block_range<T::kBlockM, T::kBlockN>(mask, m).n_begin);
+      }
+      float* dst = kp.ws.dq(head) + row * T::kHeadDim;
+      asm volatile(
+          "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+          "r"(src), "r"(T::kDqBytes)
+          : "memory");
+      tma_store_arrive();
+      if (sem != nullptr) dq_turn_pass(sem);
+      tma_store_wait<0>();  // the smem has been read
+    }
+    __syncwarp();
+    if (i + 1 < blocks) cutlass::arch::NamedBarrier::arrive(kBarrierThreads, kDqEmpty);
+  }
+  // The last reduce-add must finish before the CTA (and its shared memory) goes away.
+  if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
 template <class T>
@@ -307,9 +384,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   Tensor tPrDO = thr_dp.partition_fragment_B(sDO);
   Tensor tVrDOt = thr_dv.partition_fragment_B(sDOt);
   Tensor tKrQt = thr_dk.partition_fragment_B(sQt);
-  Tensor tQrDS = thr_dq.partition_fragment_A(sDS(_, _, 0));
+  Tensor tQrDS = thr_dq.partition_fragment_A(sDS);
   Tensor tQrKt = thr_dq.partition_fragment_B(sKt(_, _, 0));
-  Tensor tSsDSt = thr_s.partition_C(sDSt(_, _, 0));  // where this thread's dSᵀ goes in smem
+  Tensor tSsDSt = thr_s.partition_C(sDSt);  // where this thread's dSᵀ goes in smem
 
   Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kN>, Int<kM>>{});
   Tensor acc_dp = partition_fragment_C(mma_dp, Shape<Int<kN>, Int<kM>>{});
@@ -322,7 +399,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   // accumulator fragments order a thread's elements identically (as P in the forward).
   Tensor reg_ds_c = make_tensor(reg_ds.data(), acc_s.layout());
   const auto c_s = fragment_coords(mma_s, tid, Shape<Int<kN>, Int<kM>>{});
-  const auto c_dq = fragment_coords(mma_dq, tid, Shape<Int<kM>, Int<T::kHeadDim>>{});
   clear(acc_dv);
   clear(acc_dk);
 
@@ -338,81 +414,86 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     warpgroup_commit_batch();
   };
 
-  const BwdParams& p = kp.p;
-  const FwdParams& f = p.fwd;
-  const int64_t row0_ws = kp.ws.row_offset(b, seq.offset_q, 0);  // first workspace row
+  constexpr int kBarrierThreads = T::kConsumerThreads + kReducerThreads;
   auto q_state = typename T::Pipeline::PipelineState{};
   auto do_state = q_state;
   int m_begin, m_end;
   q_blocks_seeing<T>(mask, n, m_begin, m_end);
+  const int blocks = kp.group * (m_end - m_begin);
   ss.kv_full.wait(0);
-  for (int g = 0; g < kp.group; ++g) {
-    const int head = head_kv * kp.group + g;
-    const float* lse2 = kp.ws.lse2(head) + row0_ws;
-    const float* dpsum = kp.ws.dpsum(head) + row0_ws;
-    float* dq_acc = kp.ws.dq(head) + row0_ws * f.head_dim;
-    for (int m = m_begin; m < m_end; ++m) {
-      // Row statistics of this Q block into shared memory (both warpgroups read all 64).
-      cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kDsRead);  // previous block done
-      if (tid < kM) ss.lse2[tid] = lse2[m * kM + tid];
-      if (tid >= kM && tid < 2 * kM) ss.dpsum[tid - kM] = dpsum[m * kM + tid - kM];
-      pipe_q.consumer_wait(q_state);
-      pipe_do.consumer_wait(do_state);
-      issue(mma_s, tSrK, tSrQ(_, _, _, q_state.index()), acc_s, true);
-      issue(mma_dp, tPrV, tPrDO(_, _, _, do_state.index()), acc_dp, true);
-      cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kStatsWritten);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_s);
-      warpgroup_fence_operand(acc_dp);
-      const bool masked = block_range<kM, kN>(mask, m).needs_mask(n);
+  // Note [bwd issue order]: Sᵀ and dPᵀ go to the tensor cores together; P is computed in place
+  // (in acc_s) once Sᵀ is done while dPᵀ still runs. After dPᵀ, one pass turns P and dPᵀ into the
+  // 16-bit Pᵀ and dSᵀ operands (the fp32 registers die as the 16-bit ones are made, which keeps
+  // the peak at dK + dV + Sᵀ + dPᵀ), then dV, dK and, once both warpgroups' dS is in smem, dQ go
+  // out together; one wait covers the three. The other warpgroup's GEMMs fill the tensor cores
+  // while this one computes. With softcap, P and the tanh derivative are both computed in the
+  // second pass (keeping P and P·(1 − x²) across the wait would need 16 more registers, and
+  // ptxas then serializes the wgmmas: checked by tests/test_sass_sm90.py).
+  for (int i = 0; i < blocks; ++i) {
+    const int m = m_begin + i % (m_end - m_begin);
+    pipe_q.consumer_wait(q_state);
+    pipe_do.consumer_wait(do_state);
+    const int sq = q_state.index(), sdo = do_state.index(), sds = i % T::kDsStages;
+    issue(mma_s, tSrK, tSrQ(_, _, _, sq), acc_s, true);
+    issue(mma_dp, tPrV, tPrDO(_, _, _, sdo), acc_dp, true);
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(acc_s);
+    const bool masked = block_range<kM, kN>(mask, m).needs_mask(n);
+    const bool softcap = kp.score.softcap;
+    // P of element e from its (softcapped) score x; lse₂ is +inf for rows that saw no key, so
+    // P = 2^-inf = 0 there (Note [empty rows]).
+    auto prob = [&](int e, float x) {
+      const int qi = get<1>(c_s(e));
+      const bool visible = !masked || mask.is_visible(m * kM + qi, n * kN + get<0>(c_s(e)));
+      return visible ? exp2_hw(fmaf(x, kp.score.scale_log2, -ss.lse2[sq][qi])) : 0.0f;
+    };
+    if (!softcap) {
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(acc_s); ++i) {
-        const int kv = n * kN + get<0>(c_s(i));
-        const int qi = get<1>(c_s(i));
-        float x = acc_s(i);
-        if (kp.score.softcap) x = tanhf(x * kp.score.pre);
-        const bool visible = !masked || mask.is_visible(m * kM + qi, kv);
-        // lse₂ is +inf for rows that saw no key: P = 2^-inf = 0 (Note [empty rows]).
-        const float pv = visible ? exp2_hw(fmaf(x, kp.score.scale_log2, -ss.lse2[qi])) : 0.0f;
-        float ds = pv * (acc_dp(i) - ss.dpsum[qi]);
-        if (kp.score.softcap) ds *= 1.0f - x * x;
-        reg_p(i) = Element(pv);
-        reg_ds(i) = Element(ds);
-      }
-      // dSᵀ to shared memory for dQ = dS·K (both warpgroups' kv rows form the K dimension).
-      copy(reg_ds_c, tSsDSt);
-      cutlass::arch::fence_view_async_shared();
-      issue(mma_dv, reg_p, tVrDOt(_, _, _, do_state.index()), acc_dv, false);
-      issue(mma_dk, reg_ds, tKrQt(_, _, _, q_state.index()), acc_dk, false);
-      cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kDsWritten);
-      issue(mma_dq, tQrDS, tQrKt, acc_dq, true);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_dv);
-      warpgroup_fence_operand(acc_dk);
-      warpgroup_fence_operand(acc_dq);
-      pipe_q.consumer_release(q_state);
-      pipe_do.consumer_release(do_state);
-      ++q_state;
-      ++do_state;
-      // Note [dQ reduce]: float2 atomics on adjacent columns, one per two elements; rows past the
-      // sequence land in the workspace's per-sequence padding and are never read back.
-      int* sem = f.deterministic ? kp.ws.sem(head, row0_ws + m * kM) : nullptr;
-      if (sem != nullptr) {
-        dq_turn_wait(sem, n - block_range<kM, kN>(mask, m).n_begin, tid, T::kConsumerThreads);
-      }
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(acc_dq); i += 2) {
-        const int row = m * kM + get<0>(c_dq(i));
-        const int col = get<1>(c_dq(i));
-        atomicAdd(reinterpret_cast<float2*>(dq_acc + int64_t(row) * f.head_dim + col),
-                  make_float2(acc_dq(i), acc_dq(i + 1)));
-      }
-      if (sem != nullptr) dq_turn_pass(sem, tid, T::kConsumerThreads);
+      for (int e = 0; e < size(acc_s); ++e) acc_s(e) = prob(e, acc_s(e));
     }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_dp);
+    CUTLASS_PRAGMA_UNROLL
+    for (int e = 0; e < size(acc_s); ++e) {
+      float pv = acc_s(e), dpv = pv;  // dS = dpv · (dP − D): P, or P·(1 − x²) with softcap
+      if (softcap) {
+        const float x = tanhf(acc_s(e) * kp.score.pre);
+        pv = prob(e, x);
+        dpv = pv * (1.0f - x * x);
+      }
+      reg_p(e) = Element(pv);
+      reg_ds(e) = Element(dpv * (acc_dp(e) - ss.dpsum[sdo][get<1>(c_s(e))]));
+    }
+    fence_packed(reg_p);
+    fence_packed(reg_ds);
+    issue(mma_dv, reg_p, tVrDOt(_, _, _, sdo), acc_dv, false);
+    issue(mma_dk, reg_ds, tKrQt(_, _, _, sq), acc_dk, false);
+    // dSᵀ to shared memory for dQ = dS·K (both warpgroups' kv rows form the K dimension).
+    copy(reg_ds_c, tSsDSt(_, _, _, sds));
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kDsWritten);
+    issue(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_dv);
+    warpgroup_fence_operand(acc_dk);
+    warpgroup_fence_operand(acc_dq);
+    pipe_q.consumer_release(q_state);
+    pipe_do.consumer_release(do_state);
+    ++q_state;
+    ++do_state;
+    if (i > 0) cutlass::arch::NamedBarrier::sync(kBarrierThreads, kDqEmpty);
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < size(acc_dq) / 4; ++j) {
+      ss.dq[j * T::kConsumerThreads + tid] =
+          make_float4(acc_dq(4 * j), acc_dq(4 * j + 1), acc_dq(4 * j + 2), acc_dq(4 * j + 3));
+    }
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::arrive(kBarrierThreads, kDqFull);
   }
   // dK and dV of this tile, summed over the group: dK scaled by softmax_scale (dS is the
   // gradient w.r.t. the scaled scores), written as the dtype; rows past seqlen_k skipped.
-  const bool varlen = f.cu_seqlens_q != nullptr;
+  const BwdParams& p = kp.p;
+  const bool varlen = p.fwd.cu_seqlens_q != nullptr;
   const int bidb = varlen ? 0 : b;
   Element* dk = static_cast<Element*>(p.dk) + int64_t(bidb) * p.dk_batch_stride +
                 (int64_t(seq.offset_k) + int64_t(n) * kN) * p.dk_row_stride +
@@ -421,7 +502,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
                 (int64_t(seq.offset_k) + int64_t(n) * kN) * p.dv_row_stride +
                 int64_t(head_kv) * p.dv_head_stride;
   const int rows_valid = seq.seqlen_k - n * kN;
-  store_rows<T>(dk, p.dk_row_stride, rows_valid, f.softmax_scale, acc_dk,
+  store_rows<T>(dk, p.dk_row_stride, rows_valid, p.fwd.softmax_scale, acc_dk,
                 fragment_coords(mma_dk, tid, Shape<Int<kN>, Int<T::kHeadDim>>{}));
   store_rows<T>(dv, p.dv_row_stride, rows_valid, 1.0f, acc_dv,
                 fragment_coords(mma_dv, tid, Shape<Int<kN>, Int<T::kHeadDimV>>{}));
@@ -459,13 +540,58 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (n * T::kBlockN >= seq.seqlen_k) return;
   if (role == WarpGroupRole::kProducer) {
     cutlass::arch::warpgroup_reg_dealloc<kBwdProducerRegs>();
-    if (threadIdx.x == 0) {
-      const int bidb = f.cu_seqlens_q != nullptr ? 0 : b;
-      bwd_producer(kp, ss, pipe_q, pipe_do, seq, mask, n, head_kv, bidb);
-    }
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x == 0) bwd_producer(kp, ss, pipe_q, pipe_do, seq, mask, n, head_kv, b);
+    if (warp == 1) bwd_dq_reducer(kp, ss, seq, mask, n, head_kv, b);
   } else {
     cutlass::arch::warpgroup_reg_alloc<kBwdConsumerRegs>();
     bwd_consumer(kp, ss, pipe_q, pipe_do, seq, mask, n, head_kv, b, threadIdx.x - 128);
+  }
+#endif
+}
+
+// dQ accumulator (fragment order, Note [dQ reduce]) · softmax_scale -> the dtype, rows <
+// seqlen_q. One CTA of kConsumerThreads per 64-row block; thread t reads its own float4s
+// (coalesced) and writes each pair of adjacent columns where the dQ GEMM's fragment puts it.
+// Grid: (64-row blocks of the longest sequence, heads_q, batch) flattened, block fastest.
+template <class T>
+__global__ void __launch_bounds__(T::kConsumerThreads)
+    bwd_postprocess_sm90(const __grid_constant__ BwdParams p, const BwdWorkspace ws) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename T::Element;
+  const FwdParams& f = p.fwd;
+  const int m_blocks = (f.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  const int m = int(blockIdx.x % m_blocks);
+  const int head = int(blockIdx.x / m_blocks % f.heads_q);
+  const int b = int(blockIdx.x / m_blocks / f.heads_q);
+  const SeqInfo seq =
+      SeqInfo::get(b, f.cu_seqlens_q, f.cu_seqlens_k, f.seqused_k, f.seqlen_q, f.seqlen_k);
+  if (m * T::kBlockM >= seq.seqlen_q) return;
+  const int tid = threadIdx.x;
+  const float4* acc = reinterpret_cast<const float4*>(
+      ws.dq(head) + ws.row_offset(b, seq.offset_q, m * T::kBlockM) * T::kHeadDim);
+  typename T::MmaDQ mma_dq;
+  const auto coords = fragment_coords(mma_dq, tid, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{});
+  const bool varlen = f.cu_seqlens_q != nullptr;
+  Element* dq = static_cast<Element*>(p.dq) + (varlen ? 0 : int64_t(b) * p.dq_batch_stride) +
+                (int64_t(seq.offset_q) + int64_t(m) * T::kBlockM) * p.dq_row_stride +
+                int64_t(head) * p.dq_head_stride;
+  const int rows_valid = seq.seqlen_q - m * T::kBlockM;
+  CUTLASS_PRAGMA_UNROLL
+  for (int j = 0; j < T::kDqFloats / (4 * T::kConsumerThreads); ++j) {
+    const float4 v = acc[j * T::kConsumerThreads + tid];
+    const float pair[2][2] = {{v.x, v.y}, {v.z, v.w}};
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const int row = get<0>(coords(4 * j + 2 * h));
+      const int col = get<1>(coords(4 * j + 2 * h));
+      if (row >= rows_valid) continue;
+      cutlass::Array<Element, 2> out;
+      out[0] = Element(pair[h][0] * f.softmax_scale);
+      out[1] = Element(pair[h][1] * f.softmax_scale);
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(dq + int64_t(row) * p.dq_row_stride + col) =
+          out;
+    }
   }
 #endif
 }
@@ -501,10 +627,11 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
   kp.tma_k = make_tma_tile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>(k);
   kp.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(v);
   // Grids flattened into x (at most 2^31 - 1 blocks: a 2^31-row problem is far past memory).
-  const RowBlockGrid rows = RowBlockGrid::of(f);
-  const int64_t pp_blocks = rows.blocks(f);
-  if (pp_blocks > 0)
-    bwd_preprocess<Element><<<unsigned(pp_blocks), 256, 0, stream>>>(p, kp.ws, rows);
+  const RowBlockGrid row_grid = RowBlockGrid::of(f);
+  const int64_t pp_blocks = row_grid.blocks(f);
+  if (pp_blocks > 0) {
+    bwd_preprocess<Element><<<unsigned(pp_blocks), 256, 0, stream>>>(p, kp.ws, row_grid);
+  }
   kp.grid = {(f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv};
   const int64_t blocks = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
   if (blocks > 0) {
@@ -512,8 +639,9 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
                                    T::kSmemBytes, stream, kp);
     if (s != Status::kOk) return s;
   }
-  if (pp_blocks > 0) {
-    bwd_postprocess<Element><<<unsigned(pp_blocks), 256, 0, stream>>>(p, kp.ws, rows);
+  const int64_t post_blocks = pp_blocks * (BwdWorkspace::kRowPad / T::kBlockM);
+  if (post_blocks > 0) {
+    bwd_postprocess_sm90<T><<<unsigned(post_blocks), T::kConsumerThreads, 0, stream>>>(p, kp.ws);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
