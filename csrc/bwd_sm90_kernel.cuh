@@ -639,7 +639,9 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
                                    T::kSmemBytes, stream, kp);
     if (s != Status::kOk) return s;
   }
-  const int64_t post_blocks = pp_blocks * (BwdWorkspace::kRowPad / T::kBlockM);
+  // As bwd_postprocess_sm90 decodes it: 64-row blocks of the longest sequence, heads, batch.
+  const int64_t post_blocks =
+      int64_t((f.seqlen_q + T::kBlockM - 1) / T::kBlockM) * f.heads_q * f.batch;
   if (post_blocks > 0) {
     bwd_postprocess_sm90<T><<<unsigned(post_blocks), T::kConsumerThreads, 0, stream>>>(p, kp.ws);
   }

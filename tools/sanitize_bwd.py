@@ -31,12 +31,14 @@ def main():
     dev, bf = "cuda", torch.bfloat16
     compiled = fa4.build_info.KERNELS["bwd"]["sm90"]
     for d, d_v in compiled:
-        q = torch.randn(2, 200, 4, d, device=dev, dtype=bf)
-        k = torch.randn(2, 333, 2, d, device=dev, dtype=bf)
-        v = torch.randn(2, 333, 2, d_v, device=dev, dtype=bf)
-        run(f"dense d={d},{d_v}", q, k, v)
-        run(f"causal d={d},{d_v}", q, k, v, causal=True)
-        run(f"deterministic d={d},{d_v}", q, k, v, causal=True, deterministic=True)
+        # 200 and 17 rows: a partial last 128-row block with more and with fewer than 64 rows
+        for s_q in (200, 17):
+            q = torch.randn(2, s_q, 4, d, device=dev, dtype=bf)
+            k = torch.randn(2, 333, 2, d, device=dev, dtype=bf)
+            v = torch.randn(2, 333, 2, d_v, device=dev, dtype=bf)
+            run(f"dense d={d},{d_v}", q, k, v)
+            run(f"causal d={d},{d_v}", q, k, v, causal=True)
+            run(f"deterministic d={d},{d_v}", q, k, v, causal=True, deterministic=True)
     d, d_v = compiled[0]
     q = torch.randn(1, 257, 2, d, device=dev, dtype=bf)
     k = torch.randn(1, 257, 2, d, device=dev, dtype=bf)
