@@ -98,7 +98,8 @@ def find_cutlass_include() -> str:
 
 def _nvcc_flags(archs: list[str], hdims: list[str], bwd: bool) -> list[str]:
     # No -std: torch's extension builder picks the standard its headers need (C++20 from 2.10).
-    flags = ["-O3", "--expt-relaxed-constexpr", "--use_fast_math", "-lineinfo"]
+    # NDEBUG: CUTLASS's pipelines otherwise keep a role check (and its register) in every wait.
+    flags = ["-O3", "--expt-relaxed-constexpr", "--use_fast_math", "-lineinfo", "-DNDEBUG"]
     flags += [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     flags += [f"-DFA4_HDIM_{h.upper()}" for h in hdims]
     return flags + ([] if bwd else ["-DFA4_DISABLE_BWD"])

@@ -386,7 +386,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   Tensor tKrQt = thr_dk.partition_fragment_B(sQt);
   Tensor tQrDS = thr_dq.partition_fragment_A(sDS);
   Tensor tQrKt = thr_dq.partition_fragment_B(sKt(_, _, 0));
-  Tensor tSsDSt = thr_s.partition_C(sDSt);  // where this thread's dSᵀ goes in smem
+  // dSᵀ to smem with stmatrix.trans: 16 bytes per instruction, the 8×8 transposes done by the
+  // hardware; the position-independent swizzle keeps the addresses 32-bit shared-window offsets
+  // (an elementwise copy became 32 generic 2-byte stores with 64-bit swizzle arithmetic each).
+  auto copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_s);
+  auto thr_copy_ds = copy_ds.get_thread_slice(tid);
+  Tensor tDSsDSt = thr_copy_ds.partition_D(as_position_independent_swizzle_tensor(sDSt));
 
   Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kN>, Int<kM>>{});
   Tensor acc_dp = partition_fragment_C(mma_dp, Shape<Int<kN>, Int<kM>>{});
@@ -397,7 +402,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   Tensor reg_ds = make_tensor<Element>(partition_shape_A(mma_dk, Shape<Int<kN>, Int<kM>>{}));
   // The same registers in the accumulator's layout, for the copy to smem: the A-operand and
   // accumulator fragments order a thread's elements identically (as P in the forward).
-  Tensor reg_ds_c = make_tensor(reg_ds.data(), acc_s.layout());
+  Tensor reg_ds_c = thr_copy_ds.retile_S(make_tensor(reg_ds.data(), acc_s.layout()));
   const auto c_s = fragment_coords(mma_s, tid, Shape<Int<kN>, Int<kM>>{});
   clear(acc_dv);
   clear(acc_dk);
@@ -444,7 +449,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     // P = 2^-inf = 0 there (Note [empty rows]).
     auto prob = [&](int e, float x) {
       const int qi = get<1>(c_s(e));
-      const bool visible = !masked || mask.is_visible(m * kM + qi, n * kN + get<0>(c_s(e)));
+      const bool visible =
+          !masked || mask.col_bounds(n * kN + get<0>(c_s(e))).contains(m * kM + qi);
       return visible ? exp2_hw(fmaf(x, kp.score.scale_log2, -ss.lse2[sq][qi])) : 0.0f;
     };
     if (!softcap) {
@@ -469,7 +475,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     issue(mma_dv, reg_p, tVrDOt(_, _, _, sdo), acc_dv, false);
     issue(mma_dk, reg_ds, tKrQt(_, _, _, sq), acc_dk, false);
     // dSᵀ to shared memory for dQ = dS·K (both warpgroups' kv rows form the K dimension).
-    copy(reg_ds_c, tSsDSt(_, _, _, sds));
+    copy(copy_ds, reg_ds_c, tDSsDSt(_, _, _, sds));
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kDsWritten);
     issue(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);

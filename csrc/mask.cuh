@@ -86,6 +86,13 @@ struct Mask {
   __host__ __device__ bool is_visible(int row, int col) const {
     return row_bounds(row).contains(col);
   }
+  // The transpose, for kernels whose fragment rows are keys (the backward's Sᵀ): the query rows
+  // [lo, hi) that see key column col. From Note [mask alignment], i sees j iff
+  // j - diag_hi < i <= j - diag_lo, with 0 <= i < seqlen_q and 0 <= j < seqlen_k.
+  __host__ __device__ RowBounds col_bounds(int col) const {
+    if (col < 0 || col >= seqlen_k) return {0, 0};
+    return {detail::imax(0, col - diag_hi + 1), detail::imin(seqlen_q, col - diag_lo + 1)};
+  }
 };
 
 // The KV blocks one Q tile visits and the sub-range that needs no element mask:

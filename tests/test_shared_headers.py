@@ -128,7 +128,8 @@ def test_mask_matches_reference(mask_results):
         allowed = allowed_keys(torch.arange(s_q), s_q, s_k, bool(causal), (wl, wr))
         vis = torch.from_numpy(take(s_q * s_k, np.uint8).reshape(s_q, s_k).astype(bool))
         assert torch.equal(vis, allowed), f"is_visible differs from allowed_keys: {case}"
-        assert take(1, np.int32)[0] == 0, f"visible elements outside the sequence: {case}"
+        bad = take(1, np.int32)[0]
+        assert bad == 0, f"visible elements outside the sequence, or col_bounds wrong: {case}"
         for bm, bn in MASK_SHAPES:
             got = torch.from_numpy(take(s_q * s_k, np.uint8).reshape(s_q, s_k).astype(bool))
             bad = (got != allowed).nonzero()
