@@ -30,10 +30,9 @@ KERNEL_SOURCES: dict[tuple[str, str], list[str]] = {
     ("sm90", "fwd"): ["csrc/fwd_sm90.cu", "csrc/fwd_sm90_hd{h}.cu"],
     ("sm90", "bwd"): ["csrc/bwd_sm90.cu", "csrc/bwd_sm90_hd{h}.cu"],
 }
-# Kernels that cover only some head dims (the rest run the reference, with dispatch's warning).
-KERNEL_HDIMS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("sm90", "bwd"): ("64", "96", "128"),
-}
+# Kernels that cover only some head dims (the rest run the reference, with dispatch's warning);
+# absent: every head dim.
+KERNEL_HDIMS: dict[tuple[str, str], tuple[str, ...]] = {}
 ARCH_FAMILY = {"90a": "sm90", "100a": "sm100", "100f": "sm100", "103a": "sm100"}
 
 

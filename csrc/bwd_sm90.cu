@@ -21,9 +21,18 @@ Status run_bwd_sm90(const BwdParams& p, const DeviceInfo& dev, void* workspace,
 #ifdef FA4_HDIM_128
   if (d == 128 && dv == 128) return sm90::launch_bwd_dtype<128, 128>(p, dev, workspace, stream);
 #endif
+#ifdef FA4_HDIM_192
+  if (d == 192 && dv == 192) return sm90::launch_bwd_dtype<192, 192>(p, dev, workspace, stream);
+#endif
+#ifdef FA4_HDIM_256
+  if (d == 256 && dv == 256) return sm90::launch_bwd_dtype<256, 256>(p, dev, workspace, stream);
+#endif
+#ifdef FA4_HDIM_192X128
+  if (d == 192 && dv == 128) return sm90::launch_bwd_dtype<192, 128>(p, dev, workspace, stream);
+#endif
   return kernel_fail(Status::kUnsupported,
-                     "fa4: head dims (%d, %d) have no SM90 backward kernel in this build (d <= 128 "
-                     "only so far)",
+                     "fa4: head dims (%d, %d) have no SM90 backward kernel in this build "
+                     "(FA4_HDIMS)",
                      d, dv);
 }
 

@@ -70,6 +70,11 @@ def compiled_bwd(tmp_path_factory):
     return _compile(tmp_path_factory, "csrc/bwd_sm90_hd128.cu")
 
 
+@pytest.fixture(scope="module")
+def compiled_bwd_split(tmp_path_factory):
+    return _compile(tmp_path_factory, "csrc/bwd_sm90_hd256.cu")
+
+
 def test_one_kernel_per_dtype_and_no_spills(compiled):
     ptxas, _ = compiled
     kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", ptxas)
@@ -127,7 +132,27 @@ def test_bwd_spills_bounded(compiled_bwd):
     assert spills and max(spills) <= 132, ptxas
 
 
-@pytest.mark.parametrize("which", ["compiled", "compiled_bwd"])
+@pytest.mark.parametrize(
+    "op, why",
+    [
+        (r"HGMMA\.64x32x16\S*\s+R\d+, gdesc", "Sᵀ, dPᵀ: each warpgroup 32 query columns"),
+        (r"HGMMA\.\S+\s+R\d+, gdesc\[UR\d+\]\.tnspA", "dV, dK read Pᵀ, dSᵀ from smem"),
+        (r"STSM\.16\.MT88", "Pᵀ, dSᵀ stored with stmatrix"),
+        (r"(ATOM|RED)G\.E\.ADD\.F32x2", "dQ added two elements per atomic"),
+    ],
+)
+def test_bwd_split_sass_has(compiled_bwd_split, op, why):
+    assert re.search(op, compiled_bwd_split[1]), f"{op} missing: {why}"
+
+
+def test_bwd_split_spills_bounded(compiled_bwd_split):
+    """d = 256 (split variant): 32 bytes, all in the producer's TMA thread (nvdisasm -g)."""
+    ptxas, _ = compiled_bwd_split
+    spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", ptxas)]
+    assert spills and max(spills) <= 32, ptxas
+
+
+@pytest.mark.parametrize("which", ["compiled", "compiled_bwd", "compiled_bwd_split"])
 def test_wgmma_not_serialized(which, request):
     """ptxas serializes every wgmma of a kernel (a wait after each) when registers run short
     (C7512) or when registers a wgmma reads are written between arrive and wgmma (C7519); either

@@ -1,0 +1,443 @@
+// Pieces of the SM90 backward shared by its two consumer variants (bwd_sm90_consumer.cuh for
+// d <= 128, bwd_sm90_consumer_split.cuh for larger head dims): traits, kernel parameters, grid,
+// named barriers, the producer (TMA loads), the dQ reducer warp and small fragment helpers. The
+// algorithm, the pipelines and the Notes are in bwd_sm90_kernel.cuh's header.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "bwd_prepost.cuh"
+#include "mask.cuh"
+#include "params.h"
+#include "sm90_common.cuh"
+#include "softmax.cuh"
+
+namespace fa4::sm90 {
+
+template <int kHeadDim_, int kHeadDimV_, class Element_>
+struct BwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static_assert(kHeadDim <= 128 && kHeadDimV <= 128, "register budget: see the header note");
+  static constexpr bool kSplitD = false;
+  static constexpr int kBlockM = 64;   // query rows per step (wgmma N of Sᵀ)
+  static constexpr int kBlockN = 128;  // kv rows per CTA, 64 per consumer warpgroup
+  static constexpr int kStages = 2;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kThreads = 128 + kConsumerThreads;
+
+  using AtomM2 = Layout<Shape<_2, _1, _1>>;  // the two warpgroups split the kv rows (M)
+  using AtomN2 = Layout<Shape<_1, _2, _1>>;  // ... or, for dQ, the head dim (N)
+  using MmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(),
+      AtomM2{}));
+  using MmaDP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDimV>>>(),
+      AtomM2{}));
+  using MmaDV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV>, Int<kBlockM>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      AtomM2{}));
+  using MmaDK = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      AtomM2{}));
+  using MmaDQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      AtomN2{}));
+
+  using SmemLayoutQ = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
+                                             Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutDO = decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(),
+                                              Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kStages>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
+                                             Shape<Int<kBlockN>, Int<kHeadDim>, _1>{}));
+  using SmemLayoutV = decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(),
+                                             Shape<Int<kBlockN>, Int<kHeadDimV>, _1>{}));
+  static constexpr int kDsStages = 2;  // see kDsWritten in the header
+  using SmemLayoutDS = decltype(tile_to_shape(smem_atom_k<Element, kBlockN>(),
+                                              Shape<Int<kBlockM>, Int<kBlockN>, Int<kDsStages>>{}));
+  // dQ of one block in fp32, in fragment order (Note [dQ reduce]).
+  static constexpr int kDqFloats = kBlockM * kHeadDim;
+  static constexpr uint32_t kDqBytes = kDqFloats * sizeof(float);
+  static_assert(kDqFloats % (4 * 256) == 0, "each consumer thread stores whole float4s");
+  using SmemLayoutQt = TransposedSmem<SmemLayoutQ, kBlockM, kHeadDim, kStages>;
+  using SmemLayoutDOt = TransposedSmem<SmemLayoutDO, kBlockM, kHeadDimV, kStages>;
+  using SmemLayoutKt = TransposedSmem<SmemLayoutK, kBlockN, kHeadDim, 1>;
+  using SmemLayoutDSt = TransposedSmem<SmemLayoutDS, kBlockM, kBlockN, kDsStages>;
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDO>> dout;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDS>> ds;
+    alignas(128) float4 dq[kDqFloats / 4];
+    alignas(16) float lse2[kStages][kBlockM];   // with Q's stage (bulk copy, pipe_q)
+    alignas(16) float dpsum[kStages][kBlockM];  // with dO's stage (pipe_do)
+    typename Pipeline::SharedStorage pipe_q;
+    typename Pipeline::SharedStorage pipe_do;
+    cutlass::arch::ClusterTransactionBarrier kv_full;
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (227 KB per CTA on SM90)");
+  static constexpr uint32_t kRowStatBytes = kBlockM * sizeof(float);
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element) + kRowStatBytes;
+  static constexpr uint32_t kDOBytes = kBlockM * kHeadDimV * sizeof(Element) + kRowStatBytes;
+  static constexpr uint32_t kKVBytes = kBlockN * (kHeadDim + kHeadDimV) * sizeof(Element);
+};
+
+// The largest K-major swizzle atom whose row divides half of kCols: operands that the two
+// warpgroups split along the head dim (each reads kCols / 2 columns as an MN-major operand) must
+// start each half on an atom boundary; 192 / 2 = 96 needs the 32-element (64-byte) atom.
+template <class Element, int kCols>
+auto smem_atom_halves() {
+  if constexpr ((kCols / 2) % 64 == 0) {
+    return GMMA::Layout_K_SW128_Atom<Element>{};
+  } else {
+    return GMMA::Layout_K_SW64_Atom<Element>{};
+  }
+}
+
+// Traits of the split-d variant (bwd_sm90_consumer_split.cuh) for d or d_v > 128: 64 kv rows
+// per CTA; the two warpgroups split the query columns of Sᵀ/dPᵀ (32 each) and the head dim of dK,
+// dV and dQ, so each keeps dK, dV, dQ for half the head dim (64 + 64 + 64 registers at d = 256).
+// Pᵀ and dSᵀ go through shared memory (both warpgroups read all of them); dQ is added from
+// registers with float2 atomics in fragment order (no smem left for a dQ buffer at d = 256:
+// K, V 32 KB each, Q and dO 2 × 32 KB each, P and dS 2 × 8 KB each = 224 KB).
+template <int kHeadDim_, int kHeadDimV_, class Element_>
+struct BwdTraitsSplit {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static constexpr bool kSplitD = true;
+  static constexpr int kBlockM = 64;  // query rows per step, 32 per warpgroup in Sᵀ and dPᵀ
+  static constexpr int kBlockN = 64;  // kv rows per CTA
+  static constexpr int kStages = 2;
+  static constexpr int kDsStages = 2;  // see kDsWritten in the header
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kThreads = 128 + kConsumerThreads;
+  static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0, "halves of whole 32-column atoms");
+
+  using AtomN2 = Layout<Shape<_1, _2, _1>>;  // the two warpgroups split N
+  using MmaS = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM / 2>, Int<kHeadDim>>>(),
+      AtomN2{}));
+  using MmaDP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM / 2>, Int<kHeadDimV>>>(),
+      AtomN2{}));
+  using MmaDV = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV / 2>, Int<kBlockM>>,
+                           GMMA::Major::MN, GMMA::Major::MN>(),
+      AtomN2{}));
+  using MmaDK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockM>>,
+                           GMMA::Major::MN, GMMA::Major::MN>(),
+      AtomN2{}));
+  using MmaDQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      AtomN2{}));
+
+  using SmemLayoutQ = decltype(tile_to_shape(smem_atom_halves<Element, kHeadDim>(),
+                                             Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutDO = decltype(tile_to_shape(smem_atom_halves<Element, kHeadDimV>(),
+                                              Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kStages>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(smem_atom_halves<Element, kHeadDim>(),
+                                             Shape<Int<kBlockN>, Int<kHeadDim>, _1>{}));
+  using SmemLayoutV = decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(),
+                                             Shape<Int<kBlockN>, Int<kHeadDimV>, _1>{}));
+  // P and dS as (q, kv), kv contiguous; read as Pᵀ, dSᵀ (kv, q) by dV, dK and as dS by dQ.
+  using SmemLayoutPdS = decltype(tile_to_shape(
+      smem_atom_k<Element, kBlockN>(), Shape<Int<kBlockM>, Int<kBlockN>, Int<kDsStages>>{}));
+  using SmemLayoutPdSt = TransposedSmem<SmemLayoutPdS, kBlockM, kBlockN, kDsStages>;
+  using SmemLayoutQt = TransposedSmem<SmemLayoutQ, kBlockM, kHeadDim, kStages>;
+  using SmemLayoutDOt = TransposedSmem<SmemLayoutDO, kBlockM, kHeadDimV, kStages>;
+  using SmemLayoutKt = TransposedSmem<SmemLayoutK, kBlockN, kHeadDim, 1>;
+  // dQ of one block in fragment order, as in BwdTraits (Note [dQ reduce]), added by atomics.
+  static constexpr int kDqFloats = kBlockM * kHeadDim;
+  static_assert(kDqFloats % (4 * 256) == 0, "each consumer thread adds whole float4s");
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDO>> dout;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdS>> p;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutPdS>> ds;
+    alignas(16) float lse2[kStages][kBlockM];   // with Q's stage (bulk copy, pipe_q)
+    alignas(16) float dpsum[kStages][kBlockM];  // with dO's stage (pipe_do)
+    typename Pipeline::SharedStorage pipe_q;
+    typename Pipeline::SharedStorage pipe_do;
+    cutlass::arch::ClusterTransactionBarrier kv_full;
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (227 KB per CTA on SM90)");
+  static constexpr uint32_t kRowStatBytes = kBlockM * sizeof(float);
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element) + kRowStatBytes;
+  static constexpr uint32_t kDOBytes = kBlockM * kHeadDimV * sizeof(Element) + kRowStatBytes;
+  static constexpr uint32_t kKVBytes = kBlockN * (kHeadDim + kHeadDimV) * sizeof(Element);
+};
+
+// As the forward: the producer's TMA and index arithmetic spill at 24 registers.
+constexpr int kBwdProducerRegs = 40;
+constexpr int kBwdConsumerRegs = 232;  // 40·128 + 232·256 = 64512 = 168·384
+
+// Named barrier ids (user range, above CUTLASS's reserved ones); see the header.
+enum BwdBarrier : uint32_t { kDsWritten = 0, kDqFull = 1, kDqEmpty = 2 };
+constexpr int kReducerThreads = 32;  // one warp of the producer warpgroup
+
+// Grid: (kv tile, kv head, batch) flattened into x with the kv tile fastest, so that the
+// hardware's in-order block dispatch starts the tiles of one head in increasing order, which
+// deterministic mode relies on (Note [deterministic dQ]); and no grid dimension limits heads or
+// batch.
+struct BwdGrid {
+  int n_tiles, heads_kv;
+  __device__ void decode(int64_t bid, int& n, int& head_kv, int& b) const {
+    n = int(bid % n_tiles);
+    const int64_t rest = bid / n_tiles;
+    head_kv = int(rest % heads_kv);
+    b = int(rest / heads_kv);
+  }
+};
+
+template <class T>
+struct BwdKernelParams {
+  using Element = typename T::Element;
+  using TmaQ = TmaTile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>;
+  using TmaDO = TmaTile<Element, typename T::SmemLayoutDO, T::kBlockM, T::kHeadDimV>;
+  using TmaK = TmaTile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>;
+  using TmaV = TmaTile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>;
+  TmaQ tma_q;
+  TmaDO tma_do;
+  TmaK tma_k;
+  TmaV tma_v;
+  Shape<int, int, int, int> shape_q, shape_do, shape_k, shape_v;
+  BwdParams p;
+  BwdWorkspace ws;
+  ScoreScale score;
+  BwdGrid grid;
+  int group;
+};
+
+// The Q blocks (of kBlockM rows) that see kv block n: a contiguous range (Note [mask
+// alignment]), found by asking block_range of each Q block.
+template <class T>
+__device__ __forceinline__ void q_blocks_seeing(const Mask& mask, int n, int& m_begin, int& m_end) {
+  const int m_blocks = (mask.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  m_begin = m_blocks;
+  m_end = 0;
+  for (int m = 0; m < m_blocks; ++m) {
+    const BlockRange br = block_range<T::kBlockM, T::kBlockN>(mask, m);
+    if (br.n_begin <= n && n < br.n_end) {
+      m_begin = m < m_begin ? m : m_begin;
+      m_end = m + 1;
+    }
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
+                                             typename T::SharedStorage& ss,
+                                             typename T::Pipeline& pipe_q,
+                                             typename T::Pipeline& pipe_do, const SeqInfo& seq,
+                                             const Mask& mask, int n, int head_kv, int b) {
+  const bool varlen = kp.p.fwd.cu_seqlens_q != nullptr;
+  const int bidb = varlen ? 0 : b;
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sDO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutDO{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
+  Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_k);
+  Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_v);
+  Tensor gK = local_tile(domain_offset(make_coord(seq.offset_k, _0{}), mK(_, _, head_kv, bidb)),
+                         Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, make_coord(n, _0{}));
+  Tensor gV = local_tile(domain_offset(make_coord(seq.offset_k, _0{}), mV(_, _, head_kv, bidb)),
+                         Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, make_coord(n, _0{}));
+  auto [tKgK, tKsK] =
+      tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+  auto [tVgV, tVsV] =
+      tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+  ss.kv_full.arrive_and_expect_tx(T::kKVBytes);
+  copy(kp.tma_k.with(reinterpret_cast<uint64_t&>(ss.kv_full), 0), tKgK, tKsK(_, 0));
+  copy(kp.tma_v.with(reinterpret_cast<uint64_t&>(ss.kv_full), 0), tVgV, tVsV(_, 0));
+
+  Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);
+  Tensor mDO = kp.tma_do.get_tma_tensor(kp.shape_do);
+  auto q_state = cutlass::make_producer_start_state<typename T::Pipeline>();
+  auto do_state = q_state;
+  const int64_t row0_ws = kp.ws.row_offset(b, seq.offset_q, 0);
+  int m_begin, m_end;
+  q_blocks_seeing<T>(mask, n, m_begin, m_end);
+  for (int g = 0; g < kp.group; ++g) {
+    const int head = head_kv * kp.group + g;
+    Tensor gQ = local_tile(domain_offset(make_coord(seq.offset_q, _0{}), mQ(_, _, head, bidb)),
+                           Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, make_coord(_, _0{}));
+    Tensor gDO = local_tile(domain_offset(make_coord(seq.offset_q, _0{}), mDO(_, _, head, bidb)),
+                            Shape<Int<T::kBlockM>, Int<T::kHeadDimV>>{}, make_coord(_, _0{}));
+    auto [tQgQ, tQsQ] =
+        tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto [tDgD, tDsD] = tma_partition(kp.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sDO),
+                                      group_modes<0, 2>(gDO));
+    const float* lse2 = kp.ws.lse2(head) + row0_ws;
+    const float* dpsum = kp.ws.dpsum(head) + row0_ws;
+    for (int m = m_begin; m < m_end; ++m) {
+      // Q with its rows' lse₂, dO with its rows' D: each pair completes one stage's barrier.
+      pipe_q.producer_acquire(q_state);
+      uint64_t* bar_q = pipe_q.producer_get_barrier(q_state);
+      copy(kp.tma_q.with(*bar_q, 0), tQgQ(_, m), tQsQ(_, q_state.index()));
+      SM90_BULK_COPY_G2S::copy(lse2 + m * T::kBlockM, bar_q, ss.lse2[q_state.index()],
+                               T::kRowStatBytes);
+      ++q_state;
+      pipe_do.producer_acquire(do_state);
+      uint64_t* bar_do = pipe_do.producer_get_barrier(do_state);
+      copy(kp.tma_do.with(*bar_do, 0), tDgD(_, m), tDsD(_, do_state.index()));
+      SM90_BULK_COPY_G2S::copy(dpsum + m * T::kBlockM, bar_do, ss.dpsum[do_state.index()],
+                               T::kRowStatBytes);
+      ++do_state;
+    }
+  }
+  pipe_q.producer_tail(q_state);
+  pipe_do.producer_tail(do_state);
+}
+
+// Pins a 16-bit register fragment's packed 32-bit registers here: without it the compiler packs
+// pairs lazily between the wgmmas that read them, and ptxas then serializes every wgmma.
+template <class Frag>
+__device__ __forceinline__ void fence_packed(Frag& frag) {
+  Tensor words = recast<uint32_t>(frag);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(words); ++i) warpgroup_fence_operand(words(i));
+}
+
+// Accumulator element i of a wgmma fragment at its (row, col) in the tile: identity tensors
+// partitioned like the accumulator (no layout formulas repeated here).
+template <class TiledMma, class Shape2>
+__device__ __forceinline__ auto fragment_coords(const TiledMma& mma, int tid, Shape2 shape) {
+  return mma.get_thread_slice(tid).partition_C(make_identity_tensor(shape));
+}
+
+template <class T, class Frag, class Coord>
+__device__ __forceinline__ void store_rows(typename T::Element* base, int64_t row_stride,
+                                           int rows_valid, float scale, const Frag& acc,
+                                           const Coord& coords) {
+  using Element = typename T::Element;
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(acc); i += 2) {
+    const int row = get<0>(coords(i));
+    const int col = get<1>(coords(i));
+    if (row >= rows_valid) continue;
+    cutlass::Array<Element, 2> pair;
+    pair[0] = Element(acc(i) * scale);
+    pair[1] = Element(acc(i + 1) * scale);
+    *reinterpret_cast<cutlass::Array<Element, 2>*>(base + row * row_stride + col) = pair;
+  }
+}
+
+// Note [dQ reduce]: each 64-row Q block's dQ (kBlockM × d fp32, summed over the tile's kv rows
+// by the dQ GEMM) is added to the workspace accumulator by one bulk reduce-add
+// (cp.reduce.async.bulk .add.f32) of the whole block: 1 operation per 64 × d block, where a
+// per-element scheme issues 64·d atomics (8192 at d = 128) and float2 atomics half that. The
+// block is stored in fragment order, both in shared memory and in the workspace: float4 j of
+// consumer thread t at (j·256 + t)·4, so that the consumers' stores are conflict-free 16-byte
+// stores at fixed offsets (a row-major buffer would cost 8-way bank conflicts, a swizzled one
+// per-element address registers), and the reduce is one contiguous copy. The postprocess
+// kernel, which knows the fragment's coordinates (dq_coords), turns it back into rows. Rows
+// past the sequence land in the workspace's per-sequence padding and are never read back.
+//
+// Note [deterministic dQ]: with FwdParams::deterministic, the kv tiles that see a 64-row query
+// block add their dQ to it in increasing tile order. The reducer of tile n waits, before its
+// reduce-add, until the block's turn counter (BwdWorkspace::sem) equals the number of tiles
+// before it that see the block (the range [n_begin, n), Note [mask alignment]), and increments
+// it once the add has completed. The float adds to each address then happen in one fixed order,
+// so dQ is bitwise reproducible. A tile only waits on tiles of lower block index, which the
+// in-order block dispatch started earlier (BwdGrid), so the waits cannot deadlock. Only the
+// reducer warp waits; the consumers run on until they need the dQ buffer again.
+__device__ __forceinline__ void dq_turn_wait(const int* sem, int turn) {
+  int seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
+  } while (seen != turn);
+}
+
+__device__ __forceinline__ void dq_turn_pass(int* sem) {
+  // The reduce-add has completed (wait_group without .read); order it before the release.
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  __threadfence();
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(sem) : "memory");
+}
+
+// The reducer warp: one bulk reduce-add per Q block, in the consumers' order.
+template <class T>
+__device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,
+                                               typename T::SharedStorage& ss, const SeqInfo& seq,
+                                               const Mask& mask, int n, int head_kv, int b) {
+  constexpr int kBarrierThreads = T::kConsumerThreads + kReducerThreads;
+  const bool leader = cute::elect_one_sync();
+  const int64_t row0_ws = kp.ws.row_offset(b, seq.offset_q, 0);
+  const uint32_t src = cute::cast_smem_ptr_to_uint(ss.dq);
+  int m_begin, m_end;
+  q_blocks_seeing<T>(mask, n, m_begin, m_end);
+  const int blocks = kp.group * (m_end - m_begin);
+  for (int i = 0; i < blocks; ++i) {
+    const int head = head_kv * kp.group + i / (m_end - m_begin);
+    const int64_t row = row0_ws + int64_t(m_begin + i % (m_end - m_begin)) * T::kBlockM;
+    cutlass::arch::NamedBarrier::sync(kBarrierThreads, kDqFull);
+    if (leader) {
+      int* sem = kp.p.fwd.deterministic ? kp.ws.sem(head, row) : nullptr;
+      if (sem != nullptr) {
+        const int m = int(row - row0_ws) / T::kBlockM;
+        dq_turn_wait(sem, n - block_range<T::kBlockM, T::kBlockN>(mask, m).n_begin);
+      }
+      float* dst = kp.ws.dq(head) + row * T::kHeadDim;
+      asm volatile(
+          "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+          "r"(src), "r"(T::kDqBytes)
+          : "memory");
+      tma_store_arrive();
+      if (sem != nullptr) dq_turn_pass(sem);
+      tma_store_wait<0>();  // the smem has been read
+    }
+    __syncwarp();
+    if (i + 1 < blocks) cutlass::arch::NamedBarrier::arrive(kBarrierThreads, kDqEmpty);
+  }
+  // The last reduce-add must finish before the CTA (and its shared memory) goes away.
+  if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+// dK and dV of this tile, summed over the group: dK scaled by softmax_scale (dS is the gradient
+// w.r.t. the scaled scores), written as the dtype; rows past seqlen_k skipped.
+template <class T, class MmaK, class AccK, class MmaV, class AccV>
+__device__ __forceinline__ void store_dk_dv(const BwdKernelParams<T>& kp, const SeqInfo& seq, int n,
+                                            int head_kv, int b, int tid, const MmaK& mma_dk,
+                                            const AccK& acc_dk, const MmaV& mma_dv,
+                                            const AccV& acc_dv) {
+  using Element = typename T::Element;
+  constexpr int kN = T::kBlockN;
+  const BwdParams& p = kp.p;
+  const bool varlen = p.fwd.cu_seqlens_q != nullptr;
+  const int bidb = varlen ? 0 : b;
+  Element* dk = static_cast<Element*>(p.dk) + int64_t(bidb) * p.dk_batch_stride +
+                (int64_t(seq.offset_k) + int64_t(n) * kN) * p.dk_row_stride +
+                int64_t(head_kv) * p.dk_head_stride;
+  Element* dv = static_cast<Element*>(p.dv) + int64_t(bidb) * p.dv_batch_stride +
+                (int64_t(seq.offset_k) + int64_t(n) * kN) * p.dv_row_stride +
+                int64_t(head_kv) * p.dv_head_stride;
+  const int rows_valid = seq.seqlen_k - n * kN;
+  store_rows<T>(dk, p.dk_row_stride, rows_valid, p.fwd.softmax_scale, acc_dk,
+                fragment_coords(mma_dk, tid, Shape<Int<kN>, Int<T::kHeadDim>>{}));
+  store_rows<T>(dv, p.dv_row_stride, rows_valid, 1.0f, acc_dv,
+                fragment_coords(mma_dv, tid, Shape<Int<kN>, Int<T::kHeadDimV>>{}));
+}
+
+}  // namespace fa4::sm90

@@ -1,0 +1,173 @@
+// SM90 backward consumer for d, d_v <= 128 (BwdTraits): two warpgroups of 64 kv rows each, Sᵀ
+// and dPᵀ per warpgroup, dV/dK from registers, dQ through the reducer warp (bwd_sm90_kernel.cuh
+// has the algorithm and the Notes).
+#pragma once
+
+#include "bwd_sm90_common.cuh"
+
+namespace fa4::sm90 {
+
+template <class T>
+__device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
+                                             typename T::SharedStorage& ss,
+                                             typename T::Pipeline& pipe_q,
+                                             typename T::Pipeline& pipe_do, const SeqInfo& seq,
+                                             const Mask& mask, int n, int head_kv, int b, int tid) {
+  using Element = typename T::Element;
+  constexpr int kM = T::kBlockM, kN = T::kBlockN;
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQt{});
+  Tensor sDO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutDO{});
+  Tensor sDOt = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutDOt{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutKt{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
+  Tensor sDS = make_tensor(make_smem_ptr(ss.ds.data()), typename T::SmemLayoutDS{});
+  Tensor sDSt = make_tensor(make_smem_ptr(ss.ds.data()), typename T::SmemLayoutDSt{});
+
+  typename T::MmaSdP mma_s;
+  typename T::MmaDP mma_dp;
+  typename T::MmaDV mma_dv;
+  typename T::MmaDK mma_dk;
+  typename T::MmaDQ mma_dq;
+  auto thr_s = mma_s.get_thread_slice(tid);
+  auto thr_dp = mma_dp.get_thread_slice(tid);
+  auto thr_dv = mma_dv.get_thread_slice(tid);
+  auto thr_dk = mma_dk.get_thread_slice(tid);
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+  Tensor tSrK = thr_s.partition_fragment_A(sK(_, _, 0));
+  Tensor tSrQ = thr_s.partition_fragment_B(sQ);
+  Tensor tPrV = thr_dp.partition_fragment_A(sV(_, _, 0));
+  Tensor tPrDO = thr_dp.partition_fragment_B(sDO);
+  Tensor tVrDOt = thr_dv.partition_fragment_B(sDOt);
+  Tensor tKrQt = thr_dk.partition_fragment_B(sQt);
+  Tensor tQrDS = thr_dq.partition_fragment_A(sDS);
+  Tensor tQrKt = thr_dq.partition_fragment_B(sKt(_, _, 0));
+  // dSᵀ to smem with stmatrix.trans: 16 bytes per instruction, the 8×8 transposes done by the
+  // hardware; the position-independent swizzle keeps the addresses 32-bit shared-window offsets
+  // (an elementwise copy became 32 generic 2-byte stores with 64-bit swizzle arithmetic each).
+  auto copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_s);
+  auto thr_copy_ds = copy_ds.get_thread_slice(tid);
+  Tensor tDSsDSt = thr_copy_ds.partition_D(as_position_independent_swizzle_tensor(sDSt));
+
+  Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kN>, Int<kM>>{});
+  Tensor acc_dp = partition_fragment_C(mma_dp, Shape<Int<kN>, Int<kM>>{});
+  Tensor acc_dv = partition_fragment_C(mma_dv, Shape<Int<kN>, Int<T::kHeadDimV>>{});
+  Tensor acc_dk = partition_fragment_C(mma_dk, Shape<Int<kN>, Int<T::kHeadDim>>{});
+  Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kM>, Int<T::kHeadDim>>{});
+  Tensor reg_p = make_tensor<Element>(partition_shape_A(mma_dv, Shape<Int<kN>, Int<kM>>{}));
+  Tensor reg_ds = make_tensor<Element>(partition_shape_A(mma_dk, Shape<Int<kN>, Int<kM>>{}));
+  // The same registers in the accumulator's layout, for the copy to smem: the A-operand and
+  // accumulator fragments order a thread's elements identically (as P in the forward).
+  Tensor reg_ds_c = thr_copy_ds.retile_S(make_tensor(reg_ds.data(), acc_s.layout()));
+  const auto c_s = fragment_coords(mma_s, tid, Shape<Int<kN>, Int<kM>>{});
+  clear(acc_dv);
+  clear(acc_dk);
+
+  auto issue = [](auto& mma, const auto& a, const auto& b, auto& c, bool zero) {
+    warpgroup_fence_operand(c);
+    warpgroup_arrive();
+    mma.accumulate_ = zero ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < size<2>(a); ++k) {
+      gemm(mma, a(_, _, k), b(_, _, k), c);
+      mma.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+  };
+
+  constexpr int kBarrierThreads = T::kConsumerThreads + kReducerThreads;
+  auto q_state = typename T::Pipeline::PipelineState{};
+  auto do_state = q_state;
+  int m_begin, m_end;
+  q_blocks_seeing<T>(mask, n, m_begin, m_end);
+  const int blocks = kp.group * (m_end - m_begin);
+  ss.kv_full.wait(0);
+  // Note [bwd issue order]: Sᵀ and dPᵀ go to the tensor cores together; P is computed in place
+  // (in acc_s) once Sᵀ is done while dPᵀ still runs. After dPᵀ, one pass turns P and dPᵀ into the
+  // 16-bit Pᵀ and dSᵀ operands (the fp32 registers die as the 16-bit ones are made, which keeps
+  // the peak at dK + dV + Sᵀ + dPᵀ), then dV, dK and, once both warpgroups' dS is in smem, dQ go
+  // out together; one wait covers the three. The other warpgroup's GEMMs fill the tensor cores
+  // while this one computes. With softcap, P and the tanh derivative are both computed in the
+  // second pass (keeping P and P·(1 − x²) across the wait would need 16 more registers, and
+  // ptxas then serializes the wgmmas: checked by tests/test_sass_sm90.py).
+  for (int i = 0; i < blocks; ++i) {
+    const int m = m_begin + i % (m_end - m_begin);
+    pipe_q.consumer_wait(q_state);
+    pipe_do.consumer_wait(do_state);
+    const int sq = q_state.index(), sdo = do_state.index(), sds = i % T::kDsStages;
+    issue(mma_s, tSrK, tSrQ(_, _, _, sq), acc_s, true);
+    issue(mma_dp, tPrV, tPrDO(_, _, _, sdo), acc_dp, true);
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(acc_s);
+    // P and dS, with the mask and softcap decided once per block (compile-time variants: with
+    // run-time tests inside the unrolled loops the compiler kept branches per element, ~40
+    // instructions per element instead of ~6).
+    auto p_and_ds = [&](auto masked_c, auto softcap_c) {
+      constexpr bool kMasked = decltype(masked_c)::value, kSoftcap = decltype(softcap_c)::value;
+      // P of element e from its (softcapped) score x; lse₂ is +inf for rows that saw no key,
+      // so P = 2^-inf = 0 there (Note [empty rows]).
+      auto prob = [&](int e, float x) {
+        const int qi = get<1>(c_s(e));
+        const float pv = exp2_hw(fmaf(x, kp.score.scale_log2, -ss.lse2[sq][qi]));
+        if constexpr (kMasked) {
+          return mask.col_bounds(n * kN + get<0>(c_s(e))).contains(m * kM + qi) ? pv : 0.0f;
+        } else {
+          return pv;
+        }
+      };
+      if constexpr (!kSoftcap) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int e = 0; e < size(acc_s); ++e) acc_s(e) = prob(e, acc_s(e));
+      }
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_dp);
+      CUTLASS_PRAGMA_UNROLL
+      for (int e = 0; e < size(acc_s); ++e) {
+        float pv = acc_s(e), dpv = pv;  // dS = dpv · (dP − D): P, or P·(1 − x²) with softcap
+        if constexpr (kSoftcap) {
+          const float x = tanhf(acc_s(e) * kp.score.pre);
+          pv = prob(e, x);
+          dpv = pv * (1.0f - x * x);
+        }
+        reg_p(e) = Element(pv);
+        reg_ds(e) = Element(dpv * (acc_dp(e) - ss.dpsum[sdo][get<1>(c_s(e))]));
+      }
+    };
+    using True = cute::true_type;
+    using False = cute::false_type;
+    if (block_range<kM, kN>(mask, m).needs_mask(n)) {
+      kp.score.softcap ? p_and_ds(True{}, True{}) : p_and_ds(True{}, False{});
+    } else {
+      kp.score.softcap ? p_and_ds(False{}, True{}) : p_and_ds(False{}, False{});
+    }
+    fence_packed(reg_p);
+    fence_packed(reg_ds);
+    issue(mma_dv, reg_p, tVrDOt(_, _, _, sdo), acc_dv, false);
+    issue(mma_dk, reg_ds, tKrQt(_, _, _, sq), acc_dk, false);
+    // dSᵀ to shared memory for dQ = dS·K (both warpgroups' kv rows form the K dimension).
+    copy(copy_ds, reg_ds_c, tDSsDSt(_, _, _, sds));
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kDsWritten);
+    issue(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_dv);
+    warpgroup_fence_operand(acc_dk);
+    warpgroup_fence_operand(acc_dq);
+    pipe_q.consumer_release(q_state);
+    pipe_do.consumer_release(do_state);
+    ++q_state;
+    ++do_state;
+    if (i > 0) cutlass::arch::NamedBarrier::sync(kBarrierThreads, kDqEmpty);
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < size(acc_dq) / 4; ++j) {
+      ss.dq[j * T::kConsumerThreads + tid] =
+          make_float4(acc_dq(4 * j), acc_dq(4 * j + 1), acc_dq(4 * j + 2), acc_dq(4 * j + 3));
+    }
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::arrive(kBarrierThreads, kDqFull);
+  }
+  store_dk_dv(kp, seq, n, head_kv, b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
+}
+
+}  // namespace fa4::sm90

@@ -1,0 +1,194 @@
+// SM90 backward consumer for d or d_v > 128 (BwdTraitsSplit): 64 kv rows per CTA; warpgroup w
+// computes the query columns [32w, 32w + 32) of Sᵀ and dPᵀ, then, from Pᵀ and dSᵀ in shared
+// memory, its half of the head dim of dV, dK and dQ (bwd_sm90_kernel.cuh has the algorithm and
+// the Notes; BwdTraitsSplit the budget).
+//
+// Per Q block (Note [split issue order]):
+//   Sᵀ_w = K·Q_wᵀ, dPᵀ_w = V·dO_wᵀ        SS, N = 32
+//   P_w, dS_w elementwise                  as the d <= 128 consumer (compile-time variants)
+//   Pᵀ_w, dSᵀ_w -> smem (stmatrix.trans); kDsWritten (both warpgroups)
+//   dV_w += Pᵀ·dO_w, dK_w += dSᵀ·Q_w, dQ_w = dS·K_w    SS, N = d/2 (each warpgroup its half)
+//   dQ_w -> workspace with float2 atomics, in fragment order (Note [dQ reduce]); deterministic
+//   mode orders them with the turn counters (Note [deterministic dQ]), waited here by the
+//   consumers since there is no reducer warp.
+#pragma once
+
+#include "bwd_sm90_common.cuh"
+
+namespace fa4::sm90 {
+
+// Deterministic mode for the atomics path: consumer thread 0 waits for the block's turn, all
+// consumer threads add, and thread 0 passes the turn once every add is fenced.
+__device__ __forceinline__ void dq_turn_wait_all(const int* sem, int turn, int tid, int threads) {
+  if (tid == 0) dq_turn_wait(sem, turn);
+  cutlass::arch::NamedBarrier::sync(threads, kDqFull);
+}
+
+__device__ __forceinline__ void dq_turn_pass_all(int* sem, int tid, int threads) {
+  __threadfence();
+  cutlass::arch::NamedBarrier::sync(threads, kDqEmpty);
+  if (tid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(sem) : "memory");
+}
+
+template <class T>
+__device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
+                                                   typename T::SharedStorage& ss,
+                                                   typename T::Pipeline& pipe_q,
+                                                   typename T::Pipeline& pipe_do,
+                                                   const SeqInfo& seq, const Mask& mask, int n,
+                                                   int head_kv, int b, int tid) {
+  using Element = typename T::Element;
+  constexpr int kM = T::kBlockM, kN = T::kBlockN;
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQt{});
+  Tensor sDO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutDO{});
+  Tensor sDOt = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutDOt{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutKt{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
+  Tensor sPt = make_tensor(make_smem_ptr(ss.p.data()), typename T::SmemLayoutPdSt{});
+  Tensor sDS = make_tensor(make_smem_ptr(ss.ds.data()), typename T::SmemLayoutPdS{});
+  Tensor sDSt = make_tensor(make_smem_ptr(ss.ds.data()), typename T::SmemLayoutPdSt{});
+
+  typename T::MmaS mma_s;
+  typename T::MmaDP mma_dp;
+  typename T::MmaDV mma_dv;
+  typename T::MmaDK mma_dk;
+  typename T::MmaDQ mma_dq;
+  auto thr_s = mma_s.get_thread_slice(tid);
+  auto thr_dp = mma_dp.get_thread_slice(tid);
+  auto thr_dv = mma_dv.get_thread_slice(tid);
+  auto thr_dk = mma_dk.get_thread_slice(tid);
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+  Tensor tSrK = thr_s.partition_fragment_A(sK(_, _, 0));
+  Tensor tSrQ = thr_s.partition_fragment_B(sQ);
+  Tensor tPrV = thr_dp.partition_fragment_A(sV(_, _, 0));
+  Tensor tPrDO = thr_dp.partition_fragment_B(sDO);
+  Tensor tVrPt = thr_dv.partition_fragment_A(sPt);
+  Tensor tVrDOt = thr_dv.partition_fragment_B(sDOt);
+  Tensor tKrDSt = thr_dk.partition_fragment_A(sDSt);
+  Tensor tKrQt = thr_dk.partition_fragment_B(sQt);
+  Tensor tQrDS = thr_dq.partition_fragment_A(sDS);
+  Tensor tQrKt = thr_dq.partition_fragment_B(sKt(_, _, 0));
+  // Pᵀ and dSᵀ to smem with stmatrix.trans (as dSᵀ in the d <= 128 consumer).
+  auto copy_pds = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_s);
+  auto thr_copy_pds = copy_pds.get_thread_slice(tid);
+  Tensor tPsPt = thr_copy_pds.partition_D(as_position_independent_swizzle_tensor(sPt));
+  Tensor tDSsDSt = thr_copy_pds.partition_D(as_position_independent_swizzle_tensor(sDSt));
+
+  Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kN>, Int<kM>>{});
+  Tensor acc_dp = partition_fragment_C(mma_dp, Shape<Int<kN>, Int<kM>>{});
+  Tensor acc_dv = partition_fragment_C(mma_dv, Shape<Int<kN>, Int<T::kHeadDimV>>{});
+  Tensor acc_dk = partition_fragment_C(mma_dk, Shape<Int<kN>, Int<T::kHeadDim>>{});
+  Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kM>, Int<T::kHeadDim>>{});
+  Tensor reg_p = make_tensor<Element>(acc_s.layout());
+  Tensor reg_ds = make_tensor<Element>(acc_s.layout());
+  Tensor reg_p_c = thr_copy_pds.retile_S(reg_p);
+  Tensor reg_ds_c = thr_copy_pds.retile_S(reg_ds);
+  const auto c_s = fragment_coords(mma_s, tid, Shape<Int<kN>, Int<kM>>{});
+  clear(acc_dv);
+  clear(acc_dk);
+
+  auto issue = [](auto& mma, const auto& a, const auto& b, auto& c, bool zero) {
+    warpgroup_fence_operand(c);
+    warpgroup_arrive();
+    mma.accumulate_ = zero ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < size<2>(a); ++k) {
+      gemm(mma, a(_, _, k), b(_, _, k), c);
+      mma.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+  };
+
+  const FwdParams& f = kp.p.fwd;
+  const int64_t row0_ws = kp.ws.row_offset(b, seq.offset_q, 0);
+  auto q_state = typename T::Pipeline::PipelineState{};
+  auto do_state = q_state;
+  int m_begin, m_end;
+  q_blocks_seeing<T>(mask, n, m_begin, m_end);
+  const int blocks = kp.group * (m_end - m_begin);
+  ss.kv_full.wait(0);
+  // Note [split issue order]: as the d <= 128 consumer up to dS (P computed while dPᵀ runs);
+  // then both warpgroups' Pᵀ and dSᵀ must be in smem before any of the three GEMMs that read
+  // them, which go out together under one wait.
+  for (int i = 0; i < blocks; ++i) {
+    const int head = head_kv * kp.group + i / (m_end - m_begin);
+    const int m = m_begin + i % (m_end - m_begin);
+    pipe_q.consumer_wait(q_state);
+    pipe_do.consumer_wait(do_state);
+    const int sq = q_state.index(), sdo = do_state.index(), sds = i % T::kDsStages;
+    issue(mma_s, tSrK, tSrQ(_, _, _, sq), acc_s, true);
+    issue(mma_dp, tPrV, tPrDO(_, _, _, sdo), acc_dp, true);
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(acc_s);
+    auto p_and_ds = [&](auto masked_c, auto softcap_c) {
+      constexpr bool kMasked = decltype(masked_c)::value, kSoftcap = decltype(softcap_c)::value;
+      auto prob = [&](int e, float x) {
+        const int qi = get<1>(c_s(e));
+        const float pv = exp2_hw(fmaf(x, kp.score.scale_log2, -ss.lse2[sq][qi]));
+        if constexpr (kMasked) {
+          return mask.col_bounds(n * kN + get<0>(c_s(e))).contains(m * kM + qi) ? pv : 0.0f;
+        } else {
+          return pv;
+        }
+      };
+      if constexpr (!kSoftcap) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int e = 0; e < size(acc_s); ++e) acc_s(e) = prob(e, acc_s(e));
+      }
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_dp);
+      CUTLASS_PRAGMA_UNROLL
+      for (int e = 0; e < size(acc_s); ++e) {
+        float pv = acc_s(e), dpv = pv;
+        if constexpr (kSoftcap) {
+          const float x = tanhf(acc_s(e) * kp.score.pre);
+          pv = prob(e, x);
+          dpv = pv * (1.0f - x * x);
+        }
+        reg_p(e) = Element(pv);
+        reg_ds(e) = Element(dpv * (acc_dp(e) - ss.dpsum[sdo][get<1>(c_s(e))]));
+      }
+    };
+    using True = cute::true_type;
+    using False = cute::false_type;
+    if (block_range<kM, kN>(mask, m).needs_mask(n)) {
+      kp.score.softcap ? p_and_ds(True{}, True{}) : p_and_ds(True{}, False{});
+    } else {
+      kp.score.softcap ? p_and_ds(False{}, True{}) : p_and_ds(False{}, False{});
+    }
+    copy(copy_pds, reg_p_c, tPsPt(_, _, _, sds));
+    copy(copy_pds, reg_ds_c, tDSsDSt(_, _, _, sds));
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kDsWritten);
+    issue(mma_dv, tVrPt(_, _, _, sds), tVrDOt(_, _, _, sdo), acc_dv, false);
+    issue(mma_dk, tKrDSt(_, _, _, sds), tKrQt(_, _, _, sq), acc_dk, false);
+    issue(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_dv);
+    warpgroup_fence_operand(acc_dk);
+    warpgroup_fence_operand(acc_dq);
+    pipe_q.consumer_release(q_state);
+    pipe_do.consumer_release(do_state);
+    ++q_state;
+    ++do_state;
+    const int64_t row = row0_ws + int64_t(m) * kM;
+    int* sem = f.deterministic ? kp.ws.sem(head, row) : nullptr;
+    if (sem != nullptr) {
+      dq_turn_wait_all(sem, n - block_range<kM, kN>(mask, m).n_begin, tid, T::kConsumerThreads);
+    }
+    float* dq = kp.ws.dq(head) + row * T::kHeadDim + 4 * tid;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < size(acc_dq) / 4; ++j) {
+      float* at = dq + 4 * j * T::kConsumerThreads;
+      atomicAdd(reinterpret_cast<float2*>(at), make_float2(acc_dq(4 * j), acc_dq(4 * j + 1)));
+      atomicAdd(reinterpret_cast<float2*>(at + 2),
+                make_float2(acc_dq(4 * j + 2), acc_dq(4 * j + 3)));
+    }
+    if (sem != nullptr) dq_turn_pass_all(sem, tid, T::kConsumerThreads);
+  }
+  store_dk_dv(kp, seq, n, head_kv, b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
+}
+
+}  // namespace fa4::sm90

@@ -1,0 +1,7 @@
+// SM90 backward for head dims (192, 192), bf16 and fp16 (see bwd_sm90_kernel.cuh).
+#include "bwd_sm90_kernel.cuh"
+
+namespace fa4::sm90 {
+template Status launch_bwd_dtype<192, 192>(const BwdParams&, const DeviceInfo&, void*,
+                                           cudaStream_t);
+}  // namespace fa4::sm90
