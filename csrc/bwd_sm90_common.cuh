@@ -111,7 +111,7 @@ auto smem_atom_halves() {
 // per CTA; the two warpgroups split the query columns of Sᵀ/dPᵀ (32 each) and the head dim of dK,
 // dV and dQ, so each keeps dK, dV, dQ for half the head dim (64 + 64 + 64 registers at d = 256).
 // Pᵀ and dSᵀ go through shared memory (both warpgroups read all of them); dQ is added from
-// registers with float2 atomics in fragment order (no smem left for a dQ buffer at d = 256:
+// registers with 16-byte reduce-adds in fragment order (no smem left for a dQ buffer at d = 256:
 // K, V 32 KB each, Q and dO 2 × 32 KB each, P and dS 2 × 8 KB each = 224 KB).
 template <int kHeadDim_, int kHeadDimV_, class Element_>
 struct BwdTraitsSplit {
@@ -346,7 +346,8 @@ __device__ __forceinline__ void store_rows(typename T::Element* base, int64_t ro
 // Note [dQ reduce]: each 64-row Q block's dQ (kBlockM × d fp32, summed over the tile's kv rows
 // by the dQ GEMM) is added to the workspace accumulator by one bulk reduce-add
 // (cp.reduce.async.bulk .add.f32) of the whole block: 1 operation per 64 × d block, where a
-// per-element scheme issues 64·d atomics (8192 at d = 128) and float2 atomics half that. The
+// per-element scheme issues 64·d atomics (8192 at d = 128) and float2 atomics half that (the split
+// variant, d > 128, adds from registers with 16-byte reduce-adds: a quarter). The
 // block is stored in fragment order, both in shared memory and in the workspace: float4 j of
 // consumer thread t at (j·256 + t)·4, so that the consumers' stores are conflict-free 16-byte
 // stores at fixed offsets (a row-major buffer would cost 8-way bank conflicts, a swizzled one

@@ -8,7 +8,7 @@
 //   P_w, dS_w elementwise                  as the d <= 128 consumer (compile-time variants)
 //   Pᵀ_w, dSᵀ_w -> smem (stmatrix.trans); kDsWritten (both warpgroups)
 //   dV_w += Pᵀ·dO_w, dK_w += dSᵀ·Q_w, dQ_w = dS·K_w    SS, N = d/2 (each warpgroup its half)
-//   dQ_w -> workspace with float2 atomics, in fragment order (Note [dQ reduce]); deterministic
+//   dQ_w -> workspace with 16-byte reduce-adds, in fragment order (Note [dQ reduce]); deterministic
 //   mode orders them with the turn counters (Note [deterministic dQ]), waited here by the
 //   consumers since there is no reducer warp.
 #pragma once
@@ -16,6 +16,14 @@
 #include "bwd_sm90_common.cuh"
 
 namespace fa4::sm90 {
+
+// One 16-byte fp32 reduce-add (no return value: atomicAdd(float2*) compiled to ATOMG, which
+// returns the old values): a quarter of the operations of a per-element scheme.
+__device__ __forceinline__ void red_add_f32x4(float* at, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(at), "f"(a), "f"(b), "f"(c),
+               "f"(d)
+               : "memory");
+}
 
 // Deterministic mode for the atomics path: consumer thread 0 waits for the block's turn, all
 // consumer threads add, and thread 0 passes the turn once every add is fenced.
@@ -181,10 +189,8 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
     float* dq = kp.ws.dq(head) + row * T::kHeadDim + 4 * tid;
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < size(acc_dq) / 4; ++j) {
-      float* at = dq + 4 * j * T::kConsumerThreads;
-      atomicAdd(reinterpret_cast<float2*>(at), make_float2(acc_dq(4 * j), acc_dq(4 * j + 1)));
-      atomicAdd(reinterpret_cast<float2*>(at + 2),
-                make_float2(acc_dq(4 * j + 2), acc_dq(4 * j + 3)));
+      red_add_f32x4(dq + 4 * j * T::kConsumerThreads, acc_dq(4 * j), acc_dq(4 * j + 1),
+                    acc_dq(4 * j + 2), acc_dq(4 * j + 3));
     }
     if (sem != nullptr) dq_turn_pass_all(sem, tid, T::kConsumerThreads);
   }

@@ -138,7 +138,7 @@ def test_bwd_spills_bounded(compiled_bwd):
         (r"HGMMA\.64x32x16\S*\s+R\d+, gdesc", "Sᵀ, dPᵀ: each warpgroup 32 query columns"),
         (r"HGMMA\.\S+\s+R\d+, gdesc\[UR\d+\]\.tnspA", "dV, dK read Pᵀ, dSᵀ from smem"),
         (r"STSM\.16\.MT88", "Pᵀ, dSᵀ stored with stmatrix"),
-        (r"(ATOM|RED)G\.E\.ADD\.F32x2", "dQ added two elements per atomic"),
+        (r"REDG\.E\.ADD\.F32x4", "dQ added four elements per reduce, no return value"),
     ],
 )
 def test_bwd_split_sass_has(compiled_bwd_split, op, why):
