@@ -378,27 +378,6 @@ __device__ __forceinline__ void dq_turn_pass(int* sem) {
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(sem) : "memory");
 }
 
-// One 16-byte fp32 reduce-add (no return value: atomicAdd(float2*) compiled to ATOMG, which
-// returns the old values): a quarter of the operations of a per-element scheme.
-__device__ __forceinline__ void red_add_f32x4(float* at, float a, float b, float c, float d) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(at), "f"(a), "f"(b), "f"(c),
-               "f"(d)
-               : "memory");
-}
-
-// Deterministic mode for the atomics path: consumer thread 0 waits for the block's turn, all
-// consumer threads add, and thread 0 passes the turn once every add is fenced.
-__device__ __forceinline__ void dq_turn_wait_all(const int* sem, int turn, int tid, int threads) {
-  if (tid == 0) dq_turn_wait(sem, turn);
-  cutlass::arch::NamedBarrier::sync(threads, kDqFull);
-}
-
-__device__ __forceinline__ void dq_turn_pass_all(int* sem, int tid, int threads) {
-  __threadfence();
-  cutlass::arch::NamedBarrier::sync(threads, kDqEmpty);
-  if (tid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(sem) : "memory");
-}
-
 // The reducer warp: one bulk reduce-add per Q block, in the consumers' order.
 template <class T>
 __device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,

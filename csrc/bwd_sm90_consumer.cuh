@@ -76,7 +76,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     warpgroup_commit_batch();
   };
 
-  const int64_t row0_ws = kp.ws.row_offset(b, seq.offset_q, 0);
+  constexpr int kBarrierThreads = T::kConsumerThreads + kReducerThreads;
   auto q_state = typename T::Pipeline::PipelineState{};
   auto do_state = q_state;
   int m_begin, m_end;
@@ -158,19 +158,14 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     pipe_do.consumer_release(do_state);
     ++q_state;
     ++do_state;
-    const int head = head_kv * kp.group + i / (m_end - m_begin);
-    const int64_t row = row0_ws + int64_t(m) * kM;
-    int* sem = kp.p.fwd.deterministic ? kp.ws.sem(head, row) : nullptr;
-    if (sem != nullptr) {
-      dq_turn_wait_all(sem, n - block_range<kM, kN>(mask, m).n_begin, tid, T::kConsumerThreads);
-    }
-    float* dq = kp.ws.dq(head) + row * T::kHeadDim + 4 * tid;
+    if (i > 0) cutlass::arch::NamedBarrier::sync(kBarrierThreads, kDqEmpty);
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < size(acc_dq) / 4; ++j) {
-      red_add_f32x4(dq + 4 * j * T::kConsumerThreads, acc_dq(4 * j), acc_dq(4 * j + 1),
-                    acc_dq(4 * j + 2), acc_dq(4 * j + 3));
+      ss.dq[j * T::kConsumerThreads + tid] =
+          make_float4(acc_dq(4 * j), acc_dq(4 * j + 1), acc_dq(4 * j + 2), acc_dq(4 * j + 3));
     }
-    if (sem != nullptr) dq_turn_pass_all(sem, tid, T::kConsumerThreads);
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::arrive(kBarrierThreads, kDqFull);
   }
   store_dk_dv(kp, seq, n, head_kv, b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
 }

@@ -70,8 +70,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (n * T::kBlockN >= seq.seqlen_k) return;
   if (role == WarpGroupRole::kProducer) {
     cutlass::arch::warpgroup_reg_dealloc<kBwdProducerRegs>();
+    const int warp = threadIdx.x / 32;
     if (threadIdx.x == 0) bwd_producer(kp, ss, pipe_q, pipe_do, seq, mask, n, head_kv, b);
-
+    if constexpr (!T::kSplitD) {
+      if (warp == 1) bwd_dq_reducer(kp, ss, seq, mask, n, head_kv, b);
+    }
   } else {
     cutlass::arch::warpgroup_reg_alloc<kBwdConsumerRegs>();
     if constexpr (T::kSplitD) {
