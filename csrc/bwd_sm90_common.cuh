@@ -347,13 +347,15 @@ __device__ __forceinline__ void store_rows(typename T::Element* base, int64_t ro
 // by the dQ GEMM) is added to the workspace accumulator by one bulk reduce-add
 // (cp.reduce.async.bulk .add.f32) of the whole block: 1 operation per 64 × d block, where a
 // per-element scheme issues 64·d atomics (8192 at d = 128) and float2 atomics half that (the split
-// variant, d > 128, adds from registers with 16-byte reduce-adds: a quarter). The
-// block is stored in fragment order, both in shared memory and in the workspace: float4 j of
-// consumer thread t at (j·256 + t)·4, so that the consumers' stores are conflict-free 16-byte
-// stores at fixed offsets (a row-major buffer would cost 8-way bank conflicts, a swizzled one
-// per-element address registers), and the reduce is one contiguous copy. The postprocess
-// kernel, which knows the fragment's coordinates (dq_coords), turns it back into rows. Rows
-// past the sequence land in the workspace's per-sequence padding and are never read back.
+// variant, d > 128, adds from registers with 16-byte reduce-adds: a quarter; measured for
+// d <= 128 too, it was not faster: docs/perf-notes.md). The block is stored in fragment order, both
+// in shared memory and in the workspace: float4 j of consumer thread t at (j·256 + t)·4, so that
+// the consumers' stores are conflict-free 16-byte stores at fixed offsets (a row-major buffer would
+// cost 8-way bank conflicts, a swizzled one per-element address registers), and the reduce is one
+// contiguous copy. The postprocess kernel, which knows the fragment's coordinates (fragment_coords
+// of MmaDQ), turns it back into rows; the split variant adds its own fragment's float4s at the same
+// offsets. Rows past the sequence land in the workspace's per-sequence padding and are never read
+// back.
 //
 // Note [deterministic dQ]: with FwdParams::deterministic, the kv tiles that see a 64-row query
 // block add their dQ to it in increasing tile order. The reducer of tile n waits, before its

@@ -1,4 +1,6 @@
-// SM90 (Hopper) backward main kernel: dK, dV per KV tile, dQ by fp32 TMA reduce-add.
+// SM90 (Hopper) backward: the main kernel (dK, dV per KV tile, dQ by fp32 reduce-adds into the
+// workspace), its postprocess and the launch of all three. This header describes the d <= 128
+// variant (bwd_sm90_consumer.cuh); bwd_sm90_consumer_split.cuh describes how d > 128 differs.
 //
 // One CTA per (kv tile of kBlockN rows, kv head, batch). K and V stay in shared memory; the CTA
 // loops over every query head of the GQA group and every Q block of kBlockM rows that sees the
@@ -11,9 +13,9 @@
 //   dK += dSᵀ·Q                (RS: dSᵀ from registers)
 //   dQ  = dS·K                 (SS: dS through shared memory, each warpgroup half of d)
 // The consumers put dQ (fp32) in shared memory and a reducer warp of the producer warpgroup adds
-// it to the workspace's accumulator with TMA reduce-add (Note [dQ reduce]).
+// it to the workspace's accumulator with one bulk reduce-add (Note [dQ reduce]).
 // Overlap inside a warpgroup (Note [bwd issue order]): P is computed while dPᵀ is on the tensor
-// cores, dS while dV is; the two warpgroups interleave naturally.
+// cores; the two warpgroups interleave naturally.
 // lse₂ = lse·log2(e) (+inf for rows that saw no key, so P = 0) and D = rowsum(dO∘O) − dlse come
 // from the preprocess kernel (bwd_prepost.cuh) and travel with Q and dO through the pipelines.
 //
@@ -26,11 +28,12 @@
 //               m+1's kDsWritten, which the other warpgroup reaches only after its dQ GEMM of
 //               block m completed, so no buffer is overwritten while read)
 //   kDqFull     consumers -> reducer (named), dQ of this block in smem
-//   kDqEmpty    reducer -> consumers (named), the TMA has read dQ's smem
+//   kDqEmpty    reducer -> consumers (named), the bulk copy has read dQ's smem
+// (The split variant reuses kDqFull / kDqEmpty as consumer-only barriers of deterministic mode.)
 //
-// Head dims: d <= 128 (kBlockN 128, kBlockM 64). Registers per consumer thread at d = 128: dK
-// 64 + dV 64 + Sᵀ/P 32 + dPᵀ 32 + Pᵀ/dSᵀ as 16-bit 16 + dQ 32 (not all live at once) of 232;
-// larger d needs dK/dV split across warpgroups and is not in this kernel.
+// Head dims: d <= 128 here (kBlockN 128, kBlockM 64). Registers per consumer thread at d = 128:
+// dK 64 + dV 64 + Sᵀ/P 32 + dPᵀ 32 + Pᵀ/dSᵀ as 16-bit 16 + dQ 32 (not all live at once) of 232;
+// d or d_v > 128 runs the split variant (BwdTraitsSplit: dK/dV/dQ split across warpgroups).
 #pragma once
 
 #include "bwd_sm90_consumer.cuh"

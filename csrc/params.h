@@ -20,7 +20,7 @@ using BwdLaunch = Status (*)(const BwdParams&, const DeviceInfo&, void* workspac
 Status run_fwd_sm90(const FwdParams&, const DeviceInfo&, cudaStream_t);
 // Defined by fwd_sm100.cu (compiled, not executed; not yet in the build nor dispatched: issue 5).
 Status run_fwd_sm100(const FwdParams&, const DeviceInfo&, cudaStream_t);
-// Defined by bwd_sm90.cu (not yet in the build: compiled, not executed; issue 4).
+// Defined by bwd_sm90.cu, compiled (with FA4_HAS_SM90_BWD) when 90a is in FA4_CUDA_ARCHS.
 Status run_bwd_sm90(const BwdParams&, const DeviceInfo&, void* workspace, cudaStream_t);
 
 // Sets last_error() for a kernel file's kUnsupported / kCudaError answers (dispatch.cu).
