@@ -1,0 +1,194 @@
+"""Backward half of the cycle model: one iteration = one KV tile of a CTA against one 64-row Q
+block (the loop body of the SM90 backward as built, bwd_sm90_kernel.cuh), its units, the
+schedule of those iterations, and the same for the SM100 FA4 backward design (issue 6) on B200.
+
+SM90, as built (the two consumer warpgroups meet at a named barrier every block, so their
+elementwise phases coincide and the tensor cores idle during what is not overlapped):
+    period = S + dP + exposed(dS) + dV + dK + dQ + sync
+with P (all the exponentials) hidden under the dP GEMM when it is shorter, and each GEMM at the
+larger of its MMA and shared-memory times. SM100 FA4 design: TMEM holds S, P, dP, dS, the MMA
+warp keeps the tensor core busy while compute warps turn dP into dS (the five-stage overlap), so
+the slowest unit sets the period.
+
+docs/perfmodel.md ("Backward") has the counts, the validation against the H200 backward sweep and
+the B200 predictions. Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .model import B200, H200, TOKENS, HIDDEN, Arch, fwd_flops
+
+BLOCK_M = 64  # query rows per iteration, both variants
+# Thread-instructions per score element of the unmasked, softcap-free P and dS code, counted in
+# the SASS of bwd_sm90_hd128.cu (bf16): the P loop ~3 (FFMA, MUFU.EX2, half an LDS of lse, a
+# select), the dS loop ~3.5 (FADD, FMUL, two half F2FP, half an LDS of D, the stmatrix share).
+P_ISSUE, DS_ISSUE = 3.0, 3.5
+# Per iteration: STSM + fence + named barrier + wgmma waits + pipeline handshakes, an estimate
+# from the ncu source counters of commit 02802a5 (barrier and wait stalls ~10 % of the loop).
+SYNC_CLK = 400.0
+# Per CTA outside the loop: K, V load, dK, dV stores, launch of the CTA (estimate).
+TILE_US = 2.0
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    arch: Arch
+    hdim: int
+    causal: bool = False
+    seqlen: int = 16384
+    hdim_v: int | None = None
+    batch: int | None = None
+    heads: int | None = None
+    style: str = "sm90"  # sm90 (as built) | fa4 (SM100 design) | fa3 (SM90 structure on B200)
+    two_cta: bool = False  # SM100: each CTA stages half of the B operands (cta_group::2)
+
+    @property
+    def dv(self) -> int:
+        return self.hdim_v or self.hdim
+
+    @property
+    def split(self) -> bool:
+        """The SM90 split-d variant (d or d_v > 128) and its 64-row KV tiles."""
+        return self.style != "fa4" and max(self.hdim, self.dv) > 128
+
+    @property
+    def n(self) -> int:
+        if self.style == "fa4":
+            return 128
+        return 64 if self.split else 128
+
+    @property
+    def b(self) -> int:
+        return self.batch or max(1, TOKENS // self.seqlen)
+
+    @property
+    def h(self) -> int:
+        return self.heads or max(1, HIDDEN // self.hdim)
+
+
+def bwd_flops(b: int, h: int, s: int, d: int, causal: bool) -> float:
+    """The benchmark's count: 2.5 times the forward's."""
+    return 2.5 * fwd_flops(b, h, s, d, causal)
+
+
+def gemm_flops(cfg: BwdConfig) -> dict[str, float]:
+    """The five GEMMs of one iteration (N kv rows x 64 query rows)."""
+    n, m, d, dv = cfg.n, BLOCK_M, cfg.hdim, cfg.dv
+    return {"s": 2 * n * m * d, "dp": 2 * n * m * dv, "dv": 2 * n * m * dv,
+            "dk": 2 * n * m * d, "dq": 2 * n * m * d}  # fmt: skip
+
+
+def gemm_smem_bytes(cfg: BwdConfig) -> dict[str, float]:
+    """Shared-memory operand bytes each GEMM reads in one iteration (both warpgroups).
+
+    SM90 d <= 128 (two warpgroups of 64 kv rows): Sᵀ, dPᵀ read K/V rows and all Q/dO rows per
+    warpgroup; dV, dK take Pᵀ, dSᵀ from registers (B only); dQ reads dS and half of K each.
+    Split (64 kv rows, warpgroups split N): Sᵀ, dPᵀ read all of K/V and half of Q/dO each; dV, dK,
+    dQ read Pᵀ/dSᵀ/dS (64 x 64) and half of their B each. SM100 (one 128-row MMA): each operand
+    once, Pᵀ and dSᵀ from TMEM, B halved by 2-CTA.
+    """
+    n, m, d, dv, el = cfg.n, BLOCK_M, cfg.hdim, cfg.dv, 2
+    if cfg.style == "fa4":
+        half = 2 if cfg.two_cta else 1
+        return {"s": (n * d + m * d / half) * el, "dp": (n * dv + m * dv / half) * el,
+                "dv": m * dv / half * el, "dk": m * d / half * el,
+                "dq": (m * n + n * d / half) * el}  # fmt: skip
+    if cfg.split:
+        pt = n * m * el  # Pᵀ or dSᵀ, read whole by each warpgroup
+        return {"s": 2 * n * d * el + m * d * el, "dp": 2 * n * dv * el + m * dv * el,
+                "dv": 2 * pt + m * dv * el, "dk": 2 * pt + m * d * el,
+                "dq": 2 * pt + n * d * el}  # fmt: skip
+    return {"s": 2 * (n // 2 + m) * d * el, "dp": 2 * (n // 2 + m) * dv * el,
+            "dv": 2 * m * dv * el, "dk": 2 * m * d * el,
+            "dq": 2 * (m * n + n * d // 2) * el}  # fmt: skip
+
+
+def iteration_units(cfg: BwdConfig) -> dict[str, float]:
+    """Cycles per iteration of each GEMM (max of MMA and smem), and of the elementwise parts."""
+    a = cfg.arch
+    rate = a.mma_flop_clk * a.mma_eff
+    fl, sm = gemm_flops(cfg), gemm_smem_bytes(cfg)
+    units = {k: max(fl[k] / rate, sm[k] / a.smem_bytes_clk) for k in fl}
+    elems = cfg.n * BLOCK_M
+    units["mufu"] = elems / a.mufu_clk
+    units["p_issue"] = elems * P_ISSUE / a.issue_clk
+    units["ds_issue"] = elems * DS_ISSUE / a.issue_clk
+    if cfg.style == "fa4":  # S, dP loaded (fp32) and P, dS stored (16-bit) through TMEM
+        units["tmem"] = elems * (4 + 4 + 2 + 2) / a.tmem_bytes_clk
+    return units
+
+
+def period(cfg: BwdConfig) -> float:
+    u = iteration_units(cfg)
+    gemms = u["s"] + u["dp"] + u["dv"] + u["dk"] + u["dq"]
+    p_time = max(u["mufu"], u["p_issue"])
+    if cfg.style == "fa4":  # five-stage overlap: the slowest unit sets the pace
+        simt = p_time + u["ds_issue"]
+        return max(gemms, simt, u["tmem"]) + SYNC_CLK / 4
+    exposed_p = max(0.0, p_time - u["dp"])
+    return gemms + exposed_p + u["ds_issue"] + SYNC_CLK
+
+
+def cta_iterations(cfg: BwdConfig) -> list[int]:
+    """Iterations of each KV tile of one head (s_q = s_k; causal: the Q blocks at or below the
+    tile's diagonal)."""
+    m_blocks = math.ceil(cfg.seqlen / BLOCK_M)
+    tiles = math.ceil(cfg.seqlen / cfg.n)
+    if not cfg.causal:
+        return [m_blocks] * tiles
+    return [m_blocks - (t * cfg.n) // BLOCK_M for t in range(tiles)]
+
+
+def prepost_us(cfg: BwdConfig) -> float:
+    """The preprocess (read O, dO, LSE; write D, lse₂ and the zeroed fp32 dQ) and postprocess
+    (read fp32 dQ, write dQ) kernels: HBM-bound, plus their two launches."""
+    rows_h = cfg.b * cfg.seqlen * cfg.h
+    pre = rows_h * (2 * cfg.dv * 2 + 4 + cfg.hdim * 4 + 8)
+    post = rows_h * cfg.hdim * (4 + 2)
+    return (pre + post) / (cfg.arch.hbm_tbs * 1e6) + 2 * cfg.arch.launch_us
+
+
+def predict_us(cfg: BwdConfig) -> tuple[float, float]:
+    """(main kernel, whole backward) in µs: greedy list schedule of the CTAs in launch order
+    (tile fastest, then head, then batch) on the SMs, plus launch; then pre/postprocess."""
+    clk_us = 1.0 / (cfg.arch.clock_ghz * 1e3)
+    per_tile = [it * period(cfg) * clk_us + TILE_US for it in cta_iterations(cfg)]
+    free = [0.0] * cfg.arch.sms
+    for _ in range(cfg.b * cfg.h):
+        for cost in per_tile:
+            i = min(range(len(free)), key=free.__getitem__)
+            free[i] += cost
+    main = max(free) + cfg.arch.launch_us
+    return main, main + prepost_us(cfg)
+
+
+def predict_tflops(cfg: BwdConfig) -> float:
+    total = predict_us(cfg)[1]
+    return bwd_flops(cfg.b, cfg.h, cfg.seqlen, cfg.hdim, cfg.causal) / (total * 1e-6) / 1e12
+
+
+def validate(rows: list[dict]) -> list[tuple]:
+    """(hdim, causal, seqlen, measured, predicted, error) for the fa4 bwd rows of a bench CSV."""
+    out = []
+    for r in rows:
+        if r["impl"] != "fa4" or r["direction"] != "bwd" or r["status"] != "ok":
+            continue
+        d, causal, s = int(r["hdim"]), r["causal"] in ("1", "True", "true"), int(r["seqlen"])
+        meas = float(r["tflops"])
+        pred = predict_tflops(BwdConfig(H200, d, causal, s))
+        out.append((d, causal, s, meas, pred, (pred - meas) / meas))
+    return out
+
+
+def b200_table() -> list[tuple]:
+    """(hdim, causal, fa4 design, FA3-style structure) TFLOP/s on B200 at 16k."""
+    rows = []
+    for d in (64, 128, 256):
+        for causal in (False, True):
+            fa4 = predict_tflops(BwdConfig(B200, d, causal, style="fa4", two_cta=d >= 128))
+            fa3 = predict_tflops(BwdConfig(B200, d, causal, style="fa3"))
+            rows.append((d, causal, fa4, fa3))
+    return rows
