@@ -198,3 +198,56 @@ def test_sm90_kernel_default_is_the_tables():
     src = (ROOT / "csrc" / "fwd_sm90_kernel.cuh").read_text()
     (value,) = re.findall(r"static constexpr int kEmuSixteenths = (\d+);", src)
     assert {k for (arch, _), k in pm.EMU_SIXTEENTHS.items() if arch == "sm90"} == {int(value)}
+
+
+# --- backward (fa4/perfmodel/backward.py), hand-computed --------------------------------------
+
+
+def test_bwd_gemm_flops_and_units_hd128():
+    from fa4.perfmodel import backward as bw
+    from fa4.perfmodel.model import H200
+
+    cfg = bw.BwdConfig(H200, 128)
+    assert cfg.n == 128 and not cfg.split
+    assert bw.gemm_flops(cfg) == {k: 2 * 128 * 64 * 128 for k in ("s", "dp", "dv", "dk", "dq")}
+    u = bw.iteration_units(cfg)
+    rate = 4096 * 790 / 989.4  # FLOP/clk at the measured GEMM efficiency
+    assert u["s"] == pytest.approx(2 * 128 * 64 * 128 / rate)  # MMA-bound: smem 65536 B = 512 clk
+    assert u["mufu"] == 128 * 64 / 16
+    # five GEMMs + P hidden under dP (512 < 641) + dS issue (8192 * 3.5 / 128) + sync
+    assert bw.period(cfg) == pytest.approx(5 * u["s"] + 224 + bw.SYNC_CLK)
+
+
+def test_bwd_split_variant_for_large_head_dims():
+    from fa4.perfmodel import backward as bw
+    from fa4.perfmodel.model import H200
+
+    cfg = bw.BwdConfig(H200, 192, hdim_v=128)
+    assert cfg.split and cfg.n == 64 and cfg.dv == 128
+    # Sᵀ: all of K (64 x 192) per warpgroup and half of Q each: (2·64·192 + 64·192)·2 bytes
+    assert bw.gemm_smem_bytes(cfg)["s"] == (2 * 64 * 192 + 64 * 192) * 2
+
+
+def test_bwd_causal_iterations_and_flops():
+    from fa4.perfmodel import backward as bw
+    from fa4.perfmodel.model import H200
+
+    cfg = bw.BwdConfig(H200, 128, causal=True, seqlen=256, batch=1, heads=1)
+    assert bw.cta_iterations(cfg) == [4, 2]  # Q blocks at or below each 128-row tile's diagonal
+    assert bw.bwd_flops(1, 1, 256, 128, True) == 2.5 * 4 * 256 * 256 * 128 / 2
+
+
+def test_bwd_validate_reads_only_fa4_backward_rows():
+    from fa4.perfmodel import backward as bw
+
+    rows = [
+        {"impl": "fa4", "direction": "bwd", "hdim": "128", "causal": "0", "seqlen": "16384",
+         "tflops": "500", "status": "ok"},
+        {"impl": "fa4", "direction": "fwd", "hdim": "128", "causal": "0", "seqlen": "16384",
+         "tflops": "600", "status": "ok"},
+        {"impl": "sdpa-cudnn", "direction": "bwd", "hdim": "128", "causal": "0",
+         "seqlen": "16384", "tflops": "530", "status": "ok"},
+    ]  # fmt: skip
+    (got,) = bw.validate(rows)
+    assert got[:4] == (128, False, 16384, 500.0)
+    assert got[5] == pytest.approx((got[4] - 500) / 500)

@@ -12,6 +12,9 @@ the slowest unit sets the period.
 
 docs/perfmodel.md ("Backward") has the counts, the validation against the H200 backward sweep and
 the B200 predictions. Standard library only.
+
+    python -m fa4.perfmodel --bwd --hdim 128 [--causal] [--arch sm100 --two-cta]
+    python -m fa4.perfmodel --validate-bwd docs/perf_2026-11-29_fa4_bwd_sm90.csv --bwd-b200
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .model import B200, H200, TOKENS, HIDDEN, Arch, fwd_flops
+from .model import B200, H200, HIDDEN, TOKENS, Arch, fwd_flops
 
 BLOCK_M = 64  # query rows per iteration, both variants
 # Thread-instructions per score element of the unmasked, softcap-free P and dS code, counted in
@@ -192,3 +195,38 @@ def b200_table() -> list[tuple]:
             fa3 = predict_tflops(BwdConfig(B200, d, causal, style="fa3"))
             rows.append((d, causal, fa4, fa3))
     return rows
+
+
+def breakdown(cfg: BwdConfig) -> str:
+    u = iteration_units(cfg)
+    main, total = predict_us(cfg)
+    lines = [
+        f"bwd {cfg.arch.name} {cfg.style} hd{cfg.hdim}x{cfg.dv} causal={cfg.causal} "
+        f"s={cfg.seqlen} b={cfg.b} h={cfg.h}: kv tile {cfg.n} x Q block {BLOCK_M}",
+        "cycles per iteration: " + ", ".join(f"{k} {v:.0f}" for k, v in u.items()),
+        f"period {period(cfg):.0f} clk; main kernel {main:.0f} us, with pre/post {total:.0f} us; "
+        f"{predict_tflops(cfg):.0f} TFLOP/s",
+    ]
+    return "\n".join(lines)
+
+
+def validation_text(csv_path) -> str:
+    import csv
+
+    with open(csv_path, newline="") as f:
+        rows = validate(list(csv.DictReader(f)))
+    out = ["| hd | causal | seqlen | measured | model | error |", "|---|---|---|---|---|---|"]
+    for d, causal, s, meas, pred, err in rows:
+        causal_s = "yes" if causal else "no"
+        out.append(f"| {d} | {causal_s} | {s} | {meas:.0f} | {pred:.0f} | {100 * err:+.0f} % |")
+    return "\n".join(out)
+
+
+def b200_text() -> str:
+    head = "| hd | causal | fa4 design (TMEM, overlapped, 2-CTA at hd >= 128) | FA3-style | ratio |"
+    out = [head, "|---|---|---|---|---|"]
+    for d, causal, fa4, fa3 in b200_table():
+        out.append(
+            f"| {d} | {'yes' if causal else 'no'} | {fa4:.0f} | {fa3:.0f} | {fa4 / fa3:.2f} |"
+        )
+    return "\n".join(out)

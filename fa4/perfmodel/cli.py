@@ -6,6 +6,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
+from . import backward
 from .model import (
     ARCHS,
     EMU_SIXTEENTHS,
@@ -102,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--asymmetry", action="store_true", help="non-MMA work vs MMA per tile")
     ap.add_argument("--emu-table", action="store_true", help="the kEmuSixteenths table")
     ap.add_argument("--plot", metavar="DIR", help="write the PNGs (needs matplotlib)")
+    ap.add_argument("--bwd", action="store_true", help="the backward's breakdown (this config)")
+    ap.add_argument("--validate-bwd", metavar="CSV", help="SM90 backward vs a bench.py CSV")
+    ap.add_argument("--bwd-b200", action="store_true", help="B200 backward predictions")
     return ap
 
 
@@ -127,6 +131,16 @@ def main(argv=None) -> None:
         out.append(emu_table_text())
     if args.plot:
         out += plot_all(Path(args.plot), args.validate)
+    if args.validate_bwd:
+        out.append(backward.validation_text(args.validate_bwd))
+    if args.bwd_b200:
+        out.append(backward.b200_text())
+    if args.bwd:
+        arch = ARCHS[args.arch]
+        style = "sm90" if not arch.tmem_bytes_clk else args.style
+        cfg = backward.BwdConfig(arch, args.hdim, args.causal, args.seqlen, batch=args.batch,
+                                 heads=args.heads, style=style, two_cta=args.two_cta)  # fmt: skip
+        out.append(backward.breakdown(cfg))
     if not out:
         out.append(breakdown(config_from_args(args)))
     print("\n".join(out))

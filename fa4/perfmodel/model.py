@@ -13,8 +13,7 @@ H200 measurements and the B200 predictions.
     python -m fa4.perfmodel --validate docs/perf_2026-11-29_fa4_fwd_sm90.csv
     python -m fa4.perfmodel --sm100-table
 
-Forward only: the backward has no measurement yet (issue 4), so it is not modelled.
-Standard library only; nothing here needs torch or a GPU.
+The backward is in backward.py. Standard library only; nothing here needs torch or a GPU.
 """
 
 from __future__ import annotations
