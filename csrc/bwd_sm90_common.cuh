@@ -418,6 +418,74 @@ __device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,
   if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
+// One GEMM of the backward on the tensor cores as one wgmma batch: k-slices of a and b into c,
+// overwriting c first when zero. Not waited for (warpgroup_wait by the caller).
+template <class Mma, class A, class B, class C>
+__device__ __forceinline__ void issue_gemm(Mma& mma, const A& a, const B& b, C& c, bool zero) {
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  mma.accumulate_ = zero ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+}
+
+// P and dS of one iteration, for both consumers. Called with Sᵀ done and dPᵀ still running (the
+// Sᵀ/dPᵀ batches issued in that order): P in place in acc_s while dPᵀ runs, then, after waiting
+// for dPᵀ, P and dS as 16-bit into reg_p and reg_ds (the fp32 registers die as the 16-bit ones are
+// made). Mask and softcap are decided once per block: with run-time tests inside the unrolled
+// loops the compiler kept branches per element (~40 instructions per element instead of ~6).
+// With softcap, P and the tanh derivative are both computed after the wait (keeping P and
+// P·(1 − x²) across it would need 16 more registers, and ptxas then serializes the wgmmas). lse₂
+// is +inf for rows that saw no key, so P = 2^-inf = 0 there (Note [empty rows]). coords(e): the
+// (kv row, query column) of element e in the block; lse2, dpsum: the block's 64 row statistics.
+template <class Score, class Coords, class AccS, class AccDP, class RegP, class RegDS>
+__device__ __forceinline__ void p_and_ds(const Score& score, const Mask& mask, bool masked, int kv0,
+                                         int q0, const Coords& coords, const float* lse2,
+                                         const float* dpsum, AccS& acc_s, AccDP& acc_dp,
+                                         RegP& reg_p, RegDS& reg_ds) {
+  using Element = typename RegP::value_type;
+  auto run = [&](auto masked_c, auto softcap_c) {
+    constexpr bool kMasked = decltype(masked_c)::value, kSoftcap = decltype(softcap_c)::value;
+    auto prob = [&](int e, float x) {
+      const int qi = get<1>(coords(e));
+      const float pv = exp2_hw(fmaf(x, score.scale_log2, -lse2[qi]));
+      if constexpr (kMasked) {
+        return mask.col_bounds(kv0 + get<0>(coords(e))).contains(q0 + qi) ? pv : 0.0f;
+      } else {
+        return pv;
+      }
+    };
+    if constexpr (!kSoftcap) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int e = 0; e < size(acc_s); ++e) acc_s(e) = prob(e, acc_s(e));
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_dp);
+    CUTLASS_PRAGMA_UNROLL
+    for (int e = 0; e < size(acc_s); ++e) {
+      float pv = acc_s(e), dpv = pv;  // dS = dpv · (dP − D): P, or P·(1 − x²) with softcap
+      if constexpr (kSoftcap) {
+        const float x = tanhf(acc_s(e) * score.pre);
+        pv = prob(e, x);
+        dpv = pv * (1.0f - x * x);
+      }
+      reg_p(e) = Element(pv);
+      reg_ds(e) = Element(dpv * (acc_dp(e) - dpsum[get<1>(coords(e))]));
+    }
+  };
+  using True = cute::true_type;
+  using False = cute::false_type;
+  if (masked) {
+    score.softcap ? run(True{}, True{}) : run(True{}, False{});
+  } else {
+    score.softcap ? run(False{}, True{}) : run(False{}, False{});
+  }
+}
+
 // dK and dV of this tile, summed over the group: dK scaled by softmax_scale (dS is the gradient
 // w.r.t. the scaled scores), written as the dtype; rows past seqlen_k skipped.
 template <class T, class MmaK, class AccK, class MmaV, class AccV>

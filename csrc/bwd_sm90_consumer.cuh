@@ -64,18 +64,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   clear(acc_dv);
   clear(acc_dk);
 
-  auto issue = [](auto& mma, const auto& a, const auto& b, auto& c, bool zero) {
-    warpgroup_fence_operand(c);
-    warpgroup_arrive();
-    mma.accumulate_ = zero ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < size<2>(a); ++k) {
-      gemm(mma, a(_, _, k), b(_, _, k), c);
-      mma.accumulate_ = GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
-  };
-
   constexpr int kBarrierThreads = T::kConsumerThreads + kReducerThreads;
   auto q_state = typename T::Pipeline::PipelineState{};
   auto do_state = q_state;
@@ -88,68 +76,27 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   // 16-bit Pᵀ and dSᵀ operands (the fp32 registers die as the 16-bit ones are made, which keeps
   // the peak at dK + dV + Sᵀ + dPᵀ), then dV, dK and, once both warpgroups' dS is in smem, dQ go
   // out together; one wait covers the three. The other warpgroup's GEMMs fill the tensor cores
-  // while this one computes. With softcap, P and the tanh derivative are both computed in the
-  // second pass (keeping P and P·(1 − x²) across the wait would need 16 more registers, and
-  // ptxas then serializes the wgmmas: checked by tests/test_sass_sm90.py).
+  // while this one computes (p_and_ds has the elementwise part and its softcap exception).
   for (int i = 0; i < blocks; ++i) {
     const int m = m_begin + i % (m_end - m_begin);
     pipe_q.consumer_wait(q_state);
     pipe_do.consumer_wait(do_state);
     const int sq = q_state.index(), sdo = do_state.index(), sds = i % T::kDsStages;
-    issue(mma_s, tSrK, tSrQ(_, _, _, sq), acc_s, true);
-    issue(mma_dp, tPrV, tPrDO(_, _, _, sdo), acc_dp, true);
+    issue_gemm(mma_s, tSrK, tSrQ(_, _, _, sq), acc_s, true);
+    issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, sdo), acc_dp, true);
     warpgroup_wait<1>();
     warpgroup_fence_operand(acc_s);
-    // P and dS, with the mask and softcap decided once per block (compile-time variants: with
-    // run-time tests inside the unrolled loops the compiler kept branches per element, ~40
-    // instructions per element instead of ~6).
-    auto p_and_ds = [&](auto masked_c, auto softcap_c) {
-      constexpr bool kMasked = decltype(masked_c)::value, kSoftcap = decltype(softcap_c)::value;
-      // P of element e from its (softcapped) score x; lse₂ is +inf for rows that saw no key,
-      // so P = 2^-inf = 0 there (Note [empty rows]).
-      auto prob = [&](int e, float x) {
-        const int qi = get<1>(c_s(e));
-        const float pv = exp2_hw(fmaf(x, kp.score.scale_log2, -ss.lse2[sq][qi]));
-        if constexpr (kMasked) {
-          return mask.col_bounds(n * kN + get<0>(c_s(e))).contains(m * kM + qi) ? pv : 0.0f;
-        } else {
-          return pv;
-        }
-      };
-      if constexpr (!kSoftcap) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int e = 0; e < size(acc_s); ++e) acc_s(e) = prob(e, acc_s(e));
-      }
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_dp);
-      CUTLASS_PRAGMA_UNROLL
-      for (int e = 0; e < size(acc_s); ++e) {
-        float pv = acc_s(e), dpv = pv;  // dS = dpv · (dP − D): P, or P·(1 − x²) with softcap
-        if constexpr (kSoftcap) {
-          const float x = tanhf(acc_s(e) * kp.score.pre);
-          pv = prob(e, x);
-          dpv = pv * (1.0f - x * x);
-        }
-        reg_p(e) = Element(pv);
-        reg_ds(e) = Element(dpv * (acc_dp(e) - ss.dpsum[sdo][get<1>(c_s(e))]));
-      }
-    };
-    using True = cute::true_type;
-    using False = cute::false_type;
-    if (block_range<kM, kN>(mask, m).needs_mask(n)) {
-      kp.score.softcap ? p_and_ds(True{}, True{}) : p_and_ds(True{}, False{});
-    } else {
-      kp.score.softcap ? p_and_ds(False{}, True{}) : p_and_ds(False{}, False{});
-    }
+    p_and_ds(kp.score, mask, block_range<kM, kN>(mask, m).needs_mask(n), n * kN, m * kM, c_s,
+             ss.lse2[sq], ss.dpsum[sdo], acc_s, acc_dp, reg_p, reg_ds);
     fence_packed(reg_p);
     fence_packed(reg_ds);
-    issue(mma_dv, reg_p, tVrDOt(_, _, _, sdo), acc_dv, false);
-    issue(mma_dk, reg_ds, tKrQt(_, _, _, sq), acc_dk, false);
+    issue_gemm(mma_dv, reg_p, tVrDOt(_, _, _, sdo), acc_dv, false);
+    issue_gemm(mma_dk, reg_ds, tKrQt(_, _, _, sq), acc_dk, false);
     // dSᵀ to shared memory for dQ = dS·K (both warpgroups' kv rows form the K dimension).
     copy(copy_ds, reg_ds_c, tDSsDSt(_, _, _, sds));
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kDsWritten);
-    issue(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);
+    issue_gemm(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_dv);
     warpgroup_fence_operand(acc_dk);
