@@ -18,7 +18,8 @@ using BwdLaunch = Status (*)(const BwdParams&, const DeviceInfo&, void* workspac
 
 // Defined by fwd_sm90.cu, compiled (with FA4_HAS_SM90_FWD) when 90a is in FA4_CUDA_ARCHS.
 Status run_fwd_sm90(const FwdParams&, const DeviceInfo&, cudaStream_t);
-// Defined by fwd_sm100.cu (compiled, not executed; not yet in the build nor dispatched: issue 5).
+// Defined by fwd_sm100.cu (compiled, not executed), compiled with FA4_HAS_SM100_FWD when an
+// SM100 arch is in FA4_CUDA_ARCHS.
 Status run_fwd_sm100(const FwdParams&, const DeviceInfo&, cudaStream_t);
 // Defined by bwd_sm90.cu, compiled (with FA4_HAS_SM90_BWD) when 90a is in FA4_CUDA_ARCHS.
 Status run_bwd_sm90(const BwdParams&, const DeviceInfo&, void* workspace, cudaStream_t);

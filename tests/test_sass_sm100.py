@@ -19,11 +19,12 @@ KERNEL = ROOT / "csrc/fwd_sm100_kernel.cuh"
 pytestmark = pytest.mark.build
 
 HEAD_DIMS = (64, 96, 128, 192)
+DEFINES = tuple(f"-DFA4_HDIM_{d}" for d in HEAD_DIMS)  # as setup.py passes for FA4_HDIMS
 
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    return _compile(tmp_path_factory, "csrc/fwd_sm100.cu", arch="100a")
+    return _compile(tmp_path_factory, "csrc/fwd_sm100.cu", *DEFINES, arch="100a")
 
 
 def _functions(sass):
@@ -140,7 +141,7 @@ def test_hd256_is_not_instantiated():
 def test_sm90a_pass_compiles_an_empty_body(tmp_path_factory):
     """A multi-arch build also compiles fwd_sm100.cu for sm_90a: the kernel body is guarded by
     __CUDA_ARCH_FEAT_SM100_ALL, so that pass has the entry points and no tcgen05 code."""
-    ptxas, sass = _compile(tmp_path_factory, "csrc/fwd_sm100.cu", arch="90a")
+    ptxas, sass = _compile(tmp_path_factory, "csrc/fwd_sm100.cu", *DEFINES, arch="90a")
     kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", ptxas)
     assert len(kernels) == 2 * len(HEAD_DIMS), kernels
     assert "UTCHMMA" not in sass and "LDTM" not in sass
