@@ -256,9 +256,8 @@ def report(rows, dirs, out: Path | None, title=""):
             continue
         print(f"\n### {d}: TFLOP/s (bf16; ratio = fa4 / best peer)\n")
         print(bu.ratio_table(rows, d))
-        if d != "bwd":
-            print(f"\n### {d}: peak extra device memory, MiB\n")
-            print(bu.memory_table(rows, d))
+        print(f"\n### {d}: peak extra device memory, MiB\n")
+        print(bu.memory_table(rows, d))
         if out is not None:
             try:
                 from bench_plot import plot
