@@ -56,7 +56,7 @@ __global__ void bwd_preprocess(BwdParams p, BwdWorkspace ws, RowBlockGrid grid) 
   const bool varlen = f.cu_seqlens_q != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t wrow0 = ws.row_offset(b, seq.offset_q, block * BwdWorkspace::kRowPad);
-  if (threadIdx.x < BwdWorkspace::kRowPad / BwdWorkspace::kSemRows) {
+  if (f.deterministic && threadIdx.x < BwdWorkspace::kRowPad / BwdWorkspace::kSemRows) {
     *ws.sem(head, wrow0 + threadIdx.x * BwdWorkspace::kSemRows) = 0;
   }
   for (int r = warp; r < BwdWorkspace::kRowPad; r += 8) {

@@ -8,7 +8,9 @@
 //   lse2  [heads][rows]            lse · log2(e); +inf for rows that saw no key, and for padding
 //   dpsum [heads][rows]            D = rowsum(dO ∘ O) − dlse; 0 for padding
 //   sem   [heads][rows / 64]       int32 turn counters of deterministic mode (Note [deterministic
-//                                  dQ]), one per 64-row query block, zeroed by the preprocess
+//                                  dQ]), one per 64-row query block, zeroed by the preprocess;
+//                                  only with deterministic (otherwise its few KB can push the
+//                                  allocation past a 2 MB step of torch's caching allocator)
 // rows: dense, every batch entry padded to a multiple of kRowPad (128); varlen, sequence b starts
 // at round_down(cu_seqlens_q[b] + 128·b, 128), which fits in round_up(total_q + 128·batch, 128).
 // Every sequence thus owns whole 128-row blocks, so no kernel checks a row bound inside the
@@ -43,9 +45,9 @@ struct BwdWorkspace {
     return int64_t(batch) * round_up(seqlen_q, kRowPad);
   }
   FA4_HD static int64_t bytes(bool varlen, int batch, int seqlen_q, int64_t total_q, int heads,
-                              int head_dim) {
+                              int head_dim, bool deterministic) {
     const int64_t rows = padded_rows(varlen, batch, seqlen_q, total_q);
-    const int64_t per_head = rows * head_dim + 2 * rows + rows / kSemRows;
+    const int64_t per_head = rows * head_dim + 2 * rows + (deterministic ? rows / kSemRows : 0);
     return int64_t(heads) * per_head * 4;  // fp32 and int32 elements
   }
   FA4_HD static BwdWorkspace make(bool varlen, int batch, int seqlen_q, int64_t total_q, int heads,
@@ -71,7 +73,7 @@ struct BwdWorkspace {
   FA4_HD float* dpsum(int head) const {
     return base + int64_t(heads) * rows * (head_dim + 1) + int64_t(head) * rows;
   }
-  // Turn counter of the 64-row query block holding workspace row `row`.
+  // Turn counter of the 64-row query block holding workspace row `row` (deterministic only).
   FA4_HD int* sem(int head, int64_t row) const {
     int* s = reinterpret_cast<int*>(base + int64_t(heads) * rows * (head_dim + 2));
     return s + int64_t(head) * (rows / kSemRows) + row / kSemRows;

@@ -417,8 +417,8 @@ size_t bwd_workspace_size(const BwdParams& p) noexcept {
   if (!c.ok()) return 0;
   const FwdParams& f = p.fwd;
   if (q_rows(f) == 0) return 0;
-  return static_cast<size_t>(
-      BwdWorkspace::bytes(is_varlen(f), f.batch, f.seqlen_q, f.total_q, f.heads_q, f.head_dim));
+  return static_cast<size_t>(BwdWorkspace::bytes(is_varlen(f), f.batch, f.seqlen_q, f.total_q,
+                                                 f.heads_q, f.head_dim, f.deterministic));
 }
 
 Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes,

@@ -172,9 +172,9 @@ Status validate(const BwdParams& p) noexcept;
 Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept;
 
 // Bytes of device workspace run_bwd needs for this problem. Depends only on the size fields
-// (batch, seqlen_q, total_q, heads_q, head_dim, varlen or not), so it may be called before the
-// tensors exist. Returns 0 when there are no query rows, and 0 with last_error() set when a
-// size field is invalid.
+// (batch, seqlen_q, total_q, heads_q, head_dim, varlen or not) and on deterministic (its turn
+// counters), so it may be called before the tensors exist. Returns 0 when there are no query rows,
+// and 0 with last_error() set when a size field is invalid.
 size_t bwd_workspace_size(const BwdParams& p) noexcept;
 
 // Runs the backward on `stream`, on the current device like run_fwd. `workspace` must hold at least

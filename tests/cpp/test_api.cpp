@@ -363,26 +363,29 @@ void test_invalid_bwd() {
 }
 
 // Note [bwd workspace] in bwd_workspace.h: per query head, fp32 dq (rows x head_dim), lse2 and
-// dpsum (rows each), int32 turn counters (rows / 64), rows padded to 128.
+// dpsum (rows each), and with deterministic int32 turn counters (rows / 64); rows padded to 128.
 void test_workspace_formula() {
   // Dense b=2, s_q=200 -> 2 * 256 = 512 rows; 8 heads, d=128:
-  //   8 * (512 * (128 + 1 + 1) + 512 / 64) * 4 = 2,130,176 bytes.
-  CHECK(fa4::bwd_workspace_size(bwd_of(base())) == size_t{2130176});
+  //   8 * 512 * (128 + 1 + 1) * 4 = 2,129,920 bytes; deterministic adds 8 * 512 / 64 * 4.
+  CHECK(fa4::bwd_workspace_size(bwd_of(base())) == size_t{2129920});
+  fa4::BwdParams det = bwd_of(base());
+  det.fwd.deterministic = true;
+  CHECK(fa4::bwd_workspace_size(det) == size_t{2130176});
   // Varlen, 3 sequences, total_q=300 -> round_up(300 + 3*128, 128) = 768 rows; 8 heads, d=128:
-  //   8 * (768 * 130 + 12) * 4 = 3,195,264 bytes.
-  CHECK(fa4::bwd_workspace_size(bwd_of(varlen())) == size_t{3195264});
+  //   8 * 768 * 130 * 4 = 3,194,880 bytes.
+  CHECK(fa4::bwd_workspace_size(bwd_of(varlen())) == size_t{3194880});
   // d=192 / d_v=128: the accumulator follows head_dim (dQ's width), not head_dim_v.
-  // 6 heads * (128 rows * (192 + 2) + 2) * 4 = 596,016 bytes.
-  CHECK(fa4::bwd_workspace_size(bwd_of(dense(1, 64, 64, 6, 1, 192, 128))) == size_t{596016});
-  // Exactly 128 rows: no padding. 1 * (128 * (64 + 2) + 2) * 4 = 33,800.
-  CHECK(fa4::bwd_workspace_size(bwd_of(dense(1, 128, 7, 1, 1, 64, 64))) == size_t{33800});
+  // 6 heads * 128 rows * (192 + 2) * 4 = 595,968 bytes.
+  CHECK(fa4::bwd_workspace_size(bwd_of(dense(1, 64, 64, 6, 1, 192, 128))) == size_t{595968});
+  // Exactly 128 rows: no padding. 1 * 128 * (64 + 2) * 4 = 33,792.
+  CHECK(fa4::bwd_workspace_size(bwd_of(dense(1, 128, 7, 1, 1, 64, 64))) == size_t{33792});
   // Only sizes matter: it works before the tensors exist.
   fa4::BwdParams sizes_only;
   sizes_only.fwd.batch = 2;
   sizes_only.fwd.seqlen_q = 200;
   sizes_only.fwd.heads_q = sizes_only.fwd.heads_kv = 8;
   sizes_only.fwd.head_dim = sizes_only.fwd.head_dim_v = 128;
-  CHECK(fa4::bwd_workspace_size(sizes_only) == size_t{2130176});
+  CHECK(fa4::bwd_workspace_size(sizes_only) == size_t{2129920});
   // Invalid sizes: 0 and a message.
   fa4::BwdParams bad = bwd_of(base());
   bad.fwd.heads_q = 0;
