@@ -140,13 +140,13 @@ constexpr bool barrier_table_in_enum_order() {
 static_assert(barrier_table_in_enum_order(), "kBarriers rows in the order of enum Bar");
 
 // ---- Traits ------------------------------------------------------------------------------
-template <int kHeadDim_, class Element_>
+template <int kHeadDim_, int kHeadDimV_, class Element_>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kHeadDimV = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockM = 128;  // one Q tile = one warpgroup's 128 TMEM lanes
-  static constexpr int kBlockN = fwd_block_n<kHeadDimV>();
+  static constexpr int kBlockN = fwd_block_n<kHeadDimV, kHeadDim>();
   using Plan = FwdTmemPlan<kHeadDimV, kBlockN>;
   static constexpr int kQTiles = Plan::kQTiles;
   // hd 256 (kQTiles == 1) needs a second MMA order and a single softmax warpgroup: not in this
@@ -186,6 +186,7 @@ struct FwdTraits {
   //   hd 64:  Q 2×16 KB + K 2×16 KB + V 2×16 KB =  96 KB + 2 KB
   //   hd 128: Q 2×32 KB + K 2×32 KB + V 2×32 KB = 192 KB + 2 KB
   //   hd 192: Q 2×48 KB + K 2×24 KB + V 2×24 KB = 192 KB + 2 KB (kBlockN 64)
+  //   (192, 128): Q 2×48 KB + K 2×24 KB + V 2×16 KB = 176 KB + 2 KB (kBlockN 64)
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
@@ -735,10 +736,12 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
                        kp);
 }
 
-template <int D>
+template <int D, int DV>
 Status launch_dtype(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
-  if (p.dtype == DType::kBFloat16) return launch<FwdTraits<D, cutlass::bfloat16_t>>(p, dev, stream);
-  return launch<FwdTraits<D, cutlass::half_t>>(p, dev, stream);
+  if (p.dtype == DType::kBFloat16) {
+    return launch<FwdTraits<D, DV, cutlass::bfloat16_t>>(p, dev, stream);
+  }
+  return launch<FwdTraits<D, DV, cutlass::half_t>>(p, dev, stream);
 }
 
 }  // namespace fa4::sm100

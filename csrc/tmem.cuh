@@ -10,6 +10,7 @@
 //   d_v = 64,  kBlockN 128: 128 + 128 +  64 +  64 = 384 columns
 //   d_v = 128, kBlockN 128: 128 + 128 + 128 + 128 = 512 columns (the whole TMEM)
 //   d_v = 192, kBlockN  64:  64 +  64 + 192 + 192 = 512 columns
+//   (d, d_v) = (192, 128), kBlockN 64 (shared memory, fwd_block_n): 64 + 64 + 128 + 128 = 384
 //   d_v = 256: the two O tiles alone take 512 columns, so hd 256 runs one Q tile per CTA:
 //              S0 (kBlockN 128) | O0 (256) = 384 columns, no ping-pong (kQTiles = 1).
 // P (16-bit) is written over the first kBlockN / 2 columns of its S: the softmax warpgroup has
@@ -58,14 +59,18 @@ struct FwdTmemPlan {
   static_assert(kPColumns <= kBlockN, "P must fit inside its S region");
 };
 
-// The plans the SM100 forward instantiates (kBlockN per head dim, Note [TMEM plan]).
-template <int kHeadDimV>
+// The plans the SM100 forward instantiates (kBlockN per head dim, Note [TMEM plan]). kHeadDim
+// (of Q and K) matters through shared memory: (192, 128) at kBlockN 128 would need Q 2×48 KB +
+// K 2×48 KB + V 2×32 KB = 256 KB > 227 KB, so it runs at 64 like hd 192.
+template <int kHeadDimV, int kHeadDim = kHeadDimV>
 __host__ __device__ constexpr int fwd_block_n() {
-  return kHeadDimV <= 128 ? 128 : (kHeadDimV <= 192 ? 64 : 128);
+  if (kHeadDimV <= 128 && kHeadDim <= 128) return 128;
+  return kHeadDimV <= 192 ? 64 : 128;
 }
 static_assert(FwdTmemPlan<64, fwd_block_n<64>()>::kQTiles == 2, "hd64 ping-pongs two Q tiles");
 static_assert(FwdTmemPlan<128, fwd_block_n<128>()>::kEnd == 512, "hd128 uses all of TMEM");
 static_assert(FwdTmemPlan<192, fwd_block_n<192>()>::kQTiles == 2, "hd192 ping-pongs at N=64");
+static_assert(FwdTmemPlan<128, fwd_block_n<128, 192>()>::kEnd == 384, "(192, 128): N=64, 384");
 static_assert(FwdTmemPlan<256, fwd_block_n<256>()>::kQTiles == 1, "hd256: one Q tile per CTA");
 
 // TMEM address of (lane, column): lane in bits 31..16, column in 15..0.
