@@ -161,3 +161,12 @@ def test_wgmma_not_serialized(which, request):
     assert "C7512" not in ptxas and "C7519" not in ptxas, [
         line for line in ptxas.splitlines() if "C751" in line
     ][:2]
+
+
+def test_wgmma_rate_bench_compiles(tmp_path_factory):
+    """bench/wgmma_rate.cu (the small-N wgmma rate the backward model needs, run on the H200)
+    stays buildable: every shape it times is a real HGMMA, not serialized."""
+    ptxas, sass = _compile(tmp_path_factory, "bench/wgmma_rate.cu")
+    assert "C751" not in ptxas, [line for line in ptxas.splitlines() if "C751" in line][:2]
+    for n in (32, 64, 128, 256):
+        assert re.search(rf"HGMMA\.64x{n}x16", sass), f"no 64x{n}x16 wgmma"
