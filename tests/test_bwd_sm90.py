@@ -182,3 +182,39 @@ def test_tiny_model_parameter_gradients():
         got[name] = {n: p.grad.float() for n, p in model.named_parameters()}
     for n in got["ref"]:
         assert_tolerance(n, got["fa4"][n], got["ref"][n], got["low"][n], torch.bfloat16)
+
+
+def test_many_ctas_and_seqlen_4224():
+    """More CTAs than SMs (64 x 16 heads), and the awkward length 4224, causal."""
+    d, d_v = _bwd_hdims()[0]
+    for b, s, h in ((64, 130, 16), (1, 4224, 2)):
+        q, k, v = make((b, s, h, d), (b, s, h, d), d_v, torch.bfloat16, seed=s)
+        dout = torch.randn(b, s, h, d_v, device="cuda").to(torch.bfloat16)
+        got = grads(q, k, v, dout, "sm90", causal=True)
+        ref = reference_grads(q, k, v, dout, True, causal=True)
+        low = reference_grads(q, k, v, dout, False, causal=True)
+        for name, g, r, lo in zip(("dq", "dk", "dv"), got, ref, low, strict=True):
+            assert_tolerance(f"{name} b={b} s={s}", g, r, lo, torch.bfloat16)
+
+
+def test_over_2_31_elements():
+    """int64 offsets in the backward: q, k, v, dout of 2^31 + 2^21 elements each (batch 8320 x
+    128 x 16 x 128); the gradients of the last batch entries (offsets past 2^31) against the
+    reference on those slices."""
+    if torch.cuda.get_device_properties(0).total_memory < 80 << 30:
+        pytest.skip("needs ~60 GB of device memory")
+    d = 128
+    if (d, d) not in _bwd_hdims():
+        pytest.skip("hd128 backward not compiled (FA4_HDIMS)")
+    b, s, h = 8320, 128, 16
+    assert b * s * h * d > 2**31
+    g = torch.Generator(device="cuda").manual_seed(37)
+    q, k, v, dout = (
+        torch.randn(b, s, h, d, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(4)
+    )
+    got = grads(q, k, v, dout, "sm90", causal=True)
+    tail = slice(b - 3, b)
+    ref = reference_grads(q[tail], k[tail], v[tail], dout[tail], True, causal=True)
+    low = reference_grads(q[tail], k[tail], v[tail], dout[tail], False, causal=True)
+    for name, gr, r, lo in zip(("dq", "dk", "dv"), got, ref, low, strict=True):
+        assert_tolerance(name, gr[tail], r, lo, torch.bfloat16)

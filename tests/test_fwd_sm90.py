@@ -140,3 +140,23 @@ def test_repeatable():
     for _ in range(3):
         again = run(q, k, v, causal=True)
         assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
+def test_over_2_31_elements():
+    """int64 offsets: q, k, v, out of 2^31 + 2^21 elements each (batch 8320 x 128 x 16 x 128,
+    4 GB per tensor). Only the last batch entries, whose offsets are past 2^31 elements, are
+    compared with the reference (computed on those slices)."""
+    if torch.cuda.get_device_properties(0).total_memory < 40 << 30:
+        pytest.skip("needs ~25 GB of device memory")
+    d = 128
+    if (d, d) not in _sm90_hdims():
+        pytest.skip("hd128 not compiled (FA4_HDIMS)")
+    b, s, h = 8320, 128, 16
+    assert b * s * h * d > 2**31
+    g = torch.Generator(device="cuda").manual_seed(31)
+    q, k, v = (
+        torch.randn(b, s, h, d, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3)
+    )
+    out, lse = run(q, k, v, causal=True)
+    tail = slice(b - 3, b)  # element offsets from (b - 3)·s·h·d > 2^31
+    check(q[tail], k[tail], v[tail], out[tail], lse[tail], causal=True)
