@@ -130,7 +130,7 @@ def main(argv=None) -> None:
     if args.emu_table:
         out.append(emu_table_text())
     if args.plot:
-        out += plot_all(Path(args.plot), args.validate)
+        out += plot_all(Path(args.plot), args.validate, args.validate_bwd)
     if args.validate_bwd:
         out.append(backward.validation_text(args.validate_bwd))
     if args.bwd_b200:
@@ -149,7 +149,7 @@ def main(argv=None) -> None:
 # --- plots (matplotlib imported here only) --------------------------------------------------
 
 
-def plot_all(folder: Path, csv_path=None) -> list[str]:
+def plot_all(folder: Path, csv_path=None, bwd_csv=None) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,6 +157,8 @@ def plot_all(folder: Path, csv_path=None) -> list[str]:
     written = [plot_units(folder / "perfmodel_units.png")]
     if csv_path:
         written.append(plot_validation(folder / "perfmodel_h200.png", csv_path))
+    if bwd_csv:
+        written.append(plot_bwd_validation(folder / "perfmodel_h200_bwd.png", bwd_csv))
     return [f"wrote {p}" for p in written]
 
 
@@ -208,6 +210,34 @@ def plot_validation(path: Path, csv_path) -> Path:
     ax.set_xlabel("measured fa4 TFLOP/s (H200, 6fc9543)")
     ax.set_ylabel("predicted: serial (v) .. overlapped (^)")
     ax.set_title("SM90 fwd vs H200: hd64 blue, hd128 orange, hd256 green", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_bwd_validation(path: Path, csv_path) -> Path:
+    """The backward model (an upper bound of the SM90 schedule) against the measured sweep."""
+    import csv
+
+    import matplotlib.pyplot as plt
+
+    with open(csv_path, newline="") as f:
+        checks = backward.validate(list(csv.DictReader(f)))
+    fig, ax = plt.subplots(figsize=(6, 5), dpi=90)
+    for d, causal, s, meas, pred, _ in checks:
+        color = {64: "tab:blue", 128: "tab:orange", 256: "tab:green"}.get(d, "gray")
+        ax.scatter([meas], [pred], color=color, marker="o" if s >= 16384 else "s",
+                   facecolors="none" if causal else color)  # fmt: skip
+    lim = (100, 700)
+    ax.plot(lim, lim, color="black", lw=1)
+    ax.plot(lim, [x * 1.15 for x in lim], ":", color="gray")
+    ax.set_xlim(lim)
+    ax.set_ylim(lim)
+    ax.set_xlabel("measured fa4 backward TFLOP/s (H200, 61c6cfc)")
+    ax.set_ylabel("model (upper bound of the SM90 schedule)")
+    ax.set_title("SM90 bwd: hd64 blue, hd128 orange, hd256 green; o 16k, s 1k; open: causal",
+                 fontsize=9)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
