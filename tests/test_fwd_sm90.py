@@ -48,9 +48,9 @@ def check(q, k, v, out, lse, **kw):
     assert_tolerance("lse", lse, ref_lse, pt_lse, torch.float32)
 
 
-def run(q, k, v, **kw):
+def run(q, k, v, backend="sm90", **kw):
     poison()
-    return fa4.attention(q, k, v, return_lse=True, backend="sm90", **kw)
+    return fa4.attention(q, k, v, return_lse=True, backend=backend, **kw)
 
 
 DENSE = [
@@ -69,25 +69,17 @@ DENSE = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("case", range(len(DENSE)))
-@pytest.mark.parametrize(
-    "hdims", [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
-)
-def test_dense(hdims, case, dtype):
-    if hdims not in _sm90_hdims():
-        pytest.skip(f"head dims {hdims} not compiled (FA4_HDIMS)")
+# The cases below are shared with tests/test_fwd_sm100.py (same cases, another backend).
+def dense_case(backend, hdims, case, dtype):
     b, s_q, s_k, h, h_kv, kw = DENSE[case]
     d, d_v = hdims
     q, k, v = make((b, s_q, h, d), (b, s_k, h_kv, d), d_v, dtype, seed=case * 31 + d)
-    out, lse = run(q, k, v, **kw)
+    out, lse = run(q, k, v, backend, **kw)
     check(q, k, v, out, lse, **kw)
 
 
-@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (50, 10)}])
-def test_varlen(kw):
-    d = _sm90_hdims()[0][0]
-    d_v = _sm90_hdims()[0][1]
+def varlen_case(backend, hdims, kw):
+    d, d_v = hdims
     lens_q = [0, 1, 17, 300, 129, 0, 1013]
     lens_k = [5, 0, 40, 300, 128, 0, 900]
     cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32).cuda()
@@ -95,7 +87,7 @@ def test_varlen(kw):
     q, k, v = make((sum(lens_q), 4, d), (sum(lens_k), 2, d), d_v, torch.bfloat16, seed=5)
     poison()
     out, lse = fa4.attention_varlen(
-        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True, backend="sm90", **kw
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True, backend=backend, **kw
     )
     ref, ref_lse = reference.attention_varlen_ref(q, k, v, cu_q, cu_k, **kw)
     pt, pt_lse = reference.attention_varlen_ref(q, k, v, cu_q, cu_k, upcast=False, **kw)
@@ -103,8 +95,8 @@ def test_varlen(kw):
     assert_tolerance("lse", lse, ref_lse, pt_lse, torch.float32)
 
 
-def test_varlen_seqused_k():
-    d, d_v = _sm90_hdims()[0]
+def seqused_k_case(backend, hdims):
+    d, d_v = hdims
     lens = [200, 333, 64]
     cu = torch.tensor([0, 200, 533, 597], dtype=torch.int32).cuda()
     used = torch.tensor([150, 333, 1], dtype=torch.int32).cuda()
@@ -112,7 +104,7 @@ def test_varlen_seqused_k():
     poison()
     out, lse = fa4.attention_varlen(
         q, k, v, cu, cu, max(lens), max(lens), seqused_k=used, causal=True, return_lse=True,
-        backend="sm90",
+        backend=backend,
     )  # fmt: skip
     kw = {"seqused_k": used, "causal": True}
     ref, ref_lse = reference.attention_varlen_ref(q, k, v, cu, cu, **kw)
@@ -121,25 +113,53 @@ def test_varlen_seqused_k():
     assert_tolerance("lse", lse, ref_lse, pt_lse, torch.float32)
 
 
-def test_non_contiguous_heads_and_large_batch_heads():
+def strided_many_tiles_case(backend, d):
     """Strided q (a slice of a packed qkv tensor) and more tiles than the grid has CTAs."""
-    d, d_v = _sm90_hdims()[0]
-    if d != d_v:
-        pytest.skip("packed qkv needs d == d_v")
     qkv = torch.randn(64, 130, 3, 16, d, device="cuda", dtype=torch.bfloat16)
     q, k, v = qkv.unbind(2)
-    out, lse = run(q, k, v, causal=True)
+    out, lse = run(q, k, v, backend, causal=True)
     check(q, k, v, out, lse, causal=True)
 
 
-def test_repeatable():
+def repeatable_case(backend, hdims):
     """Same inputs, same bits: a moving result would mean a race."""
-    d, d_v = _sm90_hdims()[0]
+    d, d_v = hdims
     q, k, v = make((4, 2048, 8, d), (4, 2048, 8, d), d_v, torch.bfloat16, seed=9)
-    first = run(q, k, v, causal=True)
+    first = run(q, k, v, backend, causal=True)
     for _ in range(3):
-        again = run(q, k, v, causal=True)
+        again = run(q, k, v, backend, causal=True)
         assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", range(len(DENSE)))
+@pytest.mark.parametrize(
+    "hdims", [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
+)
+def test_dense(hdims, case, dtype):
+    if hdims not in _sm90_hdims():
+        pytest.skip(f"head dims {hdims} not compiled (FA4_HDIMS)")
+    dense_case("sm90", hdims, case, dtype)
+
+
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (50, 10)}])
+def test_varlen(kw):
+    varlen_case("sm90", _sm90_hdims()[0], kw)
+
+
+def test_varlen_seqused_k():
+    seqused_k_case("sm90", _sm90_hdims()[0])
+
+
+def test_non_contiguous_heads_and_large_batch_heads():
+    d, d_v = _sm90_hdims()[0]
+    if d != d_v:
+        pytest.skip("packed qkv needs d == d_v")
+    strided_many_tiles_case("sm90", d)
+
+
+def test_repeatable():
+    repeatable_case("sm90", _sm90_hdims()[0])
 
 
 def test_over_2_31_elements():
