@@ -8,6 +8,7 @@ instrumented run takes seconds. Exits non-zero if a gradient is not finite.
 """
 
 import torch
+from sanitize_fwd import feature_cases  # tools/ is on sys.path when run as a script
 
 import fa4
 
@@ -39,19 +40,7 @@ def main():
             run(f"dense d={d},{d_v}", q, k, v)
             run(f"causal d={d},{d_v}", q, k, v, causal=True)
             run(f"deterministic d={d},{d_v}", q, k, v, causal=True, deterministic=True)
-    d, d_v = compiled[0]
-    q = torch.randn(1, 257, 2, d, device=dev, dtype=bf)
-    k = torch.randn(1, 257, 2, d, device=dev, dtype=bf)
-    v = torch.randn(1, 257, 2, d_v, device=dev, dtype=bf)
-    run("window", q, k, v, window_size=(40, 8))
-    run("softcap", q, k, v, softcap=5.0)
-    run("fp16", q.half(), k.half(), v.half(), causal=True)
-    lens = [0, 5, 130, 1, 256]
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
-    qv = torch.randn(sum(lens), 2, d, device=dev, dtype=bf)
-    kv = torch.randn(sum(lens), 1, d, device=dev, dtype=bf)
-    vv = torch.randn(sum(lens), 1, d_v, device=dev, dtype=bf)
-    run("varlen causal", qv, kv, vv, varlen=(cu, cu, max(lens), max(lens)), causal=True)
+    feature_cases(run, *compiled[0])
 
 
 if __name__ == "__main__":

@@ -23,17 +23,10 @@ def run(name, q, k, v, varlen=None, **kw):
     print(f"ok {name} {tuple(q.shape)}")
 
 
-def main():
-    torch.manual_seed(0)
+def feature_cases(run, d, d_v):
+    """Window, softcap, fp16 and varlen (with zero-length sequences) at one head dim, through
+    `run(name, q, k, v, varlen=None, **kw)`; sanitize_bwd.py runs them through the backward."""
     dev, bf = "cuda", torch.bfloat16
-    compiled = fa4.build_info.KERNELS["fwd"]["sm90"]
-    for d, d_v in compiled:
-        q = torch.randn(2, 200, 4, d, device=dev, dtype=bf)
-        k = torch.randn(2, 333, 2, d, device=dev, dtype=bf)
-        v = torch.randn(2, 333, 2, d_v, device=dev, dtype=bf)
-        run(f"dense d={d},{d_v}", q, k, v)
-        run(f"causal d={d},{d_v}", q, k, v, causal=True)
-    d, d_v = compiled[0]
     q = torch.randn(1, 257, 2, d, device=dev, dtype=bf)
     k = torch.randn(1, 257, 2, d, device=dev, dtype=bf)
     v = torch.randn(1, 257, 2, d_v, device=dev, dtype=bf)
@@ -46,6 +39,19 @@ def main():
     kv = torch.randn(sum(lens), 1, d, device=dev, dtype=bf)
     vv = torch.randn(sum(lens), 1, d_v, device=dev, dtype=bf)
     run("varlen causal", qv, kv, vv, varlen=(cu, cu, max(lens), max(lens)), causal=True)
+
+
+def main():
+    torch.manual_seed(0)
+    dev, bf = "cuda", torch.bfloat16
+    compiled = fa4.build_info.KERNELS["fwd"]["sm90"]
+    for d, d_v in compiled:
+        q = torch.randn(2, 200, 4, d, device=dev, dtype=bf)
+        k = torch.randn(2, 333, 2, d, device=dev, dtype=bf)
+        v = torch.randn(2, 333, 2, d_v, device=dev, dtype=bf)
+        run(f"dense d={d},{d_v}", q, k, v)
+        run(f"causal d={d},{d_v}", q, k, v, causal=True)
+    feature_cases(run, *compiled[0])
 
 
 if __name__ == "__main__":
