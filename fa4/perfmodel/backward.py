@@ -34,6 +34,11 @@ P_ISSUE, DS_ISSUE = 3.0, 3.5
 SYNC_CLK = 400.0
 # Per CTA outside the loop: K, V load, dK, dV stores, launch of the CTA (estimate).
 TILE_US = 2.0
+# wgmma rate of a 64 x 32 (SS) GEMM relative to 64 x N >= 64, measured by bench/wgmma_rate.cu on
+# the H200 (2026-11-29, commit e1eda39): 646.4 against 972.6 TFLOP/s. N >= 64 runs at the same
+# rate as N = 256 in both SS and RS forms, so only the split variant's Sᵀ and dPᵀ (N = 32 per
+# warpgroup) pay it.
+N32_RATE = 646.4 / 972.6
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,11 @@ def iteration_units(cfg: BwdConfig) -> dict[str, float]:
     a = cfg.arch
     rate = a.mma_flop_clk * a.mma_eff
     fl, sm = gemm_flops(cfg), gemm_smem_bytes(cfg)
-    units = {k: max(fl[k] / rate, sm[k] / a.smem_bytes_clk) for k in fl}
+    slow = {"s", "dp"} if cfg.split else set()
+    units = {
+        k: max(fl[k] / (rate * (N32_RATE if k in slow else 1.0)), sm[k] / a.smem_bytes_clk)
+        for k in fl
+    }
     elems = cfg.n * BLOCK_M
     units["mufu"] = elems / a.mufu_clk
     units["p_issue"] = elems * P_ISSUE / a.issue_clk
