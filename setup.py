@@ -31,11 +31,13 @@ KERNEL_SOURCES: dict[tuple[str, str], list[str]] = {
     ("sm90", "bwd"): ["csrc/bwd_sm90.cu", "csrc/bwd_sm90_hd{h}.cu"],
     # Compiled, not executed (no Blackwell GPU available to this project): docs/sm100.md.
     ("sm100", "fwd"): ["csrc/fwd_sm100.cu"],
+    ("sm100", "bwd"): ["csrc/bwd_sm100.cu"],
 }
 # Kernels that cover only some head dims (the rest run the reference, with dispatch's warning);
 # absent: every head dim.
 KERNEL_HDIMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("sm100", "fwd"): ("64", "96", "128", "192", "192x128"),
+    ("sm100", "bwd"): ("64", "96", "128"),  # 1-CTA kernel; 192+ needs the 2-CTA variant
 }
 ARCH_FAMILY = {"90a": "sm90", "100a": "sm100", "100f": "sm100", "103a": "sm100"}
 

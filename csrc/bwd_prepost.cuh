@@ -1,6 +1,7 @@
 // The backward's preprocess kernel, shared by the SM90 and SM100 backward kernels (plain CUDA, no
-// arch-specific instructions). The postprocess depends on the order in which each kernel stores
-// its dQ accumulator, so it lives with the kernel (bwd_postprocess_sm90).
+// arch-specific instructions), and the postprocess of the kernels whose dQ accumulator is
+// row-major (SM100). The SM90 kernel stores its accumulator in wgmma fragment order, so its
+// postprocess lives with it (bwd_postprocess_sm90).
 //
 // Workspace layout: bwd_workspace.h (Note [bwd workspace]).
 #pragma once
@@ -8,6 +9,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <cutlass/array.h>
 #include <cutlass/numeric_types.h>
 
 #include "bwd_workspace.h"
@@ -90,6 +92,38 @@ __global__ void bwd_preprocess(BwdParams p, BwdWorkspace ws, RowBlockGrid grid) 
     }
     ws.lse2(head)[wrow] = lse2;
     ws.dpsum(head)[wrow] = d;
+  }
+}
+
+// dq = softmax_scale · (row-major fp32 accumulator) as the dtype: one warp per row, 16-byte
+// loads, rows past the sequence skipped. Grid RowBlockGrid, 256 threads, as the preprocess.
+template <class Element, int kHeadDim>
+__global__ void bwd_postprocess_rows(BwdParams p, BwdWorkspace ws, RowBlockGrid grid) {
+  static_assert(kHeadDim % 4 == 0, "float4 loads");
+  const FwdParams& f = p.fwd;
+  int block, head, b;
+  grid.decode(blockIdx.x, block, head, b);
+  const SeqInfo seq =
+      SeqInfo::get(b, f.cu_seqlens_q, f.cu_seqlens_k, f.seqused_k, f.seqlen_q, f.seqlen_k);
+  if (block * BwdWorkspace::kRowPad >= seq.seqlen_q) return;
+  const bool varlen = f.cu_seqlens_q != nullptr;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t wrow0 = ws.row_offset(b, seq.offset_q, block * BwdWorkspace::kRowPad);
+  for (int r = warp; r < BwdWorkspace::kRowPad; r += 8) {
+    const int i = block * BwdWorkspace::kRowPad + r;
+    if (i >= seq.seqlen_q) break;
+    const float4* acc = reinterpret_cast<const float4*>(ws.dq(head) + (wrow0 + r) * kHeadDim);
+    Element* dq = static_cast<Element*>(p.dq) + (varlen ? 0 : int64_t(b) * p.dq_batch_stride) +
+                  (int64_t(seq.offset_q) + i) * p.dq_row_stride + int64_t(head) * p.dq_head_stride;
+    for (int c = lane; c < kHeadDim / 4; c += 32) {
+      const float4 v = acc[c];
+      cutlass::Array<Element, 4> out;
+      out[0] = Element(v.x * f.softmax_scale);
+      out[1] = Element(v.y * f.softmax_scale);
+      out[2] = Element(v.z * f.softmax_scale);
+      out[3] = Element(v.w * f.softmax_scale);
+      *reinterpret_cast<cutlass::Array<Element, 4>*>(dq + 4 * c) = out;
+    }
   }
 }
 

@@ -11,6 +11,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "bwd_common.cuh"
 #include "bwd_prepost.cuh"
 #include "mask.cuh"
 #include "params.h"
@@ -196,20 +197,6 @@ constexpr int kBwdConsumerRegs = 232;  // 40·128 + 232·256 = 64512 = 168·384
 enum BwdBarrier : uint32_t { kDsWritten = 0, kDqFull = 1, kDqEmpty = 2 };
 constexpr int kReducerThreads = 32;  // one warp of the producer warpgroup
 
-// Grid: (kv tile, kv head, batch) flattened into x with the kv tile fastest, so that the
-// hardware's in-order block dispatch starts the tiles of one head in increasing order, which
-// deterministic mode relies on (Note [deterministic dQ]); and no grid dimension limits heads or
-// batch.
-struct BwdGrid {
-  int n_tiles, heads_kv;
-  __device__ void decode(int64_t bid, int& n, int& head_kv, int& b) const {
-    n = int(bid % n_tiles);
-    const int64_t rest = bid / n_tiles;
-    head_kv = int(rest % heads_kv);
-    b = int(rest / heads_kv);
-  }
-};
-
 template <class T>
 struct BwdKernelParams {
   using Element = typename T::Element;
@@ -228,22 +215,6 @@ struct BwdKernelParams {
   BwdGrid grid;
   int group;
 };
-
-// The Q blocks (of kBlockM rows) that see kv block n: a contiguous range (Note [mask
-// alignment]), found by asking block_range of each Q block.
-template <class T>
-__device__ __forceinline__ void q_blocks_seeing(const Mask& mask, int n, int& m_begin, int& m_end) {
-  const int m_blocks = (mask.seqlen_q + T::kBlockM - 1) / T::kBlockM;
-  m_begin = m_blocks;
-  m_end = 0;
-  for (int m = 0; m < m_blocks; ++m) {
-    const BlockRange br = block_range<T::kBlockM, T::kBlockN>(mask, m);
-    if (br.n_begin <= n && n < br.n_end) {
-      m_begin = m < m_begin ? m : m_begin;
-      m_end = m + 1;
-    }
-  }
-}
 
 template <class T>
 __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
@@ -357,29 +328,6 @@ __device__ __forceinline__ void store_rows(typename T::Element* base, int64_t ro
 // offsets. Rows past the sequence land in the workspace's per-sequence padding and are never read
 // back.
 //
-// Note [deterministic dQ]: with FwdParams::deterministic, the kv tiles that see a 64-row query
-// block add their dQ to it in increasing tile order. The reducer of tile n waits, before its
-// reduce-add, until the block's turn counter (BwdWorkspace::sem) equals the number of tiles
-// before it that see the block (the range [n_begin, n), Note [mask alignment]), and increments
-// it once the add has completed. The float adds to each address then happen in one fixed order,
-// so dQ is bitwise reproducible. A tile only waits on tiles of lower block index, which the
-// in-order block dispatch started earlier (BwdGrid), so the waits cannot deadlock. Only the
-// reducer warp waits; the consumers run on until they need the dQ buffer again.
-__device__ __forceinline__ void dq_turn_wait(const int* sem, int turn) {
-  int seen;
-  do {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
-  } while (seen != turn);
-}
-
-__device__ __forceinline__ void dq_turn_pass(int* sem) {
-  // The reduce-add has completed (wait_group without .read); order it before the release.
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-  __threadfence();
-  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(sem) : "memory");
-}
-
 // The reducer warp: one bulk reduce-add per Q block, in the consumers' order.
 template <class T>
 __device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,

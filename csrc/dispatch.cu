@@ -66,7 +66,7 @@ struct ArchKernels {
 
 constexpr ArchKernels kArchs[] = {
     {9, 0, "SM90", kSm90Fwd, kSm90Bwd, "issue 3", "issue 4"},
-    {10, 0, "SM100", kSm100Fwd, kSm100Bwd, "issue 5", "planned"},
+    {10, 0, "SM100", kSm100Fwd, kSm100Bwd, "issue 5", "issue 6"},
 };
 
 // Fixed-size so that recording an error can never throw or allocate.

@@ -73,6 +73,46 @@ static_assert(FwdTmemPlan<192, fwd_block_n<192>()>::kQTiles == 2, "hd192 ping-po
 static_assert(FwdTmemPlan<128, fwd_block_n<128, 192>()>::kEnd == 384, "(192, 128): N=64, 384");
 static_assert(FwdTmemPlan<256, fwd_block_n<256>()>::kQTiles == 1, "hd256: one Q tile per CTA");
 
+// Note [bwd TMEM plan]: the SM100 backward (bwd_sm100_kernel.cuh), one CTA per 128-row kv tile,
+// 128-row Q blocks. Lanes are kv rows for S, P, dP, dS, dK, dV and query rows for dQ:
+//   S | dP | dK | dV, with P (16-bit) over S, dS (16-bit) over dP and dQ (fp32) over dP/dS:
+//   d = 64:  128 + 128 +  64 +  64 = 384 columns
+//   d = 96:  128 + 128 +  96 +  96 = 448
+//   d = 128: 128 + 128 + 128 + 128 = 512 (the whole TMEM)
+// dQ = dSᵀ·K may overwrite dS because the MMA thread issues it after dK += dS·Q, which reads dS
+// (tcgen05 MMAs of one thread execute in order); the next dP may overwrite dQ only after the
+// reduce warpgroup has loaded it (barrier kDqEmpty). Each compute warpgroup owns half of the
+// query columns of S and dP and writes its P / dS (half as many columns) over the first half of
+// its own S / dP columns, so neither warpgroup overwrites a value the other has not loaded yet;
+// the MMA thread addresses P and dS per 16-column K slice accordingly (p_column). d > 128 does
+// not fit (dK and dV alone take 2·d columns next to S and dP): it needs the 2-CTA variant.
+template <int kHeadDim, int kHeadDimV, int kBlockM>
+struct BwdTmemPlan {
+  static constexpr int kDqCols = kHeadDim > kBlockM ? kHeadDim : kBlockM;
+  enum : uint32_t {
+    kS = 0,              // S, then P over its columns
+    kDP = kS + kBlockM,  // dP, then dS over it, then dQ (query rows as lanes)
+    kDQ = kDP,
+    kDK = kDP + kDqCols,
+    kDV = kDK + kHeadDim,
+    kEnd = kDV + kHeadDimV,
+  };
+  static constexpr uint32_t kAllocColumns = tmem_alloc_columns(kEnd);
+  static_assert(kBlockM % 64 == 0 && kHeadDim % 32 == 0 && kHeadDimV % 32 == 0,
+                "two warpgroups of 32-column tcgen05.ld chunks");
+  static_assert(kEnd <= kTmemColumns, "bwd TMEM plan: S, dP, dK, dV exceed 512 columns");
+  // Column of 16-bit K slice k (16 query columns) of P (region kS) or dS (region kDP): warpgroup
+  // w = k / (kBlockM / 32) wrote its slices over the first half of its own kBlockM / 2 columns.
+  __host__ __device__ static constexpr uint32_t slice_column(uint32_t region, int k) {
+    constexpr int kSlicesPerWg = kBlockM / 2 / 16;
+    return region + uint32_t(k / kSlicesPerWg) * (kBlockM / 2) + uint32_t(k % kSlicesPerWg) * 8;
+  }
+};
+static_assert(BwdTmemPlan<128, 128, 128>::kEnd == 512, "bwd hd128 uses all of TMEM");
+static_assert(BwdTmemPlan<64, 64, 128>::kEnd == 384, "bwd hd64: 384 columns");
+static_assert(BwdTmemPlan<128, 128, 128>::slice_column(BwdTmemPlan<128, 128, 128>::kS, 4) == 64,
+              "warpgroup 1's first P slice starts on its own S half");
+
 // TMEM address of (lane, column): lane in bits 31..16, column in 15..0.
 __host__ __device__ constexpr uint32_t tmem_addr(uint32_t base, uint32_t lane, uint32_t column) {
   return base + (lane << 16) + column;

@@ -23,7 +23,7 @@ BACKENDS = ("auto", "reference", "sm90", "sm100")
 _ARCH_OF_BACKEND = {"sm90": (9, 0), "sm100": (10, 0)}
 # Kernels in the build that have not run on their hardware yet (README's support matrix):
 # dispatch uses them, with one warning per process.
-UNVERIFIED = {("sm100", "fwd")}
+UNVERIFIED = {("sm100", "fwd"), ("sm100", "bwd")}
 
 
 @dataclass(frozen=True)

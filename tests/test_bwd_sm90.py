@@ -1,6 +1,9 @@
 """SM90 backward kernel against the fp32 reference backward (tolerance rule of DESIGN.md §5), on an
 H100/H200: every feature with awkward sizes, GQA, varlen, deterministic mode (bitwise equal
 runs), and the parameter gradients of a tiny model. Outputs are poisoned as in test_fwd_sm90.
+
+Each test body is a *_case(backend, ...) function, shared with tests/test_bwd_sm100.py (same
+cases, another backend).
 """
 
 import pytest
@@ -14,8 +17,13 @@ from fa4 import build_info, reference
 pytestmark = pytest.mark.gpu
 
 
+def compiled_bwd_hdims(backend):
+    """The (d, d_v) pairs this build compiled a backward for, on backend 'sm90' or 'sm100'."""
+    return [tuple(p) for p in build_info.KERNELS.get("bwd", {}).get(backend, [])]
+
+
 def _bwd_hdims():
-    return [tuple(p) for p in build_info.KERNELS.get("bwd", {}).get("sm90", [])]
+    return compiled_bwd_hdims("sm90")
 
 
 @pytest.fixture(autouse=True)
@@ -56,17 +64,13 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("case", range(len(CASES)))
-@pytest.mark.parametrize("dims", _hdim_pairs(), ids=lambda p: f"d{p[0]}x{p[1]}")
-def test_dense(dims, case, dtype):
-    if dims not in _bwd_hdims():
-        pytest.skip(f"head dims {dims} have no SM90 backward in this build")
+# The cases below are shared with tests/test_bwd_sm100.py (same cases, another backend).
+def dense_case(backend, dims, case, dtype):
     d, d_v = dims
     b, s_q, s_k, h, h_kv, kw = CASES[case]
     q, k, v = make((b, s_q, h, d), (b, s_k, h_kv, d), d_v, dtype, seed=case * 17 + d + d_v)
     dout = torch.randn(b, s_q, h, d_v, device="cuda").to(dtype)
-    got = grads(q, k, v, dout, "sm90", **kw)
+    got = grads(q, k, v, dout, backend, **kw)
     ref = reference_grads(q, k, v, dout, True, **kw)
     low = reference_grads(q, k, v, dout, False, **kw)
     for name, g, r, lo in zip(("dq", "dk", "dv"), got, ref, low, strict=True):
@@ -83,8 +87,7 @@ def test_dense(dims, case, dtype):
         assert_tolerance(name, g, r, lo, dtype)
 
 
-def test_varlen():
-    d = _bwd_hdims()[0][0]
+def varlen_case(backend, d):
     lens_q, lens_k = [0, 1, 17, 300, 129], [5, 0, 40, 300, 128]
     cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32).cuda()
     cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32).cuda()
@@ -93,7 +96,7 @@ def test_varlen():
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     poison()
     out = fa4.attention_varlen(*leaves, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
-                               backend="sm90")  # fmt: skip
+                               backend=backend)  # fmt: skip
     out.backward(dout)
     kw = {"causal": True}
     ref_out, ref_lse = reference.attention_varlen_ref(q, k, v, cu_q, cu_k, **kw)
@@ -105,12 +108,11 @@ def test_varlen():
         assert_tolerance(name, x.grad, r, lo, torch.bfloat16)
 
 
-def test_deterministic_is_bitwise_reproducible():
+def deterministic_case(backend, d):
     """deterministic=True: dq from 5 runs byte-equal (Note [deterministic dQ]); still correct."""
-    d = _bwd_hdims()[-1][0]
     q, k, v = make((2, 1500, 8, d), (2, 1500, 2, d), d, torch.bfloat16, seed=5)
     dout = torch.randn_like(q)
-    runs = [grads(q, k, v, dout, "sm90", causal=True, deterministic=True) for _ in range(5)]
+    runs = [grads(q, k, v, dout, backend, causal=True, deterministic=True) for _ in range(5)]
     for later in runs[1:]:
         for name, a, b in zip(("dq", "dk", "dv"), runs[0], later, strict=True):
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{name} differs"
@@ -120,13 +122,12 @@ def test_deterministic_is_bitwise_reproducible():
         assert_tolerance(name, g, r, lo, torch.bfloat16)
 
 
-def test_default_and_deterministic_modes_both_match_reference():
+def default_and_deterministic_case(backend, d):
     """fp16, non-causal, one long sequence (many kv tiles add to each dQ block) in both modes."""
-    d = _bwd_hdims()[0][0]
     q, k, v = make((1, 2000, 4, d), (1, 2000, 4, d), d, torch.float16, seed=9)
     dout = torch.randn_like(q)
-    fast = grads(q, k, v, dout, "sm90")
-    det = grads(q, k, v, dout, "sm90", deterministic=True)
+    fast = grads(q, k, v, dout, backend)
+    det = grads(q, k, v, dout, backend, deterministic=True)
     ref = reference_grads(q, k, v, dout, True)
     low = reference_grads(q, k, v, dout, False)
     for name, a, b, r, lo in zip(("dq", "dk", "dv"), fast, det, ref, low, strict=True):
@@ -152,10 +153,9 @@ class TinyBlock(torch.nn.Module):
         return x + self.proj(self.attend(q, k, v).reshape(b, s, -1))
 
 
-def test_tiny_model_parameter_gradients():
+def tiny_model_case(backend, d):
     """Parameter gradients of a bf16 block running fa4 against the same block in fp32 with the
     reference attention; the naive bf16 block (attention rounded at every step) sets the bar."""
-    d = _bwd_hdims()[-1][0]
 
     def naive(q, k, v):
         return reference.attention_ref(q, k, v, causal=True, upcast=False)[0]
@@ -164,7 +164,7 @@ def test_tiny_model_parameter_gradients():
         return fa4.attention(q, k, v, causal=True, backend="reference")
 
     def kernel(q, k, v):
-        return fa4.attention(q, k, v, causal=True, backend="sm90")
+        return fa4.attention(q, k, v, causal=True, backend=backend)
 
     torch.manual_seed(0)
     base = TinyBlock(8 * d, 8, 2, None).cuda()
@@ -184,27 +184,27 @@ def test_tiny_model_parameter_gradients():
         assert_tolerance(n, got["fa4"][n], got["ref"][n], got["low"][n], torch.bfloat16)
 
 
-def test_many_ctas_and_seqlen_4224():
+def many_ctas_case(backend, dims):
     """More CTAs than SMs (64 x 16 heads), and the awkward length 4224, causal."""
-    d, d_v = _bwd_hdims()[0]
+    d, d_v = dims
     for b, s, h in ((64, 130, 16), (1, 4224, 2)):
         q, k, v = make((b, s, h, d), (b, s, h, d), d_v, torch.bfloat16, seed=s)
         dout = torch.randn(b, s, h, d_v, device="cuda").to(torch.bfloat16)
-        got = grads(q, k, v, dout, "sm90", causal=True)
+        got = grads(q, k, v, dout, backend, causal=True)
         ref = reference_grads(q, k, v, dout, True, causal=True)
         low = reference_grads(q, k, v, dout, False, causal=True)
         for name, g, r, lo in zip(("dq", "dk", "dv"), got, ref, low, strict=True):
             assert_tolerance(f"{name} b={b} s={s}", g, r, lo, torch.bfloat16)
 
 
-def test_over_2_31_elements():
+def over_2_31_case(backend):
     """int64 offsets in the backward: q, k, v, dout of 2^31 + 2^21 elements each (batch 8320 x
     128 x 16 x 128); the gradients of the last batch entries (offsets past 2^31) against the
     reference on those slices."""
     if torch.cuda.get_device_properties(0).total_memory < 80 << 30:
         pytest.skip("needs ~60 GB of device memory")
     d = 128
-    if (d, d) not in _bwd_hdims():
+    if (d, d) not in compiled_bwd_hdims(backend):
         pytest.skip("hd128 backward not compiled (FA4_HDIMS)")
     b, s, h = 8320, 128, 16
     assert b * s * h * d > 2**31
@@ -212,9 +212,42 @@ def test_over_2_31_elements():
     q, k, v, dout = (
         torch.randn(b, s, h, d, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(4)
     )
-    got = grads(q, k, v, dout, "sm90", causal=True)
+    got = grads(q, k, v, dout, backend, causal=True)
     tail = slice(b - 3, b)
     ref = reference_grads(q[tail], k[tail], v[tail], dout[tail], True, causal=True)
     low = reference_grads(q[tail], k[tail], v[tail], dout[tail], False, causal=True)
     for name, gr, r, lo in zip(("dq", "dk", "dv"), got, ref, low, strict=True):
         assert_tolerance(name, gr[tail], r, lo, torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("dims", _hdim_pairs(), ids=lambda p: f"d{p[0]}x{p[1]}")
+def test_dense(dims, case, dtype):
+    if dims not in _bwd_hdims():
+        pytest.skip(f"head dims {dims} have no SM90 backward in this build")
+    dense_case("sm90", dims, case, dtype)
+
+
+def test_varlen():
+    varlen_case("sm90", _bwd_hdims()[0][0])
+
+
+def test_deterministic_is_bitwise_reproducible():
+    deterministic_case("sm90", _bwd_hdims()[-1][0])
+
+
+def test_default_and_deterministic_modes_both_match_reference():
+    default_and_deterministic_case("sm90", _bwd_hdims()[0][0])
+
+
+def test_tiny_model_parameter_gradients():
+    tiny_model_case("sm90", _bwd_hdims()[-1][0])
+
+
+def test_many_ctas_and_seqlen_4224():
+    many_ctas_case("sm90", _bwd_hdims()[0])
+
+
+def test_over_2_31_elements():
+    over_2_31_case("sm90")

@@ -1,0 +1,66 @@
+// Arch-neutral pieces of the backward kernels (SM90: bwd_sm90_kernel.cuh, SM100:
+// bwd_sm100_kernel.cuh): the grid of kv tiles, the Q blocks a kv tile visits, and the turn
+// counters of deterministic mode. Plain CUDA (no wgmma, no tcgen05).
+#pragma once
+
+#include <stdint.h>
+
+#include "mask.cuh"
+
+namespace fa4 {
+
+// Grid: (kv tile, kv head, batch) flattened into x with the kv tile fastest, so that the
+// hardware's in-order block dispatch starts the tiles of one head in increasing order, which
+// deterministic mode relies on (Note [deterministic dQ]); and no grid dimension limits heads or
+// batch.
+struct BwdGrid {
+  int n_tiles, heads_kv;
+  __device__ void decode(int64_t bid, int& n, int& head_kv, int& b) const {
+    n = int(bid % n_tiles);
+    const int64_t rest = bid / n_tiles;
+    head_kv = int(rest % heads_kv);
+    b = int(rest / heads_kv);
+  }
+};
+
+// The Q blocks (of kBlockM rows) that see kv block n: a contiguous range (Note [mask
+// alignment]), found by asking block_range of each Q block.
+template <class T>
+__device__ __forceinline__ void q_blocks_seeing(const Mask& mask, int n, int& m_begin, int& m_end) {
+  const int m_blocks = (mask.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  m_begin = m_blocks;
+  m_end = 0;
+  for (int m = 0; m < m_blocks; ++m) {
+    const BlockRange br = block_range<T::kBlockM, T::kBlockN>(mask, m);
+    if (br.n_begin <= n && n < br.n_end) {
+      m_begin = m < m_begin ? m : m_begin;
+      m_end = m + 1;
+    }
+  }
+}
+
+// Note [deterministic dQ]: with FwdParams::deterministic, the kv tiles that see a query block
+// (64 rows on SM90, 128 on SM100, which uses the counter of its first 64 rows) add their dQ to it
+// in increasing tile order. The reducer of tile n waits, before its
+// reduce-add, until the block's turn counter (BwdWorkspace::sem) equals the number of tiles
+// before it that see the block (the range [n_begin, n), Note [mask alignment]), and increments
+// it once the add has completed. The float adds to each address then happen in one fixed order,
+// so dQ is bitwise reproducible. A tile only waits on tiles of lower block index, which the
+// in-order block dispatch started earlier (BwdGrid), so the waits cannot deadlock. Only the
+// reducer warp waits; the consumers run on until they need the dQ buffer again.
+__device__ __forceinline__ void dq_turn_wait(const int* sem, int turn) {
+  int seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
+  } while (seen != turn);
+}
+
+__device__ __forceinline__ void dq_turn_pass(int* sem) {
+  // The reduce-add has completed (wait_group without .read); order it before the release.
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  __threadfence();
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(sem) : "memory");
+}
+
+}  // namespace fa4

@@ -1,0 +1,522 @@
+// The roles, kernel and launch of the SM100 backward; the algorithm, roles, barriers, TMEM plan
+// and the MMA order are described in bwd_sm100_kernel.cuh, which includes this file.
+#pragma once
+
+namespace fa4::sm100::bwd {
+
+// ---- Load role -----------------------------------------------------------------------------
+template <class T>
+__device__ void load_role(const KernelParams<T>& kp, typename T::SharedStorage& ss,
+                          const TileWork& t) {
+  const bool varlen = kp.p.fwd.cu_seqlens_q != nullptr;
+  const int bidb = varlen ? 0 : t.b;
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sDO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutDO{});
+  Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_k);
+  Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_v);
+  Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);
+  Tensor mDO = kp.tma_do.get_tma_tensor(kp.shape_do);
+  Tensor gK = local_tile(domain_offset(make_coord(t.seq.offset_k, _0{}), mK(_, _, t.head_kv, bidb)),
+                         Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, make_coord(t.n, _0{}));
+  Tensor gV = local_tile(domain_offset(make_coord(t.seq.offset_k, _0{}), mV(_, _, t.head_kv, bidb)),
+                         Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, make_coord(t.n, _0{}));
+  auto [tKgK, tKsK] =
+      tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+  auto [tVgV, tVsV] =
+      tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+  uint64_t& kv_full = *bar_ptr<T, Bar::kKVFull>(ss);
+  cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&kv_full, T::kKVBytes);
+  copy(kp.tma_k.with(kv_full, 0), tKgK, tKsK(_, 0));
+  copy(kp.tma_v.with(kv_full, 0), tVgV, tVsV(_, 0));
+
+  Ring q_free, do_free;
+  for (int i = 0; i < t.iters; ++i) {
+    const int head = t.head_kv * kp.group + t.g_of(i);
+    const int m = t.m_of(i);
+    Tensor gQ = local_tile(domain_offset(make_coord(t.seq.offset_q, _0{}), mQ(_, _, head, bidb)),
+                           Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, make_coord(m, _0{}));
+    Tensor gDO = local_tile(domain_offset(make_coord(t.seq.offset_q, _0{}), mDO(_, _, head, bidb)),
+                            Shape<Int<T::kBlockM>, Int<T::kHeadDimV>>{}, make_coord(m, _0{}));
+    auto [tQgQ, tQsQ] =
+        tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto [tDgD, tDsD] = tma_partition(kp.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sDO),
+                                      group_modes<0, 2>(gDO));
+    // Q with its rows' lse₂ and D (the workspace pads every sequence to whole 128-row blocks).
+    const int qs = q_free.index(T::kStagesQ);
+    bar_wait(bar_ptr<T, Bar::kQEmpty>(ss, qs), q_free.parity(T::kStagesQ) ^ 1u);
+    ++q_free.count;
+    uint64_t* q_full = bar_ptr<T, Bar::kQFull>(ss, qs);
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(q_full, T::kQBytes);
+    copy(kp.tma_q.with(*q_full, 0), tQgQ, tQsQ(_, qs));
+    const int64_t row = t.row0_ws + int64_t(m) * T::kBlockM;
+    SM90_BULK_COPY_G2S::copy(kp.ws.lse2(head) + row, q_full, ss.lse2[qs], T::kRowStatBytes);
+    SM90_BULK_COPY_G2S::copy(kp.ws.dpsum(head) + row, q_full, ss.dpsum[qs], T::kRowStatBytes);
+    const int ds = do_free.index(T::kStagesDo);
+    bar_wait(bar_ptr<T, Bar::kDoEmpty>(ss, ds), do_free.parity(T::kStagesDo) ^ 1u);
+    ++do_free.count;
+    uint64_t* do_full = bar_ptr<T, Bar::kDoFull>(ss, ds);
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(do_full, T::kDoBytes);
+    copy(kp.tma_do.with(*do_full, 0), tDgD, tDsD(_, ds));
+  }
+}
+
+// ---- MMA role ------------------------------------------------------------------------------
+template <class T>
+__device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const TileWork& t) {
+  using Plan = typename T::Plan;
+  using Element = typename T::Element;
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sDO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutDO{});
+  Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutKt{});
+  Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQt{});
+  Tensor sDOt = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutDOt{});
+  Tensor sDSt = make_tensor(make_smem_ptr(ss.ds.data()), typename T::SmemLayoutDSt{});
+  // Shared-memory descriptors, (atom, 1, k, stage): one per 16-element K slice.
+  auto thr_s = make_tiled_mma(typename T::AtomS{}).get_slice(0);
+  auto thr_dv = make_tiled_mma(typename T::AtomDV{}).get_slice(0);
+  auto thr_dk = make_tiled_mma(typename T::AtomDK{}).get_slice(0);
+  auto thr_dq = make_tiled_mma(typename T::AtomDQ{}).get_slice(0);
+  Tensor dK = thr_s.partition_fragment_A(sK);       // S:  A = K
+  Tensor dQ = thr_s.partition_fragment_B(sQ);       // S:  B = Q
+  Tensor dV = thr_s.partition_fragment_A(sV);       // dP: A = V
+  Tensor dDO = thr_s.partition_fragment_B(sDO);     // dP: B = dO
+  Tensor dDOt = thr_dv.partition_fragment_B(sDOt);  // dV: B = dO, MN-major
+  Tensor dQt = thr_dk.partition_fragment_B(sQt);    // dK: B = Q, MN-major
+  Tensor dDSt = thr_dq.partition_fragment_A(sDSt);  // dQ: A = dSᵀ, MN-major
+  Tensor dKt = thr_dq.partition_fragment_B(sKt);    // dQ: B = K, MN-major
+  constexpr int kKd = T::kHeadDim / T::kMmaK;       // K slices of S and dP
+  constexpr int kKq = T::kBlockM / T::kMmaK;        // of dV and dK (query rows)
+  constexpr int kKkv = T::kBlockN / T::kMmaK;       // of dQ (kv rows)
+  static_assert(size<2>(decltype(dK){}) == kKd && size<2>(decltype(dQt){}) == kKq &&
+                    size<2>(decltype(dDSt){}) == kKkv,
+                "K slices");
+  using namespace UMMA;
+  const uint64_t idesc_s = make_runtime_instr_desc<>(
+      make_instr_desc<Element, Element, float, T::kBlockN, T::kBlockM, Major::K, Major::K>());
+  const uint64_t idesc_dv = make_runtime_instr_desc<>(
+      make_instr_desc<Element, Element, float, T::kBlockN, T::kHeadDimV, Major::K, Major::MN>());
+  const uint64_t idesc_dk = make_runtime_instr_desc<>(
+      make_instr_desc<Element, Element, float, T::kBlockN, T::kHeadDim, Major::K, Major::MN>());
+  const uint64_t idesc_dq = make_runtime_instr_desc<>(
+      make_instr_desc<Element, Element, float, T::kBlockM, T::kHeadDim, Major::MN, Major::MN>());
+
+  Ring q_ready, do_ready, p_ready, ds_ready, dq_free;
+  // S(i) and dP(i) of the Q / dO stage they read.
+  auto issue_s = [&](int qs) {
+    FA4_UNROLL
+    for (int k = 0; k < kKd; ++k) {
+      T::AtomS::fma(dK(_0{}, _0{}, k, 0), dQ(_0{}, _0{}, k, qs), tmem + Plan::kS, k > 0 ? 1u : 0u,
+                    idesc_s);
+    }
+    umma_commit(bar_ptr<T, Bar::kSFull>(ss));
+  };
+  auto issue_dp = [&](int ds) {
+    FA4_UNROLL
+    for (int k = 0; k < kKd; ++k) {
+      T::AtomS::fma(dV(_0{}, _0{}, k, 0), dDO(_0{}, _0{}, k, ds), tmem + Plan::kDP, k > 0 ? 1u : 0u,
+                    idesc_s);
+    }
+    umma_commit(bar_ptr<T, Bar::kDpFull>(ss));
+  };
+  auto wait_q = [&]() {
+    const int qs = q_ready.index(T::kStagesQ);
+    bar_wait(bar_ptr<T, Bar::kQFull>(ss, qs), q_ready.parity(T::kStagesQ));
+    ++q_ready.count;
+    return qs;
+  };
+  auto wait_do = [&]() {
+    const int ds = do_ready.index(T::kStagesDo);
+    bar_wait(bar_ptr<T, Bar::kDoFull>(ss, ds), do_ready.parity(T::kStagesDo));
+    ++do_ready.count;
+    return ds;
+  };
+
+  bar_wait(bar_ptr<T, Bar::kKVFull>(ss), 0);
+  tmem_fence_after_sync();
+  if (t.iters == 0) return;
+  int qs = wait_q();
+  issue_s(qs);
+  int ds = wait_do();
+  issue_dp(ds);
+  for (int i = 0; i < t.iters; ++i) {
+    const bool next = i + 1 < t.iters;
+    bar_wait(bar_ptr<T, Bar::kPFull>(ss), p_ready.parity(1));
+    ++p_ready.count;
+    tmem_fence_after_sync();
+    FA4_UNROLL
+    for (int k = 0; k < kKq; ++k) {
+      T::AtomDV::fma(tmem + Plan::slice_column(Plan::kS, k), dDOt(_0{}, _0{}, k, ds),
+                     tmem + Plan::kDV, (i > 0 || k > 0) ? 1u : 0u, idesc_dv);
+    }
+    umma_commit(bar_ptr<T, Bar::kDoEmpty>(ss, ds));
+    const int qs_i = qs;
+    if (next) {
+      qs = wait_q();
+      issue_s(qs);  // over P(i): in issue order after dV(i), which reads it
+    }
+    bar_wait(bar_ptr<T, Bar::kDsFull>(ss), ds_ready.parity(1));
+    ++ds_ready.count;
+    tmem_fence_after_sync();
+    FA4_UNROLL
+    for (int k = 0; k < kKq; ++k) {
+      T::AtomDK::fma(tmem + Plan::slice_column(Plan::kDP, k), dQt(_0{}, _0{}, k, qs_i),
+                     tmem + Plan::kDK, (i > 0 || k > 0) ? 1u : 0u, idesc_dk);
+    }
+    umma_commit(bar_ptr<T, Bar::kQEmpty>(ss, qs_i));
+    FA4_UNROLL
+    for (int k = 0; k < kKkv; ++k) {
+      // Over dS(i): in issue order after dK(i), which reads it (Note [bwd MMA order]).
+      T::AtomDQ::fma(dDSt(_0{}, _0{}, k, 0), dKt(_0{}, _0{}, k, 0), tmem + Plan::kDQ,
+                     k > 0 ? 1u : 0u, idesc_dq);
+    }
+    umma_commit(bar_ptr<T, Bar::kDsEmpty>(ss));
+    umma_commit(bar_ptr<T, Bar::kDqFull>(ss));
+    if (next) {
+      ds = wait_do();
+      bar_wait(bar_ptr<T, Bar::kDqEmpty>(ss), dq_free.parity(1));
+      ++dq_free.count;
+      tmem_fence_after_sync();
+      issue_dp(ds);  // over dQ(i), which the reduce warpgroup has loaded
+    }
+  }
+  umma_commit(bar_ptr<T, Bar::kDkvFull>(ss));
+}
+
+// ---- Compute roles -------------------------------------------------------------------------
+// Warpgroup w owns query columns [64 w, 64 w + 64) of S and dP; thread `row` holds kv row `row`.
+// Mask and softcap are decided once per block (run-time tests inside the unrolled loops keep a
+// branch per element, as the SM90 backward found).
+template <class T>
+__device__ void compute_role(const KernelParams<T>& kp, typename T::SharedStorage& ss,
+                             uint32_t tmem, const TileWork& t, int w, int row) {
+  using Element = typename T::Element;
+  using Plan = typename T::Plan;
+  constexpr int kCols = T::kBlockM / 2;  // query columns of this warpgroup
+  const uint32_t lane_base = uint32_t(row & ~31) << 16;
+  const int c0 = w * kCols;
+  Tensor sDS = make_tensor(make_smem_ptr(ss.ds.data()), typename T::SmemLayoutDS{});
+  const int kv = t.n * T::kBlockN + row;         // key index within the sequence
+  const RowBounds seen = t.mask.col_bounds(kv);  // the query rows that see this key
+  Ring q_ready, s_ready, dp_ready, ds_free;
+  for (int i = 0; i < t.iters; ++i) {
+    const int m = t.m_of(i);
+    const int q0 = m * T::kBlockM + c0;  // query row of this warpgroup's column 0
+    const bool masked = block_range<T::kBlockM, T::kBlockN>(t.mask, m).needs_mask(t.n);
+    const int qs = q_ready.index(T::kStagesQ);
+    bar_wait(bar_ptr<T, Bar::kQFull>(ss, qs), q_ready.parity(T::kStagesQ));
+    ++q_ready.count;
+    const float* lse2 = ss.lse2[qs] + c0;
+    const float* dpsum = ss.dpsum[qs] + c0;
+
+    bar_wait(bar_ptr<T, Bar::kSFull>(ss), s_ready.parity(1));
+    ++s_ready.count;
+    tmem_fence_after_sync();
+    // P (16-bit, to TMEM over S, 32 columns at a time) and the factor dS needs besides dP − D:
+    // P, or P·(1 − x²) with softcap (x = tanh of the scaled score).
+    float dsf[kCols];
+    auto prob = [&](auto masked_c, auto softcap_c) {
+      constexpr bool kMasked = decltype(masked_c)::value, kSoftcap = decltype(softcap_c)::value;
+      FA4_UNROLL
+      for (int c = 0; c < kCols / 32; ++c) {
+        uint32_t r[32];
+        tmem_load_32(tmem + lane_base + Plan::kS + c0 + 32 * c, r);
+        tmem_wait_ld();
+        uint32_t p16[16];
+        FA4_UNROLL
+        for (int j = 0; j < 32; ++j) {
+          const int e = 32 * c + j;
+          float x = __uint_as_float(r[j]);
+          if constexpr (kSoftcap) x = tanhf(x * kp.score.pre);
+          float pv = exp2_hw(fmaf(x, kp.score.scale_log2, -lse2[e]));
+          if constexpr (kMasked) pv = seen.contains(q0 + e) ? pv : 0.0f;
+          dsf[e] = kSoftcap ? pv * (1.0f - x * x) : pv;
+          r[j] = __float_as_uint(pv);
+        }
+        FA4_UNROLL
+        for (int j = 0; j < 16; ++j) {
+          p16[j] = pack2<Element>(__uint_as_float(r[2 * j]), __uint_as_float(r[2 * j + 1]));
+        }
+        // P of columns [32 c, 32 c + 32) lands on S columns [16 c, 16 c + 16) of this
+        // warpgroup, which chunk 0's load has already read.
+        tmem_store_16(tmem + lane_base + Plan::slice_column(Plan::kS, (c0 + 32 * c) / T::kMmaK),
+                      p16);
+      }
+    };
+    using True = cute::true_type;
+    using False = cute::false_type;
+    if (masked) {
+      kp.score.softcap ? prob(True{}, True{}) : prob(True{}, False{});
+    } else {
+      kp.score.softcap ? prob(False{}, True{}) : prob(False{}, False{});
+    }
+    tmem_wait_st();
+    tmem_fence_before_sync();
+    bar_arrive(bar_ptr<T, Bar::kPFull>(ss));
+
+    bar_wait(bar_ptr<T, Bar::kDpFull>(ss), dp_ready.parity(1));
+    ++dp_ready.count;
+    tmem_fence_after_sync();
+    // dS goes to shared memory too (for dQ), once dQ(i-1) has read the previous one.
+    if (i > 0) {
+      bar_wait(bar_ptr<T, Bar::kDsEmpty>(ss), ds_free.parity(1));
+      ++ds_free.count;
+    }
+    FA4_UNROLL
+    for (int c = 0; c < kCols / 32; ++c) {
+      uint32_t dp[32];
+      tmem_load_32(tmem + lane_base + Plan::kDP + c0 + 32 * c, dp);
+      tmem_wait_ld();
+      uint32_t ds16[16];
+      FA4_UNROLL
+      for (int j = 0; j < 16; ++j) {
+        const int e = 32 * c + 2 * j;
+        ds16[j] = pack2<Element>(dsf[e] * (__uint_as_float(dp[2 * j]) - dpsum[e]),
+                                 dsf[e + 1] * (__uint_as_float(dp[2 * j + 1]) - dpsum[e + 1]));
+      }
+      tmem_store_16(tmem + lane_base + Plan::slice_column(Plan::kDP, (c0 + 32 * c) / T::kMmaK),
+                    ds16);
+      FA4_UNROLL
+      for (int v = 0; v < 4; ++v) {
+        *reinterpret_cast<uint4*>(&sDS(row, c0 + 32 * c + 8 * v, 0)) =
+            make_uint4(ds16[4 * v], ds16[4 * v + 1], ds16[4 * v + 2], ds16[4 * v + 3]);
+      }
+    }
+    fence_async_smem();
+    tmem_wait_st();
+    tmem_fence_before_sync();
+    bar_arrive(bar_ptr<T, Bar::kDsFull>(ss));
+  }
+
+  // dK (warpgroup 0, scaled by softmax_scale: dS is the gradient of the scaled scores) and dV
+  // (warpgroup 1) of this tile, summed over the group; zeros when no Q block sees the tile.
+  const BwdParams& p = kp.p;
+  const bool varlen = p.fwd.cu_seqlens_q != nullptr;
+  const int bidb = varlen ? 0 : t.b;
+  const bool in_seq = kv < t.seq.seqlen_k;
+  const int64_t grow = int64_t(t.seq.offset_k) + kv;
+  Element* out = w == 0 ? static_cast<Element*>(p.dk) + int64_t(bidb) * p.dk_batch_stride +
+                              grow * p.dk_row_stride + int64_t(t.head_kv) * p.dk_head_stride
+                        : static_cast<Element*>(p.dv) + int64_t(bidb) * p.dv_batch_stride +
+                              grow * p.dv_row_stride + int64_t(t.head_kv) * p.dv_head_stride;
+  const float scale = w == 0 ? p.fwd.softmax_scale : 1.0f;
+  const uint32_t region = w == 0 ? Plan::kDK : Plan::kDV;
+  static_assert(T::kHeadDim == T::kHeadDimV, "one loop for dK and dV");
+  if (t.iters > 0) {
+    bar_wait(bar_ptr<T, Bar::kDkvFull>(ss), 0);
+    tmem_fence_after_sync();
+  }
+  // tcgen05.ld is .sync.aligned: the whole warp loads, only the stores are per row.
+  if (__any_sync(0xffffffffu, in_seq)) {
+    FA4_UNROLL
+    for (int c = 0; c < T::kHeadDim / 32; ++c) {
+      uint32_t o[32];
+      if (t.iters > 0) {
+        tmem_load_32(tmem + lane_base + region + 32 * c, o);
+        tmem_wait_ld();
+      } else {
+        FA4_UNROLL
+        for (int j = 0; j < 32; ++j) o[j] = 0u;
+      }
+      FA4_UNROLL
+      for (int j = 0; j < 16; ++j) {
+        o[j] = pack2<Element>(__uint_as_float(o[2 * j]) * scale,
+                              __uint_as_float(o[2 * j + 1]) * scale);
+      }
+      if (in_seq) {
+        FA4_UNROLL
+        for (int v = 0; v < 4; ++v) {
+          reinterpret_cast<uint4*>(out + 32 * c)[v] =
+              make_uint4(o[4 * v], o[4 * v + 1], o[4 * v + 2], o[4 * v + 3]);
+        }
+      }
+    }
+  }
+}
+
+// ---- Reduce role ---------------------------------------------------------------------------
+// Note [sm100 dQ]: dQ(i) (128 query rows × d, fp32, summed over this tile's 128 kv rows by one
+// MMA) goes to the workspace's row-major accumulator as d / 32 TMA reduce-adds of 128 × 32
+// sub-tiles (cp.reduce.async.bulk.tensor .add, UTMAREDG): 4 operations per 128-row block at d =
+// 128, where a per-element atomic scheme issues 128·128 = 16384 (per 16-byte vector, 4096). The
+// warpgroup loads the whole dQ before releasing TMEM (kDqEmpty), so the next dP starts while the
+// sub-tiles go out through two staging buffers. Deterministic mode: the block's reduce-adds wait
+// for its turn counter (Note [deterministic dQ]).
+template <class T>
+__device__ void reduce_role(const KernelParams<T>& kp, typename T::SharedStorage& ss, uint32_t tmem,
+                            const TileWork& t, int row) {
+  using Plan = typename T::Plan;
+  constexpr int kChunks = T::kHeadDim / T::kDqCols;
+  constexpr int kBarrierId = 1;  // named barrier of the 128 reduce threads
+  const uint32_t lane_base = uint32_t(row & ~31) << 16;
+  const bool leader = row == 0;
+  Tensor mDQ = kp.tma_dq.get_tma_tensor(kp.shape_dq);
+  auto tma = kp.tma_dq.get_slice(_0{});
+  Ring dq_ready;
+  for (int i = 0; i < t.iters; ++i) {
+    const int head = t.head_kv * kp.group + t.g_of(i);
+    const int m = t.m_of(i);
+    const int64_t wrow = t.row0_ws + int64_t(m) * T::kBlockM;
+    bar_wait(bar_ptr<T, Bar::kDqFull>(ss), dq_ready.parity(1));
+    ++dq_ready.count;
+    tmem_fence_after_sync();
+    uint32_t dq[T::kHeadDim];
+    FA4_UNROLL
+    for (int c = 0; c < kChunks; ++c) {
+      tmem_load_32(tmem + lane_base + Plan::kDQ + 32 * c,
+                   *reinterpret_cast<uint32_t (*)[32]>(&dq[32 * c]));
+    }
+    tmem_wait_ld();
+    tmem_fence_before_sync();
+    bar_arrive(bar_ptr<T, Bar::kDqEmpty>(ss));
+    int* sem = kp.p.fwd.deterministic ? kp.ws.sem(head, wrow) : nullptr;
+    if (leader && sem != nullptr) {
+      dq_turn_wait(sem, t.n - block_range<T::kBlockM, T::kBlockN>(t.mask, m).n_begin);
+    }
+    Tensor gDQ = local_tile(mDQ(_, _, head), Shape<Int<T::kBlockM>, Int<T::kDqCols>>{},
+                            make_coord(int(wrow / T::kBlockM), _));
+    FA4_UNROLL
+    for (int c = 0; c < kChunks; ++c) {
+      const int buf = c % T::kDqBuffers;
+      Tensor sDQ = make_tensor(make_smem_ptr(ss.dq[buf].data()), typename T::SmemLayoutDQ{});
+      // The buffer's previous reduce-add has read it: at most kDqBuffers - 1 in flight.
+      if (leader) tma_store_wait<T::kDqBuffers - 1>();
+      cutlass::arch::NamedBarrier::sync(128, kBarrierId);
+      FA4_UNROLL
+      for (int v = 0; v < T::kDqCols / 4; ++v) {
+        *reinterpret_cast<uint4*>(&sDQ(row, 4 * v)) =
+            make_uint4(dq[32 * c + 4 * v], dq[32 * c + 4 * v + 1], dq[32 * c + 4 * v + 2],
+                       dq[32 * c + 4 * v + 3]);
+      }
+      fence_async_smem();
+      cutlass::arch::NamedBarrier::sync(128, kBarrierId);
+      if (leader) {
+        copy(kp.tma_dq, tma.partition_S(sDQ), tma.partition_D(gDQ(_, _, c)));
+        tma_store_arrive();
+      }
+    }
+    if (leader && sem != nullptr) dq_turn_pass(sem);
+  }
+  // The last reduce-adds must finish reading shared memory before the CTA goes away.
+  if (leader) tma_store_wait<0>();
+}
+
+// ---- Kernel --------------------------------------------------------------------------------
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    bwd_kernel(const __grid_constant__ KernelParams<T> kp) {
+#if defined(__CUDA_ARCH_FEAT_SM100_ALL)
+  extern __shared__ char smem[];
+  auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem);
+  const int warp = threadIdx.x / 32;
+  const Role role = warp_role(warp);
+  if (threadIdx.x == 0) {
+    cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    init_barriers<T>(ss, std::make_integer_sequence<int, int(Bar::kCount)>{});
+    cutlass::arch::fence_barrier_init();
+  }
+  if (role == Role::kMma) {
+    tmem_allocate(&ss.tmem_base, T::Plan::kAllocColumns);
+    tmem_relinquish();
+  }
+  tmem_fence_before_sync();
+  __syncthreads();
+  tmem_fence_after_sync();
+  const uint32_t tmem = ss.tmem_base;
+  const TileWork t = tile_work(kp);
+  const int lane = threadIdx.x % 32;
+  switch (role) {
+    case Role::kCompute0:
+    case Role::kCompute1:
+      cutlass::arch::warpgroup_reg_alloc<kRegsCompute>();
+      compute_role(kp, ss, tmem, t, role == Role::kCompute0 ? 0 : 1, threadIdx.x % 128);
+      break;
+    case Role::kReduce:
+      cutlass::arch::warpgroup_reg_alloc<kRegsReduce>();
+      reduce_role(kp, ss, tmem, t, threadIdx.x % 128);
+      break;
+    default:
+      cutlass::arch::warpgroup_reg_dealloc<kRegsOther>();
+      if (role == Role::kMma && lane == 0) mma_role<T>(ss, tmem, t);
+      if (role == Role::kLoad && lane == 0) load_role(kp, ss, t);
+      break;
+  }
+  // Every tcgen05 operation has completed: the compute warpgroups waited for kDkvFull (committed
+  // after the last MMA) and the reduce warpgroup for its own loads.
+  tmem_fence_before_sync();
+  __syncthreads();
+  if (role == Role::kMma) {
+    tmem_fence_after_sync();
+    tmem_free(tmem, T::Plan::kAllocColumns);
+  }
+#endif
+}
+
+// ---- Launch --------------------------------------------------------------------------------
+template <class T>
+Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaStream_t stream) {
+  using Element = typename T::Element;
+  const FwdParams& f = p.fwd;
+  KernelParams<T> kp;
+  kp.p = p;
+  kp.ws = workspace_of(f, workspace);
+  kp.score = ScoreScale::make(f.softmax_scale, f.softcap);
+  kp.group = f.heads_q / f.heads_kv;
+  const sm90::GmemView q = sm90::gmem_view(f, f.q, false, T::kHeadDim, f.q_row_stride,
+                                           f.q_head_stride, f.q_batch_stride);
+  const sm90::GmemView dout = sm90::gmem_view(f, p.dout, false, T::kHeadDimV, p.dout_row_stride,
+                                              p.dout_head_stride, p.dout_batch_stride);
+  const sm90::GmemView k =
+      sm90::gmem_view(f, f.k, true, T::kHeadDim, f.k_row_stride, f.k_head_stride, f.k_batch_stride);
+  const sm90::GmemView v = sm90::gmem_view(f, f.v, true, T::kHeadDimV, f.v_row_stride,
+                                           f.v_head_stride, f.v_batch_stride);
+  kp.shape_q = q.shape();
+  kp.shape_do = dout.shape();
+  kp.shape_k = k.shape();
+  kp.shape_v = v.shape();
+  kp.shape_dq = make_shape(int(kp.ws.rows), kp.ws.head_dim, kp.ws.heads);
+  kp.tma_q = sm90::make_tma_tile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>(q);
+  kp.tma_do =
+      sm90::make_tma_tile<Element, typename T::SmemLayoutDO, T::kBlockM, T::kHeadDimV>(dout);
+  kp.tma_k = sm90::make_tma_tile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>(k);
+  kp.tma_v = sm90::make_tma_tile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(v);
+  const RowBlockGrid row_grid = RowBlockGrid::of(f);
+  const int64_t pp_blocks = row_grid.blocks(f);
+  if (pp_blocks > 0) {
+    kp.tma_dq = make_tma_dq<T>(kp.ws);
+    bwd_preprocess<Element><<<unsigned(pp_blocks), 256, 0, stream>>>(p, kp.ws, row_grid);
+  }
+  kp.grid = {(f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv};
+  const int64_t blocks = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
+  if (blocks > 0) {
+    const Status s = launch_kernel("bwd_sm100", bwd_kernel<T>, dim3(unsigned(blocks)), T::kThreads,
+                                   T::kSmemBytes, stream, kp);
+    if (s != Status::kOk) return s;
+  }
+  if (pp_blocks > 0) {
+    bwd_postprocess_rows<Element, T::kHeadDim>
+        <<<unsigned(pp_blocks), 256, 0, stream>>>(p, kp.ws, row_grid);
+  }
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    return kernel_fail(Status::kCudaError, "bwd_sm100 postprocess launch: %s",
+                       cudaGetErrorString(e));
+  }
+  return Status::kOk;
+}
+
+template <int D, int DV>
+Status launch_bwd_dtype(const BwdParams& p, const DeviceInfo& dev, void* ws, cudaStream_t s) {
+  if (p.fwd.dtype == DType::kBFloat16) {
+    return launch_bwd<BwdTraits<D, DV, cutlass::bfloat16_t>>(p, dev, ws, s);
+  }
+  return launch_bwd<BwdTraits<D, DV, cutlass::half_t>>(p, dev, ws, s);
+}
+
+}  // namespace fa4::sm100::bwd
