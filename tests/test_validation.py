@@ -245,9 +245,10 @@ def test_tma_alignment_rule():
     assert "multiples" in tma_incompatible(one_row)  # the head stride (65) still counts
 
 
-def test_unverified_kernel_is_used_with_one_warning(monkeypatch):
-    """A kernel that has never run on its hardware (the SM100 forward) is dispatched on that
-    hardware, but says so once per process (README's support matrix)."""
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_unverified_kernel_is_used_with_one_warning(monkeypatch, direction):
+    """A kernel that has never run on its hardware (the SM100 forward and backward) is dispatched
+    on that hardware, but says so once per process (README's support matrix)."""
     import warnings
 
     from fa4 import build_info, dispatch
@@ -258,12 +259,12 @@ def test_unverified_kernel_is_used_with_one_warning(monkeypatch):
     q = torch.zeros(1, 8, 1, 128, dtype=torch.bfloat16)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert dispatch.kernel_for(q, q, "auto", "fwd") == "sm100"
-        assert dispatch.kernel_for(q, q, "sm100", "fwd") == "sm100"
+        assert dispatch.kernel_for(q, q, "auto", direction) == "sm100"
+        assert dispatch.kernel_for(q, q, "sm100", direction) == "sm100"
     said = [str(w.message) for w in caught]
-    assert len(said) == 1 and "never executed" in said[0], said
+    assert len(said) == 1 and "never executed" in said[0] and direction in said[0], said
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
-        assert dispatch.kernel_for(q, q, "auto", "fwd") == "sm90"
+        assert dispatch.kernel_for(q, q, "auto", direction) == "sm90"
     assert not caught
