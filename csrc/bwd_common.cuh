@@ -9,14 +9,17 @@
 
 namespace fa4 {
 
-// Grid: (kv tile, kv head, batch) flattened into x with the kv tile fastest, so that the
-// hardware's in-order block dispatch starts the tiles of one head in increasing order, which
-// deterministic mode relies on (Note [deterministic dQ]); and no grid dimension limits heads or
-// batch.
+// Grid: (kv tile, kv head, batch) flattened into x with the kv tile fastest, and no grid
+// dimension limiting heads or batch. The hardware dispatches blocks in increasing index order:
+// by default tile 0 first, the longest one under a causal mask (it sees every Q block); in
+// deterministic mode the last tile first, because each tile waits only on higher tiles (Note
+// [deterministic dQ]).
 struct BwdGrid {
   int n_tiles, heads_kv;
+  bool descending = false;  // deterministic mode
   __device__ void decode(int64_t bid, int& n, int& head_kv, int& b) const {
     n = int(bid % n_tiles);
+    if (descending) n = n_tiles - 1 - n;
     const int64_t rest = bid / n_tiles;
     head_kv = int(rest % heads_kv);
     b = int(rest / heads_kv);
@@ -41,13 +44,23 @@ __device__ __forceinline__ void q_blocks_seeing(const Mask& mask, int n, int& m_
 
 // Note [deterministic dQ]: with FwdParams::deterministic, the kv tiles that see a query block
 // (64 rows on SM90, 128 on SM100, which uses the counter of its first 64 rows) add their dQ to it
-// in increasing tile order. The reducer of tile n waits, before its
-// reduce-add, until the block's turn counter (BwdWorkspace::sem) equals the number of tiles
-// before it that see the block (the range [n_begin, n), Note [mask alignment]), and increments
-// it once the add has completed. The float adds to each address then happen in one fixed order,
-// so dQ is bitwise reproducible. A tile only waits on tiles of lower block index, which the
-// in-order block dispatch started earlier (BwdGrid), so the waits cannot deadlock. Only the
-// reducer warp waits; the consumers run on until they need the dQ buffer again.
+// in decreasing tile order. The reducer of tile n waits, before its reduce-add, until the block's
+// turn counter (BwdWorkspace::sem) equals the number of tiles after it that see the block
+// (dq_turn: the range (n, n_end), Note [mask alignment]), and increments it once the add has
+// completed. The float adds to each address then happen in one fixed order, so dQ is bitwise
+// reproducible. Decreasing order, because every tile walks its Q blocks upwards: under a causal
+// mask tile n's first block is its diagonal block n, which no higher tile sees, and block n + j
+// is its j-th, the (j-1)-th of tile n + 1; so each tile needs from the tile above it a block that
+// tile reached one iteration earlier, and the tiles run skewed by one iteration instead of
+// waiting (in increasing order tile n waited for tile n - 1's (j+1)-th iteration, and the waits
+// added up along the tiles: 40-58 % of the causal backward's time, docs/perf.md). A tile only waits
+// on tiles of higher index, which the grid dispatches earlier in this mode (BwdGrid::descending),
+// so the waits cannot deadlock. Only the reducer waits; the consumers run on until they need the
+// dQ buffer again.
+__device__ __forceinline__ int dq_turn(const BlockRange& br, int n) {
+  return br.n_end - 1 - n;
+}
+
 __device__ __forceinline__ void dq_turn_wait(const int* sem, int turn) {
   int seen;
   do {

@@ -374,7 +374,7 @@ __device__ void reduce_role(const KernelParams<T>& kp, typename T::SharedStorage
     bar_arrive(bar_ptr<T, Bar::kDqEmpty>(ss));
     int* sem = kp.p.fwd.deterministic ? kp.ws.sem(head, wrow) : nullptr;
     if (leader && sem != nullptr) {
-      dq_turn_wait(sem, t.n - block_range<T::kBlockM, T::kBlockN>(t.mask, m).n_begin);
+      dq_turn_wait(sem, dq_turn(block_range<T::kBlockM, T::kBlockN>(t.mask, m), t.n));
     }
     Tensor gDQ = local_tile(mDQ(_, _, head), Shape<Int<T::kBlockM>, Int<T::kDqCols>>{},
                             make_coord(int(wrow / T::kBlockM), _));
@@ -492,7 +492,7 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
     kp.tma_dq = make_tma_dq<T>(kp.ws);
     bwd_preprocess<Element><<<unsigned(pp_blocks), 256, 0, stream>>>(p, kp.ws, row_grid);
   }
-  kp.grid = {(f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv};
+  kp.grid = {(f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.deterministic};
   const int64_t blocks = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
   if (blocks > 0) {
     const Status s = launch_kernel("bwd_sm100", bwd_kernel<T>, dim3(unsigned(blocks)), T::kThreads,

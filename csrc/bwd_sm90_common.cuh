@@ -27,7 +27,9 @@ struct BwdTraits {
   static constexpr int kHeadDimV = kHeadDimV_;
   static_assert(kHeadDim <= 128 && kHeadDimV <= 128, "register budget: see the header note");
   static constexpr bool kSplitD = false;
-  static constexpr int kBlockM = 64;   // query rows per step (wgmma N of Sᵀ)
+  // Query rows per step (wgmma N of Sᵀ): 128 at d <= 64, where the registers allow it and each
+  // step then carries twice the FLOPs per synchronization; 64 above.
+  static constexpr int kBlockM = kHeadDim <= 64 && kHeadDimV <= 64 ? 128 : 64;
   static constexpr int kBlockN = 128;  // kv rows per CTA, 64 per consumer warpgroup
   static constexpr int kStages = 2;
   static constexpr int kConsumerThreads = 256;
@@ -348,7 +350,7 @@ __device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,
       int* sem = kp.p.fwd.deterministic ? kp.ws.sem(head, row) : nullptr;
       if (sem != nullptr) {
         const int m = int(row - row0_ws) / T::kBlockM;
-        dq_turn_wait(sem, n - block_range<T::kBlockM, T::kBlockN>(mask, m).n_begin);
+        dq_turn_wait(sem, dq_turn(block_range<T::kBlockM, T::kBlockN>(mask, m), n));
       }
       float* dst = kp.ws.dq(head) + row * T::kHeadDim;
       asm volatile(

@@ -138,7 +138,7 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
     const int64_t row = row0_ws + int64_t(m) * kM;
     int* sem = f.deterministic ? kp.ws.sem(head, row) : nullptr;
     if (sem != nullptr) {
-      dq_turn_wait_all(sem, n - block_range<kM, kN>(mask, m).n_begin, tid, T::kConsumerThreads);
+      dq_turn_wait_all(sem, dq_turn(block_range<kM, kN>(mask, m), n), tid, T::kConsumerThreads);
     }
     float* dq = kp.ws.dq(head) + row * T::kHeadDim + 4 * tid;
     CUTLASS_PRAGMA_UNROLL

@@ -171,7 +171,7 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
   if (pp_blocks > 0) {
     bwd_preprocess<Element><<<unsigned(pp_blocks), 256, 0, stream>>>(p, kp.ws, row_grid);
   }
-  kp.grid = {(f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv};
+  kp.grid = {(f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.deterministic};
   const int64_t blocks = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
   if (blocks > 0) {
     const Status s = launch_kernel("bwd_sm90", bwd_kernel<T>, dim3(unsigned(blocks)), T::kThreads,
