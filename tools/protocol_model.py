@@ -17,6 +17,8 @@ checks:
 The MMA thread's tcgen05 operations execute in issue order (a FIFO; tcgen05.commit arrives when
 everything issued before it has completed); `mma_in_order=False` lets MMAs complete in any
 order, to show that the kernel relies on that ordering.
+The steps, the explorer (Machine, search) and the checks are shared with the backward kernel's
+model, tools/protocol_model_bwd.py.
 
 Usage: python tools/protocol_model.py [N ...]   (KV blocks per consecutive work tile; default
 3). `3` takes ~2 s, `2 2` ~30 s and 0.9 M states.
@@ -115,6 +117,10 @@ class Tma:  # arrive_and_expect_tx + TMA copy: the write and the arrival happen 
     buf: str
     tag: tuple
     reads: int
+    more: tuple = ()  # further (buf, tag, reads) of the same transaction (one arrival)
+
+    def writes(self):
+        return ((self.buf, self.tag, self.reads),) + self.more
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,10 @@ class Mma:  # tcgen05.mma: reads and write happen when it executes (asynchronous
     buf: str
     tag: tuple
     reads_of_result: int
+    more: tuple = ()  # further (buf, tag, reads) it writes (the halves of a TMEM region)
+
+    def writes(self):
+        return ((self.buf, self.tag, self.reads_of_result),) + self.more
 
 
 @dataclass(frozen=True)
@@ -311,34 +321,87 @@ def programs(cfg: Config, S: int) -> dict[str, list]:
     return {r: _mutate(r, _annotate(prog), cfg) for r, prog in progs.items()}
 
 
-def _annotate(prog):
+# ---- Shared by the forward and backward models ---------------------------------------------
+def annotate(prog, free_at_start=None):
     """The completion each wait means, counted independently of the parity the program
-    computes: the k-th wait (from 0) of a role on a copy needs k + 1 completions of a "full"
-    barrier, k of an "Empty" one (a free buffer: k earlier releases). Done before mutations,
-    so that a dropped wait does not shift the meaning of the later ones."""
+    computes: the k-th wait (from 0) of a role on a copy needs k + 1 completions, or k for a
+    barrier in free_at_start (a buffer free before its first use: k earlier releases; None:
+    every "...Empty" barrier). Done before mutations, so that a dropped wait does not shift
+    the meaning of the later ones."""
     out, count = [], {}
     for st in prog:
         if isinstance(st, Wait):
             k = count.get((st.bar, st.idx), 0)
             count[(st.bar, st.idx)] = k + 1
-            st = replace(st, need=k + (0 if st.bar.endswith("Empty") else 1))
+            free = st.bar.endswith("Empty") if free_at_start is None else st.bar in free_at_start
+            st = replace(st, need=k + (0 if free else 1))
         out.append(st)
     return out
 
 
-def _mutate(role, prog, cfg):
+def mutate(role, prog, drop, flip):
+    """Removes the steps named in drop, (role, step kind, bar, occurrence), and flips the
+    parity of the waits named in flip, (role, bar, occurrence); occurrences count from 0 per
+    (step kind, bar) in the role's program."""
     out, seen = [], {}
     for st in prog:
         bar = getattr(st, "bar", None)
         key = (type(st).__name__, bar)
         k = seen.get(key, 0)
         seen[key] = k + 1
-        if (role, type(st).__name__, bar, k) in cfg.drop:
+        if (role, type(st).__name__, bar, k) in drop:
             continue
-        if isinstance(st, Wait) and (role, bar, k) in cfg.flip:
+        if isinstance(st, Wait) and (role, bar, k) in flip:
             st = replace(st, parity=st.parity ^ 1)
         out.append(st)
     return out
+
+
+def _annotate(prog):
+    return annotate(prog)
+
+
+def _mutate(role, prog, cfg):
+    return mutate(role, prog, cfg.drop, cfg.flip)
+
+
+def check_programs(
+    progs: dict[str, list], bars: dict[str, tuple], role_of, every_named_role: bool = False
+) -> list[str]:
+    """The programs use exactly the barriers of `bars`, {name: (copies, from, to)}, from the
+    roles their comments name (role_of maps a comment's role to the program roles). With
+    every_named_role, each role a comment names must also use the barrier on its side."""
+    errors = []
+    used, sides = set(), set()
+    for role, prog in progs.items():
+        for st in prog:
+            bar = getattr(st, "bar", None)
+            if bar is None:
+                continue
+            used.add(bar)
+            if bar not in bars:
+                errors.append(f"{role} uses {bar}, which is not in kBarriers")
+                continue
+            copies, src, dst = bars[bar]
+            if not 0 <= st.idx < copies:
+                errors.append(f"{role}: {bar}[{st.idx}] out of {copies} copies")
+            waits = isinstance(st, Wait)
+            side = dst if waits else src
+            sides.add((bar, waits, role))
+            if role not in role_of(side):
+                what = "waits on" if waits else "arrives on"
+                errors.append(f"{role} {what} {bar}, whose comment says {side}")
+    for bar in sorted(set(bars) - used):
+        errors.append(f"{bar} is in kBarriers but no role program uses it")
+    if every_named_role:
+        for bar in sorted(set(bars) & used):
+            _, src, dst = bars[bar]
+            for waits, side in ((False, src), (True, dst)):
+                for role in sorted(role_of(side)):
+                    if (bar, waits, role) not in sides:
+                        what = "wait on" if waits else "arrive on"
+                        errors.append(f"{role} does not {what} {bar}, whose comment names it")
+    return errors
 
 
 def _role_of(name: str) -> set[str]:
@@ -347,49 +410,38 @@ def _role_of(name: str) -> set[str]:
 
 def check_consistency(table: Table, progs: dict[str, list], S: int) -> list[str]:
     """The programs use exactly the parsed barriers, from the roles the comments name."""
-    errors = []
-    used = set()
-    for role, prog in progs.items():
-        for st in prog:
-            bar = getattr(st, "bar", None)
-            if bar is None:
-                continue
-            used.add(bar)
-            if bar not in table.bars:
-                errors.append(f"{role} uses {bar}, which is not in kBarriers")
-                continue
-            spec = table.bars[bar]
-            copies = S if spec.per_stage else Q_TILES
-            if not 0 <= st.idx < copies:
-                errors.append(f"{role}: {bar}[{st.idx}] out of {copies} copies")
-            side = spec.dst if isinstance(st, Wait) else spec.src
-            if role not in _role_of(side):
-                what = "waits on" if isinstance(st, Wait) else "arrives on"
-                errors.append(f"{role} {what} {bar}, whose comment says {side}")
-    for bar in sorted(set(table.bars) - used):
-        errors.append(f"{bar} is in kBarriers but no role program uses it")
-    return errors
+    bars = {
+        name: (S if spec.per_stage else Q_TILES, spec.src, spec.dst)
+        for name, spec in table.bars.items()
+    }
+    return check_programs(progs, bars, _role_of)
 
 
 # ---- Explorer ------------------------------------------------------------------------------
-class Model:
-    def __init__(self, table: Table, cfg: Config):
-        self.cfg = cfg
-        self.S = cfg.stages if cfg.stages is not None else table.stages
-        self.progs = programs(cfg, self.S)
-        self.errors = check_consistency(table, self.progs, self.S)
-        if self.errors:
-            raise ValueError("model and kBarriers disagree:\n  " + "\n  ".join(self.errors))
+class Machine:
+    """The state machine of one CTA: role programs, barrier copies {name: (copies, arrivals)}
+    and the buffers the programs name."""
+
+    def __init__(self, bars: dict[str, tuple], progs: dict[str, list], mma_in_order: bool):
+        self.progs = progs
+        self.mma_in_order = mma_in_order
         self.roles = list(self.progs)
         # Copy slots and their init counts.
         self.slot = {}
         self.expected = []
-        for name, spec in table.bars.items():
-            for i in range(self.S if spec.per_stage else Q_TILES):
+        for name, (copies, arrivals) in bars.items():
+            for i in range(copies):
                 self.slot[(name, i)] = len(self.expected)
-                self.expected.append(spec.arrivals)
-        bufs = [f"{b}{i}" for b in ("sQ", "S", "O", "stats") for i in range(Q_TILES)]
-        bufs += [f"{b}{i}" for b in ("sK", "sV") for i in range(self.S)]
+                self.expected.append(arrivals)
+        bufs = set()
+        for prog in progs.values():
+            for st in prog:
+                if isinstance(st, (Tma, Mma)):
+                    bufs.update(b for b, _, _ in st.writes())
+                if isinstance(st, Mma):
+                    bufs.update(b for b, _ in st.reads)
+                if isinstance(st, (Read, Write)):
+                    bufs.add(st.buf)
         self.buf = {b: i for i, b in enumerate(sorted(bufs))}
 
     def initial(self):
@@ -399,7 +451,7 @@ class Model:
             (0,) * n,  # completions per barrier copy
             tuple(self.expected),  # pending arrivals of the current phase
             ((None, 0),) * len(self.buf),  # (tag, unread count) per buffer
-            frozenset(),  # TMA loads in flight: (slot, buf, tag, reads)
+            frozenset(),  # TMA loads in flight: (slot, ((buf, tag, reads), ...))
             (),  # MMA thread's tcgen05 queue, issue order
         )
 
@@ -437,11 +489,15 @@ class Model:
             elif isinstance(st, Tma):
                 # In flight, the load counts as an unread value: no one may write or read the
                 # buffer until it lands.
-                nb, err = self._write(bufs, st.buf, ("tma", st.tag), 1)
+                nb, err = bufs, None
+                for buf, tag, _ in st.writes():
+                    nb, err = self._write(nb, buf, ("tma", tag), 1)
+                    if err:
+                        break
                 if err:
                     bad.append(("overwrite", f"{role}[{pcs[r]}] {st}: {err}"))
                     continue
-                op = (self.slot[(st.bar, st.idx)], st.buf, st.tag, st.reads)
+                op = (self.slot[(st.bar, st.idx)], st.writes())
                 out.append((r, (npcs, done, pend, nb, tmas | {op}, queue)))
             elif isinstance(st, (Mma, Commit)):
                 out.append((r, (npcs, done, pend, bufs, tmas, queue + (st,))))
@@ -458,17 +514,19 @@ class Model:
                     continue
                 out.append((r, (npcs, done, pend, nb, tmas, queue)))
         for op in tmas:  # a TMA load lands: data, then the tx count completes the arrival
-            s, buf, tag, reads = op
-            nb = self._set(bufs, buf, tag, reads)
+            s, writes = op
+            nb = bufs
+            for buf, tag, reads in writes:
+                nb = self._set(nb, buf, tag, reads)
             nd, np_, err = self._arrive(done, pend, s, 1)
             if err:
-                bad.append(("arrivals", f"TMA {tag}: {err}"))
+                bad.append(("arrivals", f"TMA {writes[0][1]}: {err}"))
                 continue
             out.append((-1, (pcs, nd, np_, nb, tmas - {op}, queue)))
         for j, op in enumerate(queue):
             # In order: only the head executes. Out of order (a mutation): any MMA; a commit
             # still waits for every operation issued before it.
-            if j > 0 and self.cfg.mma_in_order:
+            if j > 0 and self.mma_in_order:
                 break
             if j > 0 and isinstance(op, Commit):
                 continue
@@ -488,9 +546,12 @@ class Model:
                     break
             if err:
                 continue
-            nb, err = self._write(nb, op.buf, op.tag, op.reads_of_result)
+            for buf, tag, reads in op.writes():
+                nb, err = self._write(nb, buf, tag, reads)
+                if err:
+                    bad.append(("overwrite", f"MMA -> {op.tag}: {err}"))
+                    break
             if err:
-                bad.append(("overwrite", f"MMA -> {op.tag}: {err}"))
                 continue
             out.append((-1, (pcs, done, pend, nb, tmas, rest)))
         return out, bad
@@ -521,6 +582,23 @@ class Model:
         return self._set(bufs, buf, cur, unread - 1), None
 
 
+class Model(Machine):
+    """The forward kernel's CTA for a Config."""
+
+    def __init__(self, table: Table, cfg: Config):
+        self.cfg = cfg
+        self.S = cfg.stages if cfg.stages is not None else table.stages
+        progs = programs(cfg, self.S)
+        self.errors = check_consistency(table, progs, self.S)
+        if self.errors:
+            raise ValueError("model and kBarriers disagree:\n  " + "\n  ".join(self.errors))
+        bars = {
+            name: (self.S if spec.per_stage else Q_TILES, spec.arrivals)
+            for name, spec in table.bars.items()
+        }
+        super().__init__(bars, progs, cfg.mma_in_order)
+
+
 @dataclass
 class Result:
     states: int
@@ -530,11 +608,10 @@ class Result:
         return {k for k, _ in self.violations}
 
 
-def explore(table: Table, cfg: Config, stop_on: set | None = None) -> Result:
+def search(m: Machine, stop_on: set | None = None) -> Result:
     """Depth-first over all interleavings, memoized on the full state. A violating transition
     is reported and not taken; the search stops at the first violation of a kind in stop_on
     (None: explore everything)."""
-    m = Model(table, cfg)
     start = m.initial()
     seen = {start}
     stack = [start]
@@ -561,6 +638,10 @@ def explore(table: Table, cfg: Config, stop_on: set | None = None) -> Result:
                 seen.add(nxt)
                 stack.append(nxt)
     return Result(len(seen), violations)
+
+
+def explore(table: Table, cfg: Config, stop_on: set | None = None) -> Result:
+    return search(Model(table, cfg), stop_on)
 
 
 def main(argv):
