@@ -196,7 +196,15 @@ constexpr int kBwdProducerRegs = 40;
 constexpr int kBwdConsumerRegs = 232;  // 40·128 + 232·256 = 64512 = 168·384
 
 // Named barrier ids (user range, above CUTLASS's reserved ones); see the header.
-enum BwdBarrier : uint32_t { kDsWritten = 0, kDqFull = 1, kDqEmpty = 2 };
+// kDqFull / kDqEmpty are warpgroup 0's (and the split variant's consumer-only barriers),
+// kDqFull1 / kDqEmpty1 warpgroup 1's, in the d <= 128 variant.
+enum BwdBarrier : uint32_t {
+  kDsWritten = 0,
+  kDqFull = 1,
+  kDqEmpty = 2,
+  kDqFull1 = 3,
+  kDqEmpty1 = 4
+};
 constexpr int kReducerThreads = 32;  // one warp of the producer warpgroup
 
 template <class T>
@@ -335,7 +343,7 @@ template <class T>
 __device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,
                                                typename T::SharedStorage& ss, const SeqInfo& seq,
                                                const Mask& mask, int n, int head_kv, int b) {
-  constexpr int kBarrierThreads = T::kConsumerThreads + kReducerThreads;
+  constexpr int kHalfBarrierThreads = 128 + kReducerThreads;  // one consumer warpgroup + this warp
   const bool leader = cute::elect_one_sync();
   const int64_t row0_ws = kp.ws.row_offset(b, seq.offset_q, 0);
   const uint32_t src = cute::cast_smem_ptr_to_uint(ss.dq);
@@ -345,7 +353,8 @@ __device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,
   for (int i = 0; i < blocks; ++i) {
     const int head = head_kv * kp.group + i / (m_end - m_begin);
     const int64_t row = row0_ws + int64_t(m_begin + i % (m_end - m_begin)) * T::kBlockM;
-    cutlass::arch::NamedBarrier::sync(kBarrierThreads, kDqFull);
+    cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, kDqFull);
+    cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, kDqFull1);
     if (leader) {
       int* sem = kp.p.fwd.deterministic ? kp.ws.sem(head, row) : nullptr;
       if (sem != nullptr) {
@@ -362,7 +371,10 @@ __device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,
       tma_store_wait<0>();  // the smem has been read
     }
     __syncwarp();
-    if (i + 1 < blocks) cutlass::arch::NamedBarrier::arrive(kBarrierThreads, kDqEmpty);
+    if (i + 1 < blocks) {
+      cutlass::arch::NamedBarrier::arrive(kHalfBarrierThreads, kDqEmpty);
+      cutlass::arch::NamedBarrier::arrive(kHalfBarrierThreads, kDqEmpty1);
+    }
   }
   // The last reduce-add must finish before the CTA (and its shared memory) goes away.
   if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");

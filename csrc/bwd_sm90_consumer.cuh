@@ -64,7 +64,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   clear(acc_dv);
   clear(acc_dk);
 
-  constexpr int kBarrierThreads = T::kConsumerThreads + kReducerThreads;
+  constexpr int kHalfBarrierThreads = 128 + kReducerThreads;
+  const uint32_t dq_full = tid < 128 ? kDqFull : kDqFull1;
+  const uint32_t dq_empty = tid < 128 ? kDqEmpty : kDqEmpty1;
   auto q_state = typename T::Pipeline::PipelineState{};
   auto do_state = q_state;
   int m_begin, m_end;
@@ -74,9 +76,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   // Note [bwd issue order]: Sᵀ and dPᵀ go to the tensor cores together; P is computed in place
   // (in acc_s) once Sᵀ is done while dPᵀ still runs. After dPᵀ, one pass turns P and dPᵀ into the
   // 16-bit Pᵀ and dSᵀ operands (the fp32 registers die as the 16-bit ones are made, which keeps
-  // the peak at dK + dV + Sᵀ + dPᵀ), then dV, dK and, once both warpgroups' dS is in smem, dQ go
-  // out together; one wait covers the three. The other warpgroup's GEMMs fill the tensor cores
-  // while this one computes (p_and_ds has the elementwise part and its softcap exception).
+  // the peak at dK + dV + Sᵀ + dPᵀ). dV goes out, then, once both warpgroups' dS is in smem, dQ
+  // and dK; dQ is stored for the reducer while dK runs. The other warpgroup's GEMMs fill the
+  // tensor cores while this one computes (p_and_ds has the elementwise part and its softcap
+  // exception).
   for (int i = 0; i < blocks; ++i) {
     const int m = m_begin + i % (m_end - m_begin);
     pipe_q.consumer_wait(q_state);
@@ -91,28 +94,32 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     fence_packed(reg_p);
     fence_packed(reg_ds);
     issue_gemm(mma_dv, reg_p, tVrDOt(_, _, _, sdo), acc_dv, false);
-    issue_gemm(mma_dk, reg_ds, tKrQt(_, _, _, sq), acc_dk, false);
     // dSᵀ to shared memory for dQ = dS·K (both warpgroups' kv rows form the K dimension).
     copy(copy_ds, reg_ds_c, tDSsDSt(_, _, _, sds));
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kDsWritten);
+    // dQ before dK, so that dQ's trip to shared memory overlaps dK on the tensor cores.
     issue_gemm(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);
-    warpgroup_wait<0>();
+    issue_gemm(mma_dk, reg_ds, tKrQt(_, _, _, sq), acc_dk, false);
+    warpgroup_wait<1>();  // dV and dQ done
     warpgroup_fence_operand(acc_dv);
-    warpgroup_fence_operand(acc_dk);
     warpgroup_fence_operand(acc_dq);
-    pipe_q.consumer_release(q_state);
     pipe_do.consumer_release(do_state);
-    ++q_state;
     ++do_state;
-    if (i > 0) cutlass::arch::NamedBarrier::sync(kBarrierThreads, kDqEmpty);
+    // Each warpgroup hands its own part of the block to the reducer (Note [dQ reduce]): the two
+    // warpgroups do not wait for each other here.
+    if (i > 0) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < size(acc_dq) / 4; ++j) {
       ss.dq[j * T::kConsumerThreads + tid] =
           make_float4(acc_dq(4 * j), acc_dq(4 * j + 1), acc_dq(4 * j + 2), acc_dq(4 * j + 3));
     }
     cutlass::arch::fence_view_async_shared();
-    cutlass::arch::NamedBarrier::arrive(kBarrierThreads, kDqFull);
+    cutlass::arch::NamedBarrier::arrive(kHalfBarrierThreads, dq_full);
+    warpgroup_wait<0>();  // dK done
+    warpgroup_fence_operand(acc_dk);
+    pipe_q.consumer_release(q_state);
+    ++q_state;
   }
   store_dk_dv(kp, seq, n, head_kv, b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
 }
