@@ -18,9 +18,11 @@ namespace {
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
+// An absent optional, or one holding an undefined tensor (what autograd can hand over for the
+// gradient of an output the loss did not use), is a null pointer.
 template <class T>
 const T* opt_ptr(const OptTensor& t) {
-  return t.has_value() ? t->data_ptr<T>() : nullptr;
+  return t.has_value() && t->defined() ? t->data_ptr<T>() : nullptr;
 }
 
 // Strides of a (b, s, h, d) tensor, or (total, h, d) for varlen (no batch stride).

@@ -72,11 +72,31 @@ __global__ void bwd_preprocess(BwdParams p, BwdWorkspace ws, RowBlockGrid grid) 
                          grow * f.out_row_stride + int64_t(head) * f.out_head_stride;
       const Element* go = static_cast<const Element*>(p.dout) + bo * p.dout_batch_stride +
                           grow * p.dout_row_stride + int64_t(head) * p.dout_head_stride;
-      for (int c = lane; c < f.head_dim_v; c += 32) d += float(o[c]) * float(go[c]);
+      // 16-byte loads (8 elements per lane) where both rows allow them: 2-byte loads made this
+      // kernel ~20 % slower than flash-attn-4's at 1k (docs/perf.md).
+      const bool vec = f.head_dim_v % 8 == 0 && (reinterpret_cast<uintptr_t>(o) % 16) == 0 &&
+                       (reinterpret_cast<uintptr_t>(go) % 16) == 0;
+      if (vec) {
+        for (int c = 8 * lane; c < f.head_dim_v; c += 256) {
+          const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+          const uint4 gv = *reinterpret_cast<const uint4*>(go + c);
+          const Element* oe = reinterpret_cast<const Element*>(&ov);
+          const Element* ge = reinterpret_cast<const Element*>(&gv);
+          for (int e = 0; e < 8; ++e) d += float(oe[e]) * float(ge[e]);
+        }
+      } else {
+        for (int c = lane; c < f.head_dim_v; c += 32) d += float(o[c]) * float(go[c]);
+      }
     }
     for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
     float* dq = ws.dq(head) + wrow * f.head_dim;
-    for (int c = lane; c < f.head_dim; c += 32) dq[c] = 0.0f;
+    if (f.head_dim % 4 == 0) {  // rows start 16-byte aligned (the workspace base is)
+      for (int c = 4 * lane; c < f.head_dim; c += 128) {
+        *reinterpret_cast<float4*>(dq + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    } else {
+      for (int c = lane; c < f.head_dim; c += 32) dq[c] = 0.0f;
+    }
     if (lane != 0) continue;
     float lse2 = INFINITY;  // padding: P = 0
     if (i < seq.seqlen_q) {

@@ -90,9 +90,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 }
 
 // dQ accumulator (fragment order, Note [dQ reduce]) · softmax_scale -> the dtype, rows <
-// seqlen_q. One CTA of kConsumerThreads per 64-row block; thread t reads its own float4s
-// (coalesced) and writes each pair of adjacent columns where the dQ GEMM's fragment puts it.
-// Grid: (64-row blocks of the longest sequence, heads_q, batch) flattened, block fastest.
+// seqlen_q. One CTA of kConsumerThreads per kBlockM-row block; thread t reads its own float4s
+// (coalesced) and puts each pair of adjacent columns in its row of a shared-memory copy of the
+// block (kDqBytes of dynamic shared memory), from which the CTA writes 16-byte row chunks.
+// Grid: (kBlockM-row blocks of the longest sequence, heads_q, batch) flattened, block fastest.
 template <class T>
 __global__ void __launch_bounds__(T::kConsumerThreads)
     bwd_postprocess_sm90(const __grid_constant__ BwdParams p, const BwdWorkspace ws) {
@@ -111,26 +112,38 @@ __global__ void __launch_bounds__(T::kConsumerThreads)
       ws.dq(head) + ws.row_offset(b, seq.offset_q, m * T::kBlockM) * T::kHeadDim);
   typename T::MmaDQ mma_dq;
   const auto coords = fragment_coords(mma_dq, tid, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{});
-  const bool varlen = f.cu_seqlens_q != nullptr;
-  Element* dq = static_cast<Element*>(p.dq) + (varlen ? 0 : int64_t(b) * p.dq_batch_stride) +
-                (int64_t(seq.offset_q) + int64_t(m) * T::kBlockM) * p.dq_row_stride +
-                int64_t(head) * p.dq_head_stride;
-  const int rows_valid = seq.seqlen_q - m * T::kBlockM;
+  // The block in fragment order -> shared memory in rows (coalesced 16-byte loads, then each
+  // pair to its place) -> rows of 16-byte stores: direct 4-byte stores from the fragment order
+  // wrote half-used sectors and took 3.4x flash-attn-4's postprocess time at 1k (docs/perf.md).
+  extern __shared__ float4 rows[];  // T::kDqFloats floats
+  float* rows_f = reinterpret_cast<float*>(rows);
   CUTLASS_PRAGMA_UNROLL
   for (int j = 0; j < T::kDqFloats / (4 * T::kConsumerThreads); ++j) {
     const float4 v = acc[j * T::kConsumerThreads + tid];
     const float pair[2][2] = {{v.x, v.y}, {v.z, v.w}};
     CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < 2; ++h) {
-      const int row = get<0>(coords(4 * j + 2 * h));
-      const int col = get<1>(coords(4 * j + 2 * h));
-      if (row >= rows_valid) continue;
-      cutlass::Array<Element, 2> out;
-      out[0] = Element(pair[h][0] * f.softmax_scale);
-      out[1] = Element(pair[h][1] * f.softmax_scale);
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(dq + int64_t(row) * p.dq_row_stride + col) =
-          out;
+      const int at = get<0>(coords(4 * j + 2 * h)) * T::kHeadDim + get<1>(coords(4 * j + 2 * h));
+      *reinterpret_cast<float2*>(rows_f + at) = make_float2(pair[h][0], pair[h][1]);
     }
+  }
+  __syncthreads();
+  const bool varlen = f.cu_seqlens_q != nullptr;
+  Element* dq = static_cast<Element*>(p.dq) + (varlen ? 0 : int64_t(b) * p.dq_batch_stride) +
+                (int64_t(seq.offset_q) + int64_t(m) * T::kBlockM) * p.dq_row_stride +
+                int64_t(head) * p.dq_head_stride;
+  const int rows_valid = seq.seqlen_q - m * T::kBlockM;
+  constexpr int kChunks = T::kHeadDim / 8;  // 8 elements = 16 bytes of dq per store
+  for (int c = tid; c < T::kBlockM * kChunks; c += T::kConsumerThreads) {
+    const int row = c / kChunks, col = c % kChunks * 8;
+    if (row >= rows_valid) break;
+    const float4 lo = rows[(row * T::kHeadDim + col) / 4];
+    const float4 hi = rows[(row * T::kHeadDim + col) / 4 + 1];
+    const float x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    cutlass::Array<Element, 8> out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int e = 0; e < 8; ++e) out[e] = Element(x[e] * f.softmax_scale);
+    *reinterpret_cast<cutlass::Array<Element, 8>*>(dq + int64_t(row) * p.dq_row_stride + col) = out;
   }
 #endif
 }
@@ -178,16 +191,13 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
                                    T::kSmemBytes, stream, kp);
     if (s != Status::kOk) return s;
   }
-  // As bwd_postprocess_sm90 decodes it: 64-row blocks of the longest sequence, heads, batch.
+  // As bwd_postprocess_sm90 decodes it: kBlockM-row blocks of the longest sequence, heads, batch.
   const int64_t post_blocks =
       int64_t((f.seqlen_q + T::kBlockM - 1) / T::kBlockM) * f.heads_q * f.batch;
   if (post_blocks > 0) {
-    bwd_postprocess_sm90<T><<<unsigned(post_blocks), T::kConsumerThreads, 0, stream>>>(p, kp.ws);
-  }
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    return kernel_fail(Status::kCudaError, "bwd_sm90 postprocess launch: %s",
-                       cudaGetErrorString(e));
+    return launch_kernel("bwd_sm90 postprocess", bwd_postprocess_sm90<T>,
+                         dim3(unsigned(post_blocks)), T::kConsumerThreads,
+                         int(T::kDqFloats * sizeof(float)), stream, p, kp.ws);
   }
   return Status::kOk;
 }
