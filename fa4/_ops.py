@@ -146,17 +146,12 @@ def _setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, *opts = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
-    # An output the loss does not use arrives as None rather than as a materialized zero tensor
-    # (for the LSE, an fp32 (b, h, s) allocation the backward would only read).
-    ctx.set_materialize_grads(False)
     ctx.max_seqlens = (max_q, max_k)
     ctx.opts = opts
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
-    if dout is None:  # only the LSE reached the loss
-        dout = torch.zeros_like(out)
     dq, dk, dv = bwd(
         dout.contiguous(),
         q,
