@@ -95,11 +95,31 @@ struct FwdTraits {
   // Vᵀ as the B operand of P·V: (d_v, kBlockN) with d_v contiguous, i.e. MN-major.
   using SmemLayoutVt = TransposedSmem<SmemLayoutV, kBlockN, kHeadDimV, kStages>;
 
+  // Note [TMA-store epilogue]: each consumer warpgroup puts its 64 rows of O in shared memory
+  // and one of its threads stores them with a TMA store, so the warpgroup moves on to the next
+  // tile while the copy drains (rows past the sequence are clipped by the tensor bounds). Not for
+  // varlen problems, whose TMA tensor packs the sequences (a clipped tile would write into the
+  // next sequence's rows), and not at d_v = 256, where O does not fit next to Q, K and V (64 KB
+  // each): both write O from registers (store_tile).
+  using SmemLayoutO = decltype(tile_to_shape(
+      smem_atom_k<Element, kHeadDimV>(), Shape<Int<kBlockM>, Int<kHeadDimV>>{}, Step<_2, _1>{}));
+  // One warpgroup's half: with the atoms laid out row-block-major (Step<_2, _1>), rows [64 w,
+  // 64 w + 64) are a contiguous block with this layout.
+  using SmemLayoutOHalf = decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(),
+                                                 Shape<_64, Int<kHeadDimV>>{}, Step<_2, _1>{}));
+  static constexpr int kQKVBytes =
+      int(cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV>) *
+      int(sizeof(Element));
+  static constexpr bool kTmaStoreO =
+      kQKVBytes + kBlockM * kHeadDimV * int(sizeof(Element)) + 1024 <= 227 * 1024;
+  static_assert(cosize_v<SmemLayoutOHalf> * 2 == cosize_v<SmemLayoutO>, "two contiguous halves");
+
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
+    alignas(1024) cute::array_aligned<Element, kTmaStoreO ? cosize_v<SmemLayoutO> : 8> o;
     alignas(16) typename PipelineKV::SharedStorage pipe_k;
     typename PipelineKV::SharedStorage pipe_v;
     cutlass::arch::ClusterTransactionBarrier q_full;
@@ -120,10 +140,12 @@ struct KernelParams {
   using TmaQ = TmaTile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>;
   using TmaK = TmaTile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>;
   using TmaV = TmaTile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>;
+  using TmaO = TmaStoreTile<Element, typename T::SmemLayoutOHalf, 64, T::kHeadDimV>;
   TmaQ tma_q;
   TmaK tma_k;
   TmaV tma_v;
-  ShapeQKV shape_q, shape_k, shape_v;
+  TmaO tma_o;  // set when T::kTmaStoreO and the problem is dense (Note [TMA-store epilogue])
+  ShapeQKV shape_q, shape_k, shape_v, shape_o;
   FwdParams p;
   ScoreScale score;
   TileScheduler sched;
@@ -231,6 +253,54 @@ __device__ __forceinline__ void store_tile(const KernelParams<T>& kp, const Tile
                  (varlen ? grow : int64_t(t.tile.batch) * p.lse_batch_stride + row);
       *l = lse[r];
     }
+  }
+}
+
+// Note [TMA-store epilogue]: this warpgroup's 64 rows of O (acc_o, already scaled by 1/l) to
+// shared memory and out with one TMA store; the LSE as in store_tile. The issuing thread first
+// waits until its previous store has read the buffer.
+template <class T, class MmaPV, class AccO>
+__device__ __forceinline__ void store_tile_tma(const KernelParams<T>& kp,
+                                               typename T::SharedStorage& ss, const TileWork& t,
+                                               const MmaPV& mma_pv, const AccO& acc_o,
+                                               const float (&lse)[2], int row_in_tile0,
+                                               int quad_lane, int wg, int tid) {
+  using Element = typename T::Element;
+  constexpr uint32_t kBarrier = 2;  // + wg; 0 and 1 are the ping-pong turns
+  const bool issuer = threadIdx.x % 128 == 0;
+  if (issuer) tma_store_wait<0>();
+  cutlass::arch::NamedBarrier::sync(128, kBarrier + wg);
+  // stmatrix, 16 bytes per instruction (per-element stores kept ~30 swizzled addresses live
+  // across the tile loop, which ptxas spilled).
+  Tensor sO = as_position_independent_swizzle_tensor(
+      make_tensor(make_smem_ptr(ss.o.data()), typename T::SmemLayoutO{}));
+  auto copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
+  auto thr_copy_o = copy_o.get_thread_slice(tid);
+  Tensor r_o = make_tensor_like<Element>(acc_o);
+  FA4_UNROLL
+  for (int i = 0; i < size(acc_o); ++i) r_o(i) = Element(acc_o(i));
+  copy(copy_o, thr_copy_o.retile_S(r_o), thr_copy_o.partition_D(sO));
+  cutlass::arch::fence_view_async_shared();
+  cutlass::arch::NamedBarrier::sync(128, kBarrier + wg);
+  if (issuer) {
+    Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_o);
+    Tensor gO = local_tile(mO(_, _, t.tile.head, t.bidb_gmem), Shape<_64, Int<T::kHeadDimV>>{},
+                           make_coord(t.tile.m_block * 2 + wg, _0{}));
+    Tensor sOh =
+        make_tensor(make_smem_ptr(ss.o.data() + wg * cosize_v<typename T::SmemLayoutOHalf>),
+                    typename T::SmemLayoutOHalf{});
+    auto cta = kp.tma_o.get_slice(_0{});
+    copy(kp.tma_o, cta.partition_S(sOh), cta.partition_D(gO));
+    tma_store_arrive();
+  }
+  const FwdParams& p = kp.p;
+  if (p.lse == nullptr || quad_lane != 0) return;
+  FA4_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int row = t.tile.m_block * T::kBlockM + row_in_tile0 + 8 * r;
+    if (row >= t.seq.seqlen_q) continue;
+    p.lse[int64_t(t.tile.head) * p.lse_head_stride + int64_t(t.tile.batch) * p.lse_batch_stride +
+          row] = lse[r];
   }
 }
 
@@ -378,8 +448,14 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
     float inv_l[2], lse[2];
     softmax.finalize(inv_l, lse);
     scale_rows<OFrag>(o_arr, inv_l);
-    store_tile<T, OFrag>(kp, t, o, lse, row_in_tile0, quad_lane);
+    if (T::kTmaStoreO && kp.p.cu_seqlens_q == nullptr) {
+      store_tile_tma<T>(kp, ss, t, mma_pv, tOrO, lse, row_in_tile0, quad_lane, wg, tid);
+    } else {
+      store_tile<T, OFrag>(kp, t, o, lse, row_in_tile0, quad_lane);
+    }
   }
+  // The last TMA store must have read shared memory before the CTA exits.
+  if (T::kTmaStoreO && threadIdx.x % 128 == 0) tma_store_wait<0>();
 }
 
 template <class T>
@@ -442,6 +518,12 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   kp.tma_q = make_tma_tile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>(q);
   kp.tma_k = make_tma_tile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>(k);
   kp.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(v);
+  if (T::kTmaStoreO && p.cu_seqlens_q == nullptr) {
+    const GmemView o = gmem_view(p, p.out, false, T::kHeadDimV, p.out_row_stride, p.out_head_stride,
+                                 p.out_batch_stride);
+    kp.shape_o = o.shape();
+    kp.tma_o = make_tma_store_tile<Element, typename T::SmemLayoutOHalf, 64, T::kHeadDimV>(o);
+  }
   kp.sched = TileScheduler::for_forward(p, T::kBlockM, int(sizeof(Element)));
   const int grid = kp.sched.grid(dev.num_sms);
   if (grid == 0) return Status::kOk;

@@ -71,6 +71,18 @@ auto make_tma_tile(const GmemView& g) {
 template <class Element, class SmemLayout, int kRows, int kCols>
 using TmaTile = decltype(make_tma_tile<Element, SmemLayout, kRows, kCols>(GmemView{}));
 
+// TMA stores of kRows × kCols tiles from SmemLayout into a GmemView (the output).
+template <class Element, class SmemLayout, int kRows, int kCols>
+auto make_tma_store_tile(const GmemView& g) {
+  return make_tma_copy(SM90_TMA_STORE{},
+                       make_tensor(make_gmem_ptr(static_cast<Element*>(const_cast<void*>(g.ptr))),
+                                   make_shape(g.rows, kCols, g.heads, g.batch),
+                                   make_stride(g.row_stride, _1{}, g.head_stride, g.batch_stride)),
+                       SmemLayout{}, Shape<Int<kRows>, Int<kCols>>{}, _1{});
+}
+template <class Element, class SmemLayout, int kRows, int kCols>
+using TmaStoreTile = decltype(make_tma_store_tile<Element, SmemLayout, kRows, kCols>(GmemView{}));
+
 // A transposed view (the two first modes swapped, the stage mode kept) of a K-major staged
 // smem layout, for operands that read the same buffer MN-major (Vᵀ, Qᵀ, dOᵀ, Kᵀ).
 template <class Layout, int kRows, int kCols, int kStages>

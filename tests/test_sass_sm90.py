@@ -91,6 +91,8 @@ def test_one_kernel_per_dtype_and_no_spills(compiled):
         ("USETMAXREG", "registers moved from the producer to the consumers"),
         ("MUFU.EX2", "the hardware exp2 of the softmax"),
         ("SYNCS", "mbarrier pipelines"),
+        ("UTMASTG", "O stored by TMA (Note [TMA-store epilogue])"),
+        ("STSM", "O to shared memory by stmatrix for the TMA store"),
     ],
 )
 def test_sass_has(compiled, op, why):
