@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from .model import B200, H200, HIDDEN, TOKENS, Arch, fwd_flops
 
-BLOCK_M = 64  # query rows per iteration, both variants
+BLOCK_M = 64  # query rows per iteration (BwdConfig.m: 128 for the SM90 kernel at d <= 64)
 # Thread-instructions per score element of the unmasked, softcap-free P and dS code, counted in
 # the SASS of bwd_sm90_hd128.cu (bf16): the P loop ~3 (FFMA, MUFU.EX2, half an LDS of lse, a
 # select), the dS loop ~3.5 (FADD, FMUL, two half F2FP, half an LDS of D, the stmatrix share).
@@ -63,6 +63,14 @@ class BwdConfig:
         return self.style != "fa4" and max(self.hdim, self.dv) > 128
 
     @property
+    def m(self) -> int:
+        """Query rows per iteration: the SM90 kernel takes 128-row Q blocks at d, d_v <= 64
+        (bwd_sm90_common.cuh, BwdTraits::kBlockM), 64 elsewhere."""
+        if self.style == "sm90" and max(self.hdim, self.dv) <= 64:
+            return 128
+        return BLOCK_M
+
+    @property
     def n(self) -> int:
         if self.style == "fa4":
             return 128
@@ -84,7 +92,7 @@ def bwd_flops(b: int, h: int, s: int, d: int, causal: bool) -> float:
 
 def gemm_flops(cfg: BwdConfig) -> dict[str, float]:
     """The five GEMMs of one iteration (N kv rows x 64 query rows)."""
-    n, m, d, dv = cfg.n, BLOCK_M, cfg.hdim, cfg.dv
+    n, m, d, dv = cfg.n, cfg.m, cfg.hdim, cfg.dv
     return {"s": 2 * n * m * d, "dp": 2 * n * m * dv, "dv": 2 * n * m * dv,
             "dk": 2 * n * m * d, "dq": 2 * n * m * d}  # fmt: skip
 
@@ -98,7 +106,7 @@ def gemm_smem_bytes(cfg: BwdConfig) -> dict[str, float]:
     dQ read Pᵀ/dSᵀ/dS (64 x 64) and half of their B each. SM100 (one 128-row MMA): each operand
     once, Pᵀ and dSᵀ from TMEM, B halved by 2-CTA.
     """
-    n, m, d, dv, el = cfg.n, BLOCK_M, cfg.hdim, cfg.dv, 2
+    n, m, d, dv, el = cfg.n, cfg.m, cfg.hdim, cfg.dv, 2
     if cfg.style == "fa4":
         half = 2 if cfg.two_cta else 1
         return {"s": (n * d + m * d / half) * el, "dp": (n * dv + m * dv / half) * el,
@@ -124,7 +132,7 @@ def iteration_units(cfg: BwdConfig) -> dict[str, float]:
         k: max(fl[k] / (rate * (N32_RATE if k in slow else 1.0)), sm[k] / a.smem_bytes_clk)
         for k in fl
     }
-    elems = cfg.n * BLOCK_M
+    elems = cfg.n * cfg.m
     units["mufu"] = elems / a.mufu_clk
     units["p_issue"] = elems * P_ISSUE / a.issue_clk
     units["ds_issue"] = elems * DS_ISSUE / a.issue_clk
@@ -147,11 +155,11 @@ def period(cfg: BwdConfig) -> float:
 def cta_iterations(cfg: BwdConfig) -> list[int]:
     """Iterations of each KV tile of one head (s_q = s_k; causal: the Q blocks at or below the
     tile's diagonal)."""
-    m_blocks = math.ceil(cfg.seqlen / BLOCK_M)
+    m_blocks = math.ceil(cfg.seqlen / cfg.m)
     tiles = math.ceil(cfg.seqlen / cfg.n)
     if not cfg.causal:
         return [m_blocks] * tiles
-    return [m_blocks - (t * cfg.n) // BLOCK_M for t in range(tiles)]
+    return [m_blocks - (t * cfg.n) // cfg.m for t in range(tiles)]
 
 
 def prepost_us(cfg: BwdConfig) -> float:
@@ -211,7 +219,7 @@ def breakdown(cfg: BwdConfig) -> str:
     main, total = predict_us(cfg)
     lines = [
         f"bwd {cfg.arch.name} {cfg.style} hd{cfg.hdim}x{cfg.dv} causal={cfg.causal} "
-        f"s={cfg.seqlen} b={cfg.b} h={cfg.h}: kv tile {cfg.n} x Q block {BLOCK_M}",
+        f"s={cfg.seqlen} b={cfg.b} h={cfg.h}: kv tile {cfg.n} x Q block {cfg.m}",
         "cycles per iteration: " + ", ".join(f"{k} {v:.0f}" for k, v in u.items()),
         f"period {period(cfg):.0f} clk; main kernel {main:.0f} us, with pre/post {total:.0f} us; "
         f"{predict_tflops(cfg):.0f} TFLOP/s",
