@@ -251,3 +251,25 @@ def test_bwd_validate_reads_only_fa4_backward_rows():
     (got,) = bw.validate(rows)
     assert got[:4] == (128, False, 16384, 500.0)
     assert got[5] == pytest.approx((got[4] - 500) / 500)
+
+
+def test_roofline_places_every_configuration():
+    """Operational intensity of the non-causal forward is s / 2 FLOP per byte (4·b·h·s²·d FLOP
+    over 8·b·h·s·d bytes of Q, K, V, O); the datasheet roof is 132 × 4096 × 1.83 GHz on H200;
+    every predicted point is under both its MMA and its softmax roof; on B200 the FA4 techniques
+    lift the softmax roof above the FA3-style one."""
+    from fa4.perfmodel.model import B200, H200
+    from fa4.perfmodel.reports import roofline
+
+    h = roofline(H200)
+    assert abs(h["peak"] - 132 * 4096 * 1.83e-3) < 1e-6 and h["hbm_tbs"] == 4.3
+    assert len(h["points"]) == 9 and {p.style for p in h["points"]} == {"fa4"}
+    b = roofline(B200)
+    assert len(b["points"]) == 18
+    for r in (h, b):
+        for p in r["points"]:
+            assert p.intensity == p.seqlen / 2
+            assert p.tflops <= min(r["achievable"], p.softmax_roof) * 1.0001, p
+    roofs = {(p.hdim, p.style): p.softmax_roof for p in b["points"]}
+    for d in (64, 128):
+        assert roofs[(d, "fa4")] > roofs[(d, "fa3")], d

@@ -25,6 +25,7 @@ from .reports import (
     emu_table_text,
     history_table,
     peer_table,
+    roofline,
     sm100_sensitivity,
     sm100_table,
     validate,
@@ -155,6 +156,7 @@ def plot_all(folder: Path, csv_path=None, bwd_csv=None) -> list[str]:
     matplotlib.use("Agg")
     folder.mkdir(parents=True, exist_ok=True)
     written = [plot_units(folder / "perfmodel_units.png")]
+    written.append(plot_roofline(folder / "perfmodel_roofline.png"))
     if csv_path:
         written.append(plot_validation(folder / "perfmodel_h200.png", csv_path))
     if bwd_csv:
@@ -185,6 +187,47 @@ def plot_units(path: Path) -> Path:
     ax.set_ylabel("cycles / MMA cycles, per 128 x N tile")
     ax.set_title("Per-tile unit times relative to the MMA (FA4 emulation defaults)")
     ax.legend(ncol=4, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_roofline(path: Path) -> Path:
+    """Roofline per arch (H200, B200), non-causal forward at 1k, 4k, 16k: HBM slope, MMA roofs,
+    each configuration's predicted point and, dashed, the lowest softmax roof of its head dim
+    (on B200 the FA3-style one: the FA4 techniques lift it) (docs/perfmodel.md)."""
+    import matplotlib.pyplot as plt
+
+    from .model import B200, H200
+
+    colors = {64: "tab:blue", 128: "tab:orange", 256: "tab:green"}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), dpi=90)
+    for ax, arch in zip(axes, (H200, B200), strict=True):
+        r = roofline(arch)
+        xs = [2.0**k for k in range(3, 15)]
+        ax.plot(xs, [min(x * r["hbm_tbs"], r["peak"]) for x in xs], color="black", lw=1.5,
+                label=f"HBM {r['hbm_tbs']} TB/s / datasheet peak")  # fmt: skip
+        ax.axhline(r["achievable"], color="gray", ls="-.", lw=1, label="achievable GEMM")
+        for h, color in colors.items():
+            pts = [p for p in r["points"] if p.hdim == h]
+            for st, marker in (("fa4", "o"), ("fa3", "x")):
+                sel = [p for p in pts if p.style == st]
+                if sel:
+                    ax.scatter([p.intensity for p in sel], [p.tflops for p in sel], color=color,
+                               marker=marker, label=f"hd{h} {st}")  # fmt: skip
+            roof = min(p.softmax_roof for p in pts)
+            ax.axhline(roof, color=color, ls="--", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("FLOP per HBM byte (forward, non-causal: s / 2)")
+        ax.set_ylabel("TFLOP/s (model)")
+        ax.set_title(
+            f"{arch.name.upper()}: dashed = softmax roof per head dim"
+            + (" (FA3-style, the lower)" if arch.tmem_bytes_clk else ""),
+            fontsize=10,
+        )
+        ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -234,7 +277,7 @@ def plot_bwd_validation(path: Path, csv_path) -> Path:
     ax.plot(lim, [x * 1.15 for x in lim], ":", color="gray")
     ax.set_xlim(lim)
     ax.set_ylim(lim)
-    ax.set_xlabel("measured fa4 backward TFLOP/s (H200, 61c6cfc)")
+    ax.set_xlabel(f"measured fa4 backward TFLOP/s (H200, {Path(csv_path).name})")
     ax.set_ylabel("model (upper bound of the SM90 schedule)")
     ax.set_title("SM90 bwd: hd64 blue, hd128 orange, hd256 green; o 16k, s 1k; open: causal",
                  fontsize=9)  # fmt: skip

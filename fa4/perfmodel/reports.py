@@ -12,9 +12,11 @@ from .model import (
     H200,
     Arch,
     emu_balance,
+    fwd_flops,
     predict,
     sm90_config,
     sm100_config,
+    softmax_cycles,
     softmax_ops,
     steady_tflops,
     tile_units,
@@ -295,3 +297,43 @@ def unit_rate_table() -> str:
         fmt = (lambda v: f"{v:.3f}") if isinstance(a, float) else str
         rows.append(f"| {label} | {fmt(a)} | {fmt(b)} |")
     return "\n".join(rows)
+
+
+# --- roofline ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RooflinePoint:
+    hdim: int
+    seqlen: int
+    style: str  # "fa4" (the kernel / design) or "fa3" (FA3-style scheduling, SM100 only)
+    intensity: float  # forward FLOP per HBM byte (Q, K, V read once, O written once)
+    tflops: float  # the model's prediction (predict(cfg).tflops)
+    softmax_roof: float  # TFLOP/s if the softmax side alone set the pace (no MMA limit)
+
+
+def roofline(arch: Arch, seqlens=(1024, 4096, 16384), hdims=(64, 128, 256)) -> dict:
+    """One arch's roofline (non-causal forward): the HBM slope (TB/s), the MMA roof (datasheet
+    and achievable), and per configuration its place (operational intensity = s / 2 FLOP per
+    byte, predicted TFLOP/s) and its softmax roof: tile FLOPs over the softmax side's cycles (its
+    slowest SIMT pipe), the ceiling the non-matmul work puts on that tile shape. SM90: the fa4
+    kernel as built; SM100: the FA4 design and FA3-style scheduling."""
+    styles = ("fa4", "fa3") if arch.tmem_bytes_clk else ("fa4",)
+    points = []
+    for h in hdims:
+        for s in seqlens:
+            for st in styles:
+                if arch.tmem_bytes_clk:
+                    cfg = sm100_config(h, seqlen=s, style=st, arch=arch)
+                else:
+                    cfg = sm90_config(h, seqlen=s, arch=arch)
+                flops = fwd_flops(cfg.b, cfg.h, cfg.seqlen, cfg.hdim, cfg.causal)
+                hbm = 4.0 * cfg.b * cfg.h * cfg.seqlen * cfg.hdim * 2  # Q, K, V, O, 16-bit
+                tile_flops = 4.0 * BLOCK_M * cfg.n * cfg.hdim
+                clk = softmax_cycles(tile_units(cfg))
+                soft = tile_flops / clk * arch.sms * arch.clock_ghz * 1e-3
+                points.append(RooflinePoint(h, s, st, flops / hbm, predict(cfg).tflops, soft))
+    return {
+        "hbm_tbs": arch.hbm_tbs,
+        "peak": arch.peak_tflops(),
+        "achievable": arch.gemm_tflops(),
+        "points": points,
+    }
