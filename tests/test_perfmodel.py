@@ -273,3 +273,14 @@ def test_roofline_places_every_configuration():
     roofs = {(p.hdim, p.style): p.softmax_roof for p in b["points"]}
     for d in (64, 128):
         assert roofs[(d, "fa4")] > roofs[(d, "fa3")], d
+
+
+def test_sm100_kernel_default_is_the_table():
+    # fwd_sm100_kernel.cuh: kEmuSixteenths = kHeadDim <= LIMIT ? A : B, the model's table
+    src = (ROOT / "csrc" / "fwd_sm100_kernel.cuh").read_text()
+    m = re.search(r"kEmuSixteenths = kHeadDim <= (\d+) \? (\d+) : (\d+);", src)
+    assert m, "kEmuSixteenths of the SM100 forward not found"
+    limit, below, above = map(int, m.groups())
+    for (arch, d), k in pm.EMU_SIXTEENTHS.items():
+        if arch == "sm100":
+            assert k == (below if d <= limit else above), (d, k)
