@@ -36,7 +36,7 @@ KERNEL_SOURCES: dict[tuple[str, str], list[str]] = {
 # Kernels that cover only some head dims (the rest run the reference, with dispatch's warning);
 # absent: every head dim.
 KERNEL_HDIMS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("sm100", "fwd"): ("64", "96", "128", "192", "192x128"),
+    ("sm100", "fwd"): ("64", "96", "128", "192", "256", "192x128"),
     ("sm100", "bwd"): ("64", "96", "128"),  # 1-CTA kernel; 192+ needs the 2-CTA variant
 }
 ARCH_FAMILY = {"90a": "sm90", "100a": "sm100", "100f": "sm100", "103a": "sm100"}

@@ -1,7 +1,6 @@
 // SM100 forward: the head-dim dispatch and instantiations; the kernel is fwd_sm100_kernel.cuh.
-// Compiled, not executed (no Blackwell GPU here). hd 64, 96, 128, 192 and (192, 128) are
-// instantiated, each when FA4_HDIMS has it; hd 256 (one Q tile per CTA) is not written yet and
-// answers kUnsupported (the reference runs, with dispatch's warning).
+// Compiled, not executed (no Blackwell GPU here). hd 64, 96, 128, 192, (192, 128) and 256 (one Q
+// tile per CTA, Note [one-tile order]) are instantiated, each when FA4_HDIMS has it.
 #include "fwd_sm100_kernel.cuh"
 
 namespace fa4 {
@@ -19,6 +18,9 @@ Status run_fwd_sm100(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
 #endif
 #ifdef FA4_HDIM_192
   if (d == 192 && dv == 192) return sm100::launch_dtype<192, 192>(p, dev, stream);
+#endif
+#ifdef FA4_HDIM_256
+  if (d == 256 && dv == 256) return sm100::launch_dtype<256, 256>(p, dev, stream);
 #endif
 #ifdef FA4_HDIM_192X128
   if (d == 192 && dv == 128) return sm100::launch_dtype<192, 128>(p, dev, stream);

@@ -3,7 +3,8 @@
 // Blackwell GPU is available to this project (DESIGN §2); docs/sm100.md has the timeline, the
 // barrier protocol and the budgets.
 //
-// One CTA owns 256 query rows as two Q tiles of 128 (Q0, Q1) and walks the KV blocks both
+// One CTA owns 256 query rows as two Q tiles of 128 (Q0, Q1; at hd 256 one tile with its S
+// double-buffered: fwd_sm100_one_tile.cuh, Note [one-tile order]) and walks the KV blocks both
 // tiles see, last to first (the masked diagonal block first, as on SM90). 16 warps, one role
 // each (Role, kWarpRole):
 //   softmax0, softmax1  a warpgroup per Q tile: S row from TMEM (tcgen05.ld 32x32b: thread t
@@ -88,7 +89,8 @@ static_assert((2 * kRegsSoftmax + kRegsCorrection + kRegsOther) * 128 == 65536,
 // ---- Barriers ----------------------------------------------------------------------------
 // Every mbarrier of the kernel: one row per producer -> consumer connection. The protocol
 // model reads this table; keep one entry per line, in this format.
-//   kPerQTile: one barrier per Q tile (2); kPerStage: one per K/V stage (kStages)
+//   kPerQTile: one barrier per Q tile (kQTiles); kPerStage: one per K/V stage (kStages);
+//   kPerSBuffer: one per TMEM S buffer (2: Q tile t's S, or hd 256's double-buffered S)
 //   arrivals: the arrive count at init; "tx" barriers also count TMA bytes
 enum class Bar : int {
   kQFull,       // from load to mma, protects sQ[t]: Q tile landed (TMA tx)
@@ -97,8 +99,8 @@ enum class Bar : int {
   kKEmpty,      // from mma to load, protects sK[stage]: S0 and S1 of the block done (commit)
   kVFull,       // from load to mma, protects sV[stage]: V block landed (TMA tx)
   kVEmpty,      // from mma to load, protects sV[stage]: PV0 and PV1 of the block done (commit)
-  kSFull,       // from mma to softmax_t, protects TMEM S_t: S_t = Q_t·Kᵀ done (commit)
-  kPFull,       // from softmax_t to mma, protects TMEM P_t: P stored over S_t (128 arrivals)
+  kSFull,       // from mma to softmax_t, protects TMEM S_b: S_b = Q·Kᵀ done (commit)
+  kPFull,       // from softmax_t to mma, protects TMEM P_b: P stored over S_b (128 arrivals)
   kStatsFull,   // from softmax_t to correction, protects stats[t]: row factors / 1/l, lse (128)
   kStatsEmpty,  // from correction to softmax_t, protects stats[t]: read, may be rewritten (128)
   kOFull,       // from mma to correction, protects TMEM O_t: O_t += P_t·V done (commit)
@@ -107,7 +109,7 @@ enum class Bar : int {
                 // first P·V may overwrite (128)
   kCount
 };
-enum class BarCopies : int { kPerQTile, kPerStage };
+enum class BarCopies : int { kPerQTile, kPerStage, kPerSBuffer };
 struct BarSpec {
   Bar bar;
   BarCopies copies;
@@ -121,8 +123,8 @@ constexpr BarSpec kBarriers[] = {
     {Bar::kKEmpty,      BarCopies::kPerStage,   1},
     {Bar::kVFull,       BarCopies::kPerStage,   1},
     {Bar::kVEmpty,      BarCopies::kPerStage,   1},
-    {Bar::kSFull,       BarCopies::kPerQTile,   1},
-    {Bar::kPFull,       BarCopies::kPerQTile, 128},
+    {Bar::kSFull,       BarCopies::kPerSBuffer, 1},
+    {Bar::kPFull,       BarCopies::kPerSBuffer, 128},
     {Bar::kStatsFull,   BarCopies::kPerQTile, 128},
     {Bar::kStatsEmpty,  BarCopies::kPerQTile, 128},
     {Bar::kOFull,       BarCopies::kPerQTile,   1},
@@ -138,6 +140,10 @@ constexpr bool barrier_table_in_enum_order() {
   return true;
 }
 static_assert(barrier_table_in_enum_order(), "kBarriers rows in the order of enum Bar");
+constexpr int kSBuffers = 2;
+__host__ __device__ constexpr int bar_copies(BarCopies c, int q_tiles, int stages) {
+  return c == BarCopies::kPerQTile ? q_tiles : (c == BarCopies::kPerStage ? stages : kSBuffers);
+}
 
 // ---- Traits ------------------------------------------------------------------------------
 template <int kHeadDim_, int kHeadDimV_, class Element_>
@@ -148,10 +154,7 @@ struct FwdTraits {
   static constexpr int kBlockM = 128;  // one Q tile = one warpgroup's 128 TMEM lanes
   static constexpr int kBlockN = fwd_block_n<kHeadDimV, kHeadDim>();
   using Plan = FwdTmemPlan<kHeadDimV, kBlockN>;
-  static constexpr int kQTiles = Plan::kQTiles;
-  // hd 256 (kQTiles == 1) needs a second MMA order and a single softmax warpgroup: not in this
-  // version of the kernel.
-  static_assert(kQTiles == 2, "SM100 forward: one-Q-tile (hd 256) variant not written yet");
+  static constexpr int kQTiles = Plan::kQTiles;  // 1 at hd 256: Note [one-tile order]
   static constexpr int kCtaRows = kQTiles * kBlockM;
   static constexpr int kStages = 2;
   static constexpr int kThreads = 32 * kWarps;
@@ -179,7 +182,7 @@ struct FwdTraits {
 
   static constexpr int kBarCount = [] {
     int n = 0;
-    for (const BarSpec& b : kBarriers) n += b.copies == BarCopies::kPerQTile ? kQTiles : kStages;
+    for (const BarSpec& b : kBarriers) n += bar_copies(b.copies, kQTiles, kStages);
     return n;
   }();
   // Shared memory (bf16/fp16, kStages = 2), the Q tiles, K and V stages, row statistics:
@@ -187,6 +190,7 @@ struct FwdTraits {
   //   hd 128: Q 2×32 KB + K 2×32 KB + V 2×32 KB = 192 KB + 2 KB
   //   hd 192: Q 2×48 KB + K 2×24 KB + V 2×24 KB = 192 KB + 2 KB (kBlockN 64)
   //   (192, 128): Q 2×48 KB + K 2×24 KB + V 2×16 KB = 176 KB + 2 KB (kBlockN 64)
+  //   hd 256: Q 1×64 KB + K 2×32 KB + V 2×32 KB = 192 KB + 1 KB (kBlockN 64, one Q tile)
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
@@ -213,7 +217,7 @@ constexpr int bar_offset(Bar b) {
   int n = 0;
   for (const BarSpec& s : kBarriers) {
     if (s.bar == b) return n;
-    n += s.copies == BarCopies::kPerQTile ? T::kQTiles : T::kStages;
+    n += bar_copies(s.copies, T::kQTiles, T::kStages);
   }
   return -1;
 }
@@ -232,7 +236,7 @@ __device__ __forceinline__ void init_barriers(typename T::SharedStorage& ss,
                                               std::integer_sequence<int, I...>) {
   auto init = [&](auto spec_index) {
     constexpr BarSpec spec = kBarriers[decltype(spec_index)::value];
-    constexpr int kCopies = spec.copies == BarCopies::kPerQTile ? T::kQTiles : T::kStages;
+    constexpr int kCopies = bar_copies(spec.copies, T::kQTiles, T::kStages);
     FA4_UNROLL
     for (int i = 0; i < kCopies; ++i) {
       cutlass::arch::ClusterBarrier::init(bar_ptr<T, spec.bar>(ss, i), spec.arrivals);
@@ -481,10 +485,9 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
   using Plan = typename T::Plan;
   using SFrag = RowMajorFrag<1, T::kBlockN>;
   const uint32_t lane_base = uint32_t(row_in_tile & ~31) << 16;
-  const uint32_t s_addr = tmem + lane_base + (q == 0 ? Plan::kS0 : Plan::kS1);
-  const uint32_t p_addr = tmem + lane_base + (q == 0 ? Plan::kP0 : Plan::kP1);
-  uint64_t* s_full = bar_ptr<T, Bar::kSFull>(ss, q);
-  uint64_t* p_full = bar_ptr<T, Bar::kPFull>(ss, q);
+  static_assert(
+      Plan::kS1 == Plan::kS0 + T::kBlockN && Plan::kP0 == Plan::kS0 && Plan::kP1 == Plan::kS1,
+      "S buffer b (and its P) at kS0 + b · kBlockN");
   uint64_t* st_full = bar_ptr<T, Bar::kStatsFull>(ss, q);
   uint64_t* st_empty = bar_ptr<T, Bar::kStatsEmpty>(ss, q);
   Ring s_ready, st_free;
@@ -506,8 +509,14 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
     OnlineSoftmax<SFrag> softmax;
     softmax.init();
     for (int n = t.n_end - 1; n >= t.n_begin; --n) {
-      bar_wait(s_full, s_ready.parity(1));
+      // S buffer b: Q tile q's with two tiles; with one (hd 256) the buffer of this block's
+      // running count (Note [one-tile order]).
+      const int b = T::kQTiles == 2 ? q : s_ready.index(kSBuffers);
+      bar_wait(bar_ptr<T, Bar::kSFull>(ss, b),
+               T::kQTiles == 2 ? s_ready.parity(1) : s_ready.parity(kSBuffers));
       ++s_ready.count;
+      const uint32_t s_addr = tmem + lane_base + Plan::kS0 + uint32_t(b) * T::kBlockN;
+      const uint32_t p_addr = s_addr;  // 16-bit P over its S
       tmem_fence_after_sync();
       float s[T::kBlockN];
       FA4_UNROLL
@@ -536,7 +545,7 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
       }
       tmem_wait_st();
       tmem_fence_before_sync();
-      bar_arrive(p_full);
+      bar_arrive(bar_ptr<T, Bar::kPFull>(ss, b));
     }
     float inv_l[1], lse[1];
     softmax.finalize(inv_l, lse);
@@ -653,6 +662,12 @@ __device__ void correction_role(const KernelParams<T>& kp, typename T::SharedSto
   }
 }
 
+}  // namespace fa4::sm100
+
+#include "fwd_sm100_one_tile.cuh"
+
+namespace fa4::sm100 {
+
 // ---- Kernel --------------------------------------------------------------------------------
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
@@ -686,7 +701,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     case Role::kSoftmax0:
     case Role::kSoftmax1:
       cutlass::arch::warpgroup_reg_alloc<kRegsSoftmax>();
-      softmax_role(kp, ss, tmem, role == Role::kSoftmax0 ? 0 : 1, threadIdx.x % 128);
+      // hd 256 has one Q tile: softmax1 has no work (Note [one-tile order]).
+      if (T::kQTiles == 2 || role == Role::kSoftmax0) {
+        softmax_role(kp, ss, tmem, role == Role::kSoftmax0 ? 0 : 1, threadIdx.x % 128);
+      }
       break;
     case Role::kCorrection:
       cutlass::arch::warpgroup_reg_dealloc<kRegsCorrection>();
@@ -694,7 +712,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       break;
     default:
       cutlass::arch::warpgroup_reg_dealloc<kRegsOther>();
-      if (role == Role::kMma && lane == 0) mma_role(kp, ss, tmem);
+      if (role == Role::kMma && lane == 0) {
+        if constexpr (T::kQTiles == 2) {
+          mma_role(kp, ss, tmem);
+        } else {
+          mma_role_one_tile(kp, ss, tmem);
+        }
+      }
       if (role == Role::kLoad && lane == 0) load_role(kp, ss);
       break;
   }

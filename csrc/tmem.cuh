@@ -11,8 +11,11 @@
 //   d_v = 128, kBlockN 128: 128 + 128 + 128 + 128 = 512 columns (the whole TMEM)
 //   d_v = 192, kBlockN  64:  64 +  64 + 192 + 192 = 512 columns
 //   (d, d_v) = (192, 128), kBlockN 64 (shared memory, fwd_block_n): 64 + 64 + 128 + 128 = 384
-//   d_v = 256: the two O tiles alone take 512 columns, so hd 256 runs one Q tile per CTA:
-//              S0 (kBlockN 128) | O0 (256) = 384 columns, no ping-pong (kQTiles = 1).
+//   d_v = 256: the two O tiles alone take 512 columns, so hd 256 runs one Q tile per CTA with
+//              its S double-buffered instead (kQTiles = 1, kBlockN 64 for shared memory):
+//              S0 | S1 | O0 = 64 + 64 + 256 = 384 columns; S(i + 1) is computed into the other
+//              buffer while the softmax works on S(i) (Note [one-tile order] in
+//              fwd_sm100_kernel.cuh).
 // P (16-bit) is written over the first kBlockN / 2 columns of its S: the softmax warpgroup has
 // loaded its whole S row into registers (one tcgen05.ld per 32 columns, all waited for) before
 // it stores P, and the MMA warp issues the next S = Q·Kᵀ into that region only after the P·V
@@ -44,8 +47,8 @@ struct FwdTmemPlan {
   static constexpr int kQTiles = 2 * (kBlockN + kHeadDimV) <= int(kTmemColumns) ? 2 : 1;
   enum : uint32_t {
     kS0 = 0,
-    kS1 = kS0 + kBlockN,  // unused when kQTiles == 1
-    kO0 = kS0 + kQTiles * kBlockN,
+    kS1 = kS0 + kBlockN,  // Q tile 1's S, or with one Q tile the second S buffer
+    kO0 = kS0 + 2 * kBlockN,
     kO1 = kO0 + kHeadDimV,  // unused when kQTiles == 1
     kEnd = kO0 + kQTiles * kHeadDimV,
     kP0 = kS0,  // 16-bit P over its S
@@ -62,16 +65,17 @@ struct FwdTmemPlan {
 // The plans the SM100 forward instantiates (kBlockN per head dim, Note [TMEM plan]). kHeadDim
 // (of Q and K) matters through shared memory: (192, 128) at kBlockN 128 would need Q 2×48 KB +
 // K 2×48 KB + V 2×32 KB = 256 KB > 227 KB, so it runs at 64 like hd 192.
+// hd 256 runs at 64 too: Q 64 KB + K 2 × 32 KB + V 2 × 32 KB = 192 KB.
 template <int kHeadDimV, int kHeadDim = kHeadDimV>
 __host__ __device__ constexpr int fwd_block_n() {
-  if (kHeadDimV <= 128 && kHeadDim <= 128) return 128;
-  return kHeadDimV <= 192 ? 64 : 128;
+  return kHeadDimV <= 128 && kHeadDim <= 128 ? 128 : 64;
 }
 static_assert(FwdTmemPlan<64, fwd_block_n<64>()>::kQTiles == 2, "hd64 ping-pongs two Q tiles");
 static_assert(FwdTmemPlan<128, fwd_block_n<128>()>::kEnd == 512, "hd128 uses all of TMEM");
 static_assert(FwdTmemPlan<192, fwd_block_n<192>()>::kQTiles == 2, "hd192 ping-pongs at N=64");
 static_assert(FwdTmemPlan<128, fwd_block_n<128, 192>()>::kEnd == 384, "(192, 128): N=64, 384");
 static_assert(FwdTmemPlan<256, fwd_block_n<256>()>::kQTiles == 1, "hd256: one Q tile per CTA");
+static_assert(FwdTmemPlan<256, fwd_block_n<256>()>::kEnd == 384, "hd256: S0 | S1 | O0");
 
 // Note [bwd TMEM plan]: the SM100 backward (bwd_sm100_kernel.cuh), one CTA per 128-row kv tile,
 // 128-row Q blocks. Lanes are kv rows for S, P, dP, dS, dK, dV and query rows for dQ:

@@ -20,7 +20,7 @@ from fa4 import build_info
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm100]
 
-HDIMS = [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128)]  # fwd_sm100.cu: no hd 256 yet
+HDIMS = [(64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128)]  # fwd_sm100.cu
 
 
 def _sm100_hdims():

@@ -164,3 +164,31 @@ def test_table_drift_fails_loudly():
     )
     with pytest.raises(ValueError, match="softmax0 arrives on kPFull, whose comment says load"):
         pm.Model(pm.parse_kernel(wrong), pm.Config(tiles=(1,)))
+
+
+# ---- hd 256: one Q tile, double-buffered S (Note [one-tile order]) ---------------------------
+@pytest.mark.parametrize("tiles", [(3,), (1, 1), (2, 2), (4,)], ids=lambda t: "-".join(map(str, t)))
+@pytest.mark.parametrize("stages", [None, 1])
+def test_one_tile_protocol_is_clean(tiles, stages):
+    res = pm.explore(TABLE, pm.Config(tiles=tiles, stages=stages, q_tiles=1))
+    assert res.violations == []
+    assert res.states > 500
+
+
+@pytest.mark.parametrize(
+    "what, cfg, kind",
+    [
+        ("mma skips its first kPFull wait", {"drop": {("mma", "Wait", "kPFull", 0)}}, "stale read"),
+        ("MMAs out of order: S(2) over P(0) before PV(0)", {"mma_in_order": False}, "overwrite"),
+        (
+            "load skips kKEmpty of K block 2",
+            {"drop": {("load", "Wait", "kKEmpty", 2)}},
+            "overwrite",
+        ),
+        ("softmax0 waits S(2) on the wrong parity", {"flip": {("softmax0", "kSFull", 2)}}, "phase"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
+def test_one_tile_mutations_are_caught(what, cfg, kind):
+    res = pm.explore(TABLE, pm.Config(tiles=(3,), q_tiles=1, **cfg))
+    assert kind in res.kinds(), (what, res.violations[:3])

@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 KERNEL = ROOT / "csrc/fwd_sm100_kernel.cuh"
 pytestmark = pytest.mark.build
 
-HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128))
-# as setup.py passes for FA4_HDIMS=64,96,128,192,192x128
+HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
+# as setup.py passes for FA4_HDIMS=64,96,128,192,256,192x128
 DEFINES = tuple(f"-DFA4_HDIM_{d}" if d == dv else f"-DFA4_HDIM_{d}X{dv}" for d, dv in HEAD_DIMS)
 
 
@@ -60,7 +60,7 @@ def test_one_kernel_per_head_dim_and_dtype(compiled):
 
 def test_spills_bounded(compiled):
     """Not yet spill-free: ≤ 132 bytes of spill stores per kernel (hd 64-128; 12 at hd 192 and
-    (192, 128)),
+    (192, 128), 24 at hd 256),
     all of them scalars (barrier addresses, ring counters, tile bounds, the registers the int64
     division subroutine of TileScheduler::at saves), none of the S/P/O element arrays. At
     kBlockN = 128 the softmax warpgroups (192 registers) have ~60 spill instructions, ~30 of
@@ -132,12 +132,17 @@ def test_exp2_split_between_mufu_and_polynomial(hd128):
     assert len(re.findall(r"MUFU\.EX2", hd128)) == 128 * 12 // 16 + 1
 
 
-def test_hd256_is_not_instantiated():
-    """hd 256 runs one Q tile per CTA (FwdTmemPlan::kQTiles == 1), a variant this kernel does
-    not have yet: the traits static_assert it out and fwd_sm100.cu does not instantiate it."""
+def test_hd256_runs_one_q_tile_with_double_buffered_s(compiled):
+    """hd 256 (Note [one-tile order]): one Q tile per CTA, kBlockN 64, S double-buffered in TMEM,
+    instantiated; both tcgen05.mma forms, and no exp2 polynomial (kEmuSixteenths 0 at hd 256,
+    EMU_SIXTEENTHS)."""
+    fns = _functions(compiled[1])
+    hd256 = fns[((256, 256), "bfloat16")]
+    assert re.search(r"UTCHMMA tmem\[UR\d+\], gdesc\[UR\d+\], tmem\[UR\d+\]", hd256)
+    assert re.search(r"UTCHMMA gdesc\[UR\d+\], gdesc\[UR\d+\], tmem\[UR\d+\]", hd256)
+    assert not re.search(r"FADD\.FTZ\.RM R\d+, R\d+(?:\.reuse)?, 12582912", hd256)
     src = (ROOT / "csrc/fwd_sm100.cu").read_text()
-    assert "launch_dtype<256" not in src
-    assert "kQTiles == 2" in KERNEL.read_text()
+    assert "launch_dtype<256, 256>" in src
 
 
 def test_sm90a_pass_compiles_an_empty_body(tmp_path_factory):

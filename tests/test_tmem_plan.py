@@ -28,9 +28,10 @@ def plans(tmp_path_factory):
 
 
 def regions(p):
-    out = [("S0", p["s0"], p["block_n"]), ("O0", p["o0"], p["d_v"])]
+    # S1 is Q tile 1's S, or with one Q tile (hd 256) the second S buffer of tile 0
+    out = [("S0", p["s0"], p["block_n"]), ("S1", p["s1"], p["block_n"]), ("O0", p["o0"], p["d_v"])]
     if p["q_tiles"] == 2:
-        out += [("S1", p["s1"], p["block_n"]), ("O1", p["o1"], p["d_v"])]
+        out += [("O1", p["o1"], p["d_v"])]
     return out
 
 
@@ -52,6 +53,7 @@ def test_ping_pong_wherever_two_tiles_fit(plans):
     by_dv = {p["d_v"]: p for p in plans}
     assert all(by_dv[d]["q_tiles"] == 2 for d in (64, 96, 128, 192))
     assert by_dv[256]["q_tiles"] == 1  # O0 | O1 alone would take all 512 columns
+    assert by_dv[256]["block_n"] == 64 and by_dv[256]["end"] == 384  # S0 | S1 | O0
     assert by_dv[128]["end"] == 512
 
 

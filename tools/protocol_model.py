@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Protocol model of the SM100 forward kernel's mbarrier pipeline (issue 5, docs/sm100.md).
+"""Protocol model of the SM100 forward kernel's mbarrier pipeline (issue 5, docs/sm100.md),
+for both its shapes: two Q tiles ping-ponged (hd <= 192) and one Q tile with a double-buffered S
+(hd 256, Config(q_tiles=1), Note [one-tile order]).
 
 The barrier list, copies and arrival counts, and kStages are parsed from
 csrc/fwd_sm100_kernel.cuh (enum Bar, table kBarriers, FwdTraits::kStages). Each role of one CTA
@@ -32,7 +34,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 KERNEL = Path(__file__).resolve().parents[1] / "csrc" / "fwd_sm100_kernel.cuh"
-Q_TILES = 2  # FwdTraits static_asserts kQTiles == 2
+Q_TILES = 2  # FwdTraits::kQTiles for hd <= 192; hd 256 has 1 (Config.q_tiles)
+S_BUFFERS = 2  # kSBuffers: Q tile t's S, or the one Q tile's double-buffered S
 WG = 128  # a softmax/correction warpgroup is one process: its arrive counts 128 at once
 
 
@@ -43,8 +46,16 @@ class BarSpec:
     src: str  # "from" role of the comment; softmax_t stands for softmax0 and softmax1
     dst: str  # "to" role
     protects: str
-    per_stage: bool
+    copies: str  # kPerQTile, kPerStage or kPerSBuffer
     arrivals: int
+
+    @property
+    def per_stage(self) -> bool:
+        return self.copies == "kPerStage"
+
+    def count(self, q_tiles: int, stages: int) -> int:
+        """Copies of this barrier (bar_copies in the kernel)."""
+        return {"kPerQTile": q_tiles, "kPerStage": stages, "kPerSBuffer": S_BUFFERS}[self.copies]
 
 
 @dataclass(frozen=True)
@@ -52,8 +63,8 @@ class Table:
     bars: dict[str, BarSpec]
     stages: int
 
-    def copies(self, bar: str) -> int:
-        return self.stages if self.bars[bar].per_stage else Q_TILES
+    def copies(self, bar: str, q_tiles: int = Q_TILES) -> int:
+        return self.bars[bar].count(q_tiles, self.stages)
 
 
 def parse_kernel(text: str | None = None) -> Table:
@@ -78,7 +89,8 @@ def parse_kernel(text: str | None = None) -> Table:
     if not table:
         raise ValueError("kBarriers table not found")
     rows = re.findall(
-        r"\{Bar::(k\w+),\s*BarCopies::(kPerQTile|kPerStage),\s*(\d+)\}", table.group(1)
+        r"\{Bar::(k\w+),\s*BarCopies::(kPerQTile|kPerStage|kPerSBuffer),\s*(\d+)\}",
+        table.group(1),
     )
     if [r[0] for r in rows] != enumerators:
         raise ValueError(f"kBarriers rows {[r[0] for r in rows]} != enum Bar {enumerators}")
@@ -88,7 +100,7 @@ def parse_kernel(text: str | None = None) -> Table:
     bars = {}
     for name, copies, arrivals in rows:
         src, dst, protects = comments[name]
-        bars[name] = BarSpec(name, src, dst, protects, copies == "kPerStage", int(arrivals))
+        bars[name] = BarSpec(name, src, dst, protects, copies, int(arrivals))
     return Table(bars, int(stages.group(1)))
 
 
@@ -164,6 +176,7 @@ class Config:
     drop: set = field(default_factory=set)  # (role, step kind, bar, occurrence) to remove
     flip: set = field(default_factory=set)  # (role, bar, occurrence): wait parity ^ 1
     rescale: bool = True  # correction touches O_t every block (the vote said "rescale")
+    q_tiles: int = Q_TILES  # 1: the hd 256 kernel (one Q tile, double-buffered S)
 
 
 class Ring:
@@ -179,22 +192,22 @@ class Ring:
         return (self.count // copies) & 1
 
 
-def load_program(tiles, S):
+def load_program(tiles, S, q_tiles=Q_TILES):
     p = []
     q_free, k_free, v_free = Ring(), Ring(), Ring()
     for w, nblk in enumerate(tiles):
-        for q in range(Q_TILES):
+        for q in range(q_tiles):
             p.append(Wait("kQEmpty", q, q_free.parity(1) ^ 1))
             p.append(Tma("kQFull", q, f"sQ{q}", ("Q", w, q), nblk))  # one S_q per block
         q_free.count += 1
         for i in range(nblk):  # block i of the tile in the kernel's order (n_end - 1 down)
             ks = k_free.index(S)
             p.append(Wait("kKEmpty", ks, k_free.parity(S) ^ 1))
-            p.append(Tma("kKFull", ks, f"sK{ks}", ("K", w, i), Q_TILES))  # S0 and S1
+            p.append(Tma("kKFull", ks, f"sK{ks}", ("K", w, i), q_tiles))  # S_t of each tile
             k_free.count += 1
             vs = v_free.index(S)
             p.append(Wait("kVEmpty", vs, v_free.parity(S) ^ 1))
-            p.append(Tma("kVFull", vs, f"sV{vs}", ("V", w, i), Q_TILES))  # PV0 and PV1
+            p.append(Tma("kVFull", vs, f"sV{vs}", ("V", w, i), q_tiles))  # PV_t of each tile
             v_free.count += 1
     return p
 
@@ -276,7 +289,7 @@ def softmax_program(tiles, q):
     return p
 
 
-def correction_program(tiles, rescale=True):
+def correction_program(tiles, rescale=True, q_tiles=Q_TILES):
     p = []
     st_ready, o_done = [Ring(), Ring()], [Ring(), Ring()]
 
@@ -292,7 +305,7 @@ def correction_program(tiles, rescale=True):
 
     for w, nblk in enumerate(tiles):
         for i in range(nblk):
-            for q in range(Q_TILES):
+            for q in range(q_tiles):
                 take_stats(q, ("f", w, q, i))
                 if i > 0:
                     wait_o(q)
@@ -300,7 +313,7 @@ def correction_program(tiles, rescale=True):
                         p.append(Read(f"O{q}", ("O", w, q, i - 1)))
                         p.append(Write(f"O{q}", ("R", w, q, i - 1), 1))
                 p.append(Arrive("kORescaled", q, WG))
-        for q in range(Q_TILES):
+        for q in range(q_tiles):
             if nblk > 0:
                 take_stats(q, ("L", w, q))
                 wait_o(q)
@@ -309,8 +322,91 @@ def correction_program(tiles, rescale=True):
     return p
 
 
+def mma_program_one_tile(tiles, S):
+    """mma_role_one_tile (fwd_sm100_one_tile.cuh): S(i) into buffer c % 2 of a running block
+    count c, S(i + 2) into P(i)'s buffer right after PV(i), which reads it (Note [one-tile
+    order])."""
+    p = []
+    q_ready, k_ready, v_ready, o_free, o_ok = Ring(), Ring(), Ring(), Ring(), Ring()
+    s_issued, p_ready = Ring(), Ring()
+
+    def issue_s(w, blk):
+        b = s_issued.index(S_BUFFERS)
+        s_issued.count += 1
+        ks = k_ready.index(S)
+        p.append(Wait("kKFull", ks, k_ready.parity(S)))
+        p.append(Mma((("sQ0", ("Q", w, 0)), (f"sK{ks}", ("K", w, blk))), f"S{b}",
+                     ("S", w, 0, blk), 1))  # fmt: skip
+        p.append(Commit("kSFull", b))
+        p.append(Commit("kKEmpty", ks))
+        k_ready.count += 1
+
+    for w, nblk in enumerate(tiles):
+        p.append(Wait("kQFull", 0, q_ready.parity(1)))
+        q_ready.count += 1
+        for blk in range(min(2, nblk)):
+            issue_s(w, blk)
+            if blk + 1 == nblk:
+                p.append(Commit("kQEmpty", 0))
+        for i in range(nblk):
+            vs = v_ready.index(S)
+            p.append(Wait("kVFull", vs, v_ready.parity(S)))
+            b = p_ready.index(S_BUFFERS)
+            p.append(Wait("kPFull", b, p_ready.parity(S_BUFFERS)))
+            p_ready.count += 1
+            p.append(Wait("kORescaled", 0, o_ok.parity(1)))
+            o_ok.count += 1
+            if i == 0:
+                p.append(Wait("kOEmpty", 0, o_free.parity(1) ^ 1))
+            reads = ((f"S{b}", ("P", w, 0, i)), (f"sV{vs}", ("V", w, i)))
+            if i > 0:
+                reads += (("O0", ("R", w, 0, i - 1)),)
+            p.append(Mma(reads, "O0", ("O", w, 0, i), 1))
+            p.append(Commit("kOFull", 0))
+            p.append(Commit("kVEmpty", vs))
+            v_ready.count += 1
+            if i + 2 < nblk:
+                issue_s(w, i + 2)
+                if i + 3 == nblk:
+                    p.append(Commit("kQEmpty", 0))
+        o_free.count += 1
+    return p
+
+
+def softmax_program_one_tile(tiles):
+    """softmax_role with one Q tile: every block, from the S buffer of its running count."""
+    p = []
+    s_ready, st_free = Ring(), Ring()
+
+    def publish(tag):
+        p.append(Wait("kStatsEmpty", 0, st_free.parity(1) ^ 1))
+        st_free.count += 1
+        p.append(Write("stats0", tag, 1))
+        p.append(Arrive("kStatsFull", 0, WG))
+
+    for w, nblk in enumerate(tiles):
+        for i in range(nblk):
+            b = s_ready.index(S_BUFFERS)
+            p.append(Wait("kSFull", b, s_ready.parity(S_BUFFERS)))
+            s_ready.count += 1
+            p.append(Read(f"S{b}", ("S", w, 0, i)))
+            publish(("f", w, 0, i))
+            p.append(Write(f"S{b}", ("P", w, 0, i), 1))
+            p.append(Arrive("kPFull", b, WG))
+        publish(("L", w, 0))
+    return p
+
+
 def programs(cfg: Config, S: int) -> dict[str, list]:
     tiles = cfg.tiles
+    if cfg.q_tiles == 1:
+        progs = {
+            "load": load_program(tiles, S, q_tiles=1),
+            "mma": mma_program_one_tile(tiles, S),
+            "softmax0": softmax_program_one_tile(tiles),
+            "correction": correction_program(tiles, cfg.rescale, q_tiles=1),
+        }
+        return {r: _mutate(r, _annotate(prog), cfg) for r, prog in progs.items()}
     progs = {
         "load": load_program(tiles, S),
         "mma": mma_program(tiles, S),
@@ -408,12 +504,11 @@ def _role_of(name: str) -> set[str]:
     return {"softmax0", "softmax1"} if name == "softmax_t" else {name}
 
 
-def check_consistency(table: Table, progs: dict[str, list], S: int) -> list[str]:
+def check_consistency(
+    table: Table, progs: dict[str, list], S: int, q_tiles: int = Q_TILES
+) -> list[str]:
     """The programs use exactly the parsed barriers, from the roles the comments name."""
-    bars = {
-        name: (S if spec.per_stage else Q_TILES, spec.src, spec.dst)
-        for name, spec in table.bars.items()
-    }
+    bars = {name: (spec.count(q_tiles, S), spec.src, spec.dst) for name, spec in table.bars.items()}
     return check_programs(progs, bars, _role_of)
 
 
@@ -589,11 +684,11 @@ class Model(Machine):
         self.cfg = cfg
         self.S = cfg.stages if cfg.stages is not None else table.stages
         progs = programs(cfg, self.S)
-        self.errors = check_consistency(table, progs, self.S)
+        self.errors = check_consistency(table, progs, self.S, cfg.q_tiles)
         if self.errors:
             raise ValueError("model and kBarriers disagree:\n  " + "\n  ".join(self.errors))
         bars = {
-            name: (self.S if spec.per_stage else Q_TILES, spec.arrivals)
+            name: (spec.count(cfg.q_tiles, self.S), spec.arrivals)
             for name, spec in table.bars.items()
         }
         super().__init__(bars, progs, cfg.mma_in_order)

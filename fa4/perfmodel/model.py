@@ -199,7 +199,7 @@ def default_block_n(arch: Arch, hdim: int) -> int:
     """kBlockN of the kernels: SM90 fwd_sm90_kernel.cuh (registers), SM100 tmem.cuh (TMEM)."""
     if not arch.tmem_bytes_clk:
         return 128 if hdim <= 128 else 64
-    return 64 if hdim == 192 else 128
+    return 64 if hdim >= 192 else 128  # tmem.cuh fwd_block_n: hd 256 at 64 (shared memory)
 
 
 def sm90_config(hdim: int, causal: bool = False, seqlen: int = 16384, **kw) -> Config:
