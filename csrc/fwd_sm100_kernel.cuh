@@ -11,14 +11,15 @@
 //                       holds row t), mask, row max, rescale decision, exp2, P (16-bit) to TMEM
 //                       over its S
 //   correction          one warpgroup for both tiles: rescales O_t in TMEM when a warp vote
-//                       says a row of the warp needs it, then the epilogue: O · 1/l written to
-//                       global memory straight from TMEM (no separate epilogue warp: folded in
-//                       here), and the LSE
+//                       says a row of the warp needs it; at the end of a tile O · 1/l from TMEM
+//                       into the staging buffer (or straight to global: Note [sm100 TMA-store
+//                       epilogue]) and the LSE
 //   mma                 one thread issues every tcgen05.mma: S_t = Q_t·Kᵀ (both operands from
 //                       shared memory descriptors), O_t += P_t·V (P from TMEM: the TS form)
 //   load                one thread issues every TMA load: Q0, Q1 per tile, K and V per block
-//   idle                warps 14 and 15: they fill the fourth warpgroup, whose registers go to
-//                       the softmax warpgroups (setmaxnreg acts per warpgroup)
+//   epilogue            one thread: the TMA store of each staged O tile (fwd_sm100_epilogue.cuh)
+//   idle                warp 15: fills the fourth warpgroup, whose registers go to the softmax
+//                       warpgroups (setmaxnreg acts per warpgroup)
 // The TMEM lane rule (a warp reaches lanes 32 · (warp % 4) onward) is why softmax and
 // correction are whole, aligned warpgroups: thread i of either warpgroup owns row i of its tile.
 //
@@ -51,19 +52,22 @@ namespace fa4::sm100 {
 using namespace cute;
 
 // ---- Warp roles --------------------------------------------------------------------------
-enum class Role : int { kSoftmax0, kSoftmax1, kCorrection, kMma, kLoad, kIdle };
+enum class Role : int { kSoftmax0, kSoftmax1, kCorrection, kMma, kLoad, kEpilogue, kIdle };
 constexpr int kWarps = 16;
 constexpr Role kWarpRole[kWarps] = {
     Role::kSoftmax0,   Role::kSoftmax0,   Role::kSoftmax0,   Role::kSoftmax0,    // warps 0-3
     Role::kSoftmax1,   Role::kSoftmax1,   Role::kSoftmax1,   Role::kSoftmax1,    // warps 4-7
     Role::kCorrection, Role::kCorrection, Role::kCorrection, Role::kCorrection,  // warps 8-11
-    Role::kMma,        Role::kLoad,       Role::kIdle,       Role::kIdle,        // warps 12-15
+    Role::kMma,        Role::kLoad,       Role::kEpilogue,   Role::kIdle,        // warps 12-15
 };
 // The table as device code reads it (a host array is readable there only in constant
 // expressions); the static_assert keeps the two equal.
 __host__ __device__ constexpr Role warp_role(int warp) {
-  return warp < 12 ? Role(warp / 4)
-                   : (warp == 12 ? Role::kMma : (warp == 13 ? Role::kLoad : Role::kIdle));
+  return warp < 12    ? Role(warp / 4)
+         : warp == 12 ? Role::kMma
+         : warp == 13 ? Role::kLoad
+         : warp == 14 ? Role::kEpilogue
+                      : Role::kIdle;
 }
 constexpr bool warp_role_matches_table() {
   for (int w = 0; w < kWarps; ++w) {
@@ -90,26 +94,29 @@ static_assert((2 * kRegsSoftmax + kRegsCorrection + kRegsOther) * 128 == 65536,
 // Every mbarrier of the kernel: one row per producer -> consumer connection. The protocol
 // model reads this table; keep one entry per line, in this format.
 //   kPerQTile: one barrier per Q tile (kQTiles); kPerStage: one per K/V stage (kStages);
-//   kPerSBuffer: one per TMEM S buffer (2: Q tile t's S, or hd 256's double-buffered S)
+//   kPerSBuffer: one per TMEM S buffer (2: Q tile t's S, or hd 256's double-buffered S);
+//   kOnce: one barrier
 //   arrivals: the arrive count at init; "tx" barriers also count TMA bytes
 enum class Bar : int {
-  kQFull,       // from load to mma, protects sQ[t]: Q tile landed (TMA tx)
-  kQEmpty,      // from mma to load, protects sQ[t]: last S_t of the tile done (commit)
-  kKFull,       // from load to mma, protects sK[stage]: K block landed (TMA tx)
-  kKEmpty,      // from mma to load, protects sK[stage]: S0 and S1 of the block done (commit)
-  kVFull,       // from load to mma, protects sV[stage]: V block landed (TMA tx)
-  kVEmpty,      // from mma to load, protects sV[stage]: PV0 and PV1 of the block done (commit)
-  kSFull,       // from mma to softmax_t, protects TMEM S_b: S_b = Q·Kᵀ done (commit)
-  kPFull,       // from softmax_t to mma, protects TMEM P_b: P stored over S_b (128 arrivals)
-  kStatsFull,   // from softmax_t to correction, protects stats[t]: row factors / 1/l, lse (128)
-  kStatsEmpty,  // from correction to softmax_t, protects stats[t]: read, may be rewritten (128)
-  kOFull,       // from mma to correction, protects TMEM O_t: O_t += P_t·V done (commit)
-  kORescaled,   // from correction to mma, protects TMEM O_t: rescaled, next P·V may add (128)
-  kOEmpty,      // from correction to mma, protects TMEM O_t: epilogue read it, next tile's
-                // first P·V may overwrite (128)
+  kQFull,        // from load to mma, protects sQ[t]: Q tile landed (TMA tx)
+  kQEmpty,       // from mma to load, protects sQ[t]: last S_t of the tile done (commit)
+  kKFull,        // from load to mma, protects sK[stage]: K block landed (TMA tx)
+  kKEmpty,       // from mma to load, protects sK[stage]: S0 and S1 of the block done (commit)
+  kVFull,        // from load to mma, protects sV[stage]: V block landed (TMA tx)
+  kVEmpty,       // from mma to load, protects sV[stage]: PV0 and PV1 of the block done (commit)
+  kSFull,        // from mma to softmax_t, protects TMEM S_b: S_b = Q·Kᵀ done (commit)
+  kPFull,        // from softmax_t to mma, protects TMEM P_b: P stored over S_b (128 arrivals)
+  kStatsFull,    // from softmax_t to correction, protects stats[t]: row factors / 1/l, lse (128)
+  kStatsEmpty,   // from correction to softmax_t, protects stats[t]: read, may be rewritten (128)
+  kOFull,        // from mma to correction, protects TMEM O_t: O_t += P_t·V done (commit)
+  kORescaled,    // from correction to mma, protects TMEM O_t: rescaled, next P·V may add (128)
+  kOEmpty,       // from correction to mma, protects TMEM O_t: epilogue read it, next tile's
+                 // first P·V may overwrite (128)
+  kOStageFull,   // from correction to epilogue, protects sO: O_t · 1/l staged for its TMA store
+  kOStageEmpty,  // from epilogue to correction, protects sO: the TMA store has read it
   kCount
 };
-enum class BarCopies : int { kPerQTile, kPerStage, kPerSBuffer };
+enum class BarCopies : int { kPerQTile, kPerStage, kPerSBuffer, kOnce };
 struct BarSpec {
   Bar bar;
   BarCopies copies;
@@ -130,6 +137,8 @@ constexpr BarSpec kBarriers[] = {
     {Bar::kOFull,       BarCopies::kPerQTile,   1},
     {Bar::kORescaled,   BarCopies::kPerQTile, 128},
     {Bar::kOEmpty,      BarCopies::kPerQTile, 128},
+    {Bar::kOStageFull,  BarCopies::kOnce,     128},
+    {Bar::kOStageEmpty, BarCopies::kOnce,       1},
 };
 // clang-format on
 static_assert(sizeof(kBarriers) / sizeof(BarSpec) == int(Bar::kCount), "one row per barrier");
@@ -142,7 +151,10 @@ constexpr bool barrier_table_in_enum_order() {
 static_assert(barrier_table_in_enum_order(), "kBarriers rows in the order of enum Bar");
 constexpr int kSBuffers = 2;
 __host__ __device__ constexpr int bar_copies(BarCopies c, int q_tiles, int stages) {
-  return c == BarCopies::kPerQTile ? q_tiles : (c == BarCopies::kPerStage ? stages : kSBuffers);
+  return c == BarCopies::kPerQTile     ? q_tiles
+         : c == BarCopies::kPerStage   ? stages
+         : c == BarCopies::kPerSBuffer ? kSBuffers
+                                       : 1;
 }
 
 // ---- Traits ------------------------------------------------------------------------------
@@ -191,10 +203,23 @@ struct FwdTraits {
   //   hd 192: Q 2×48 KB + K 2×24 KB + V 2×24 KB = 192 KB + 2 KB (kBlockN 64)
   //   (192, 128): Q 2×48 KB + K 2×24 KB + V 2×16 KB = 176 KB + 2 KB (kBlockN 64)
   //   hd 256: Q 1×64 KB + K 2×32 KB + V 2×32 KB = 192 KB + 1 KB (kBlockN 64, one Q tile)
+  // Note [sm100 TMA-store epilogue]: the correction warpgroup stages O_t · 1/l (one Q tile at a
+  // time) in shared memory and the epilogue warp stores it with one TMA store, where the
+  // staging buffer fits next to Q, K and V (hd 64, 96, 128, (192, 128)) and the problem is
+  // dense (a varlen TMA tensor packs the sequences: a clipped tile would write the next
+  // sequence's rows); otherwise the correction warpgroup stores O itself.
+  using SmemLayoutO = decltype(tile_to_shape(sm90::smem_atom_k<Element, kHeadDimV>(),
+                                             Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
+  static constexpr int kQKVBytes =
+      int(cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV>) *
+      int(sizeof(Element));
+  static constexpr bool kTmaStoreO =
+      kQKVBytes + kBlockM * kHeadDimV * int(sizeof(Element)) + 3 * 1024 <= 227 * 1024;
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
+    alignas(1024) cute::array_aligned<Element, kTmaStoreO ? cosize_v<SmemLayoutO> : 8> o;
     // Row statistics, softmax_t -> correction (Bar::kStatsFull): per block the O factor of
     // each row (stat_a); after the last block 1/l (stat_a) and the LSE (stat_b).
     alignas(16) float stat_a[kQTiles][kBlockM];
@@ -251,14 +276,17 @@ struct KernelParams {
   using TmaQ = sm90::TmaTile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>;
   using TmaK = sm90::TmaTile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>;
   using TmaV = sm90::TmaTile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>;
+  using TmaO = sm90::TmaStoreTile<Element, typename T::SmemLayoutO, T::kBlockM, T::kHeadDimV>;
   TmaQ tma_q;
   TmaK tma_k;
   TmaV tma_v;
-  Shape<int, int, int, int> shape_q, shape_k, shape_v;
+  TmaO tma_o;  // set when tma_store_o (Note [sm100 TMA-store epilogue])
+  Shape<int, int, int, int> shape_q, shape_k, shape_v, shape_o;
   FwdParams p;
   ScoreScale score;
   TileScheduler sched;  // items of kCtaRows query rows
   int group;            // heads_q / heads_kv
+  bool tma_store_o;     // T::kTmaStoreO and a dense problem
 };
 
 // The per-tile geometry every role derives the same way: sequence, mask, and the KV blocks of
@@ -553,117 +581,9 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
   }
 }
 
-// ---- Correction role (and epilogue) ---------------------------------------------------------
-// Thread i of the warpgroup owns row i of both Q tiles' O.
-template <class T>
-__device__ void correction_role(const KernelParams<T>& kp, typename T::SharedStorage& ss,
-                                uint32_t tmem, int row_in_tile) {
-  using Element = typename T::Element;
-  using Plan = typename T::Plan;
-  const FwdParams& p = kp.p;
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const uint32_t lane_base = uint32_t(row_in_tile & ~31) << 16;
-  Ring st_ready[2], o_done[2];
-  // Reads this row's next statistics message of tile q.
-  auto take_stats = [&](int q, float& a, float& b) {
-    bar_wait(bar_ptr<T, Bar::kStatsFull>(ss, q), st_ready[q].parity(1));
-    ++st_ready[q].count;
-    a = ss.stat_a[q][row_in_tile];
-    b = ss.stat_b[q][row_in_tile];
-    bar_arrive(bar_ptr<T, Bar::kStatsEmpty>(ss, q));
-  };
-  auto wait_o = [&](int q) {
-    bar_wait(bar_ptr<T, Bar::kOFull>(ss, q), o_done[q].parity(1));
-    ++o_done[q].count;
-    tmem_fence_after_sync();
-  };
-  for (int64_t w = blockIdx.x; w < kp.sched.total(); w += gridDim.x) {
-    const TileWork t = tile_work(kp, w);
-    const int nblk = t.blocks();
-    for (int i = 0; i < nblk; ++i) {
-      for (int q = 0; q < T::kQTiles; ++q) {
-        float factor, unused;
-        take_stats(q, factor, unused);
-        // Block 0 has no O yet (its P·V overwrites); afterwards O_t holds P·V up to block i-1.
-        if (i > 0) {
-          wait_o(q);
-          // Note [conditional rescale]: most blocks rescale no row; the vote skips the 2 x
-          // d_v/32 TMEM round trips for warps whose 32 rows all keep their max.
-          if (__any_sync(0xffffffffu, factor != 1.0f)) {
-            const uint32_t o_addr = tmem + lane_base + (q == 0 ? Plan::kO0 : Plan::kO1);
-            FA4_UNROLL
-            for (int c = 0; c < T::kHeadDimV / 32; ++c) {
-              uint32_t o[32];
-              tmem_load_32(o_addr + 32 * c, o);
-              tmem_wait_ld();
-              FA4_UNROLL
-              for (int j = 0; j < 32; ++j) o[j] = __float_as_uint(__uint_as_float(o[j]) * factor);
-              tmem_store_32(o_addr + 32 * c, o);
-            }
-            tmem_wait_st();
-          }
-        }
-        tmem_fence_before_sync();
-        bar_arrive(bar_ptr<T, Bar::kORescaled>(ss, q));
-      }
-    }
-    // Epilogue: out = O · 1/l, row by row from TMEM (a thread writes its row's d_v contiguous
-    // elements as 16-byte stores: dispatch requires 16-byte aligned rows of out).
-    for (int q = 0; q < T::kQTiles; ++q) {
-      float inv_l = 0.0f, lse = -INFINITY;  // Note [empty rows]: no block, no key
-      if (nblk > 0) {
-        take_stats(q, inv_l, lse);
-        wait_o(q);
-      }
-      const int row = (t.tile.m_block * T::kQTiles + q) * T::kBlockM + row_in_tile;
-      const bool in_seq = row < t.seq.seqlen_q;  // rows past the sequence are not written
-      const int64_t grow = int64_t(t.seq.offset_q) + row;
-      Element* out = static_cast<Element*>(p.out) + grow * p.out_row_stride +
-                     int64_t(t.tile.head) * p.out_head_stride +
-                     (varlen ? 0 : int64_t(t.tile.batch) * p.out_batch_stride);
-      const uint32_t o_addr = tmem + lane_base + (q == 0 ? Plan::kO0 : Plan::kO1);
-      // tcgen05.ld is .sync.aligned: the whole warp loads (a warp-uniform skip is allowed),
-      // only the stores are per row.
-      if (__any_sync(0xffffffffu, in_seq)) {
-        FA4_UNROLL
-        for (int c = 0; c < T::kHeadDimV / 32; ++c) {
-          uint32_t o[32];
-          if (nblk > 0) {
-            tmem_load_32(o_addr + 32 * c, o);
-            tmem_wait_ld();
-          } else {
-            FA4_UNROLL
-            for (int j = 0; j < 32; ++j) o[j] = 0u;
-          }
-          // Packed in place (o[j] from o[2j], o[2j + 1], j <= 2j): 16 registers fewer.
-          FA4_UNROLL
-          for (int j = 0; j < 16; ++j) {
-            o[j] = pack2<Element>(__uint_as_float(o[2 * j]) * inv_l,
-                                  __uint_as_float(o[2 * j + 1]) * inv_l);
-          }
-          if (in_seq) {
-            FA4_UNROLL
-            for (int v = 0; v < 4; ++v) {
-              reinterpret_cast<uint4*>(out + 32 * c)[v] =
-                  make_uint4(o[4 * v], o[4 * v + 1], o[4 * v + 2], o[4 * v + 3]);
-            }
-          }
-        }
-      }
-      if (in_seq && p.lse != nullptr) {
-        p.lse[int64_t(t.tile.head) * p.lse_head_stride +
-              (varlen ? grow : int64_t(t.tile.batch) * p.lse_batch_stride + row)] = lse;
-      }
-      if (nblk > 0) {
-        tmem_fence_before_sync();
-        bar_arrive(bar_ptr<T, Bar::kOEmpty>(ss, q));
-      }
-    }
-  }
-}
-
 }  // namespace fa4::sm100
 
+#include "fwd_sm100_epilogue.cuh"
 #include "fwd_sm100_one_tile.cuh"
 
 namespace fa4::sm100 {
@@ -720,6 +640,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
       if (role == Role::kLoad && lane == 0) load_role(kp, ss);
+      if constexpr (T::kTmaStoreO) {
+        if (role == Role::kEpilogue && lane == 0 && kp.tma_store_o) epilogue_role(kp, ss);
+      }
       break;
   }
   // Every tcgen05 operation has completed: the correction warpgroup waited for the last P·V
@@ -753,6 +676,14 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   kp.tma_q = sm90::make_tma_tile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>(q);
   kp.tma_k = sm90::make_tma_tile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>(k);
   kp.tma_v = sm90::make_tma_tile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(v);
+  kp.tma_store_o = T::kTmaStoreO && p.cu_seqlens_q == nullptr;
+  if (kp.tma_store_o) {
+    const sm90::GmemView o = sm90::gmem_view(p, p.out, false, T::kHeadDimV, p.out_row_stride,
+                                             p.out_head_stride, p.out_batch_stride);
+    kp.shape_o = o.shape();
+    kp.tma_o =
+        sm90::make_tma_store_tile<Element, typename T::SmemLayoutO, T::kBlockM, T::kHeadDimV>(o);
+  }
   kp.sched = TileScheduler::for_forward(p, T::kCtaRows, int(sizeof(Element)));
   const int grid = kp.sched.grid(dev.num_sms);
   if (grid == 0) return Status::kOk;

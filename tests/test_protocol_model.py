@@ -22,7 +22,7 @@ TABLE = pm.parse_kernel()
 
 def test_parse_matches_kernel():
     assert TABLE.stages == 2
-    assert len(TABLE.bars) == 13
+    assert len(TABLE.bars) == 15
     assert TABLE.bars["kPFull"].arrivals == 128 and not TABLE.bars["kPFull"].per_stage
     assert TABLE.bars["kKEmpty"].per_stage and TABLE.bars["kKEmpty"].src == "mma"
     assert TABLE.bars["kStatsFull"].src == "softmax_t"
@@ -141,8 +141,8 @@ def test_table_drift_fails_loudly():
         "  kCount\n",
         "  kFoo,  // from load to mma, protects nothing: test\n  kCount\n",
     ).replace(
-        "    {Bar::kOEmpty,      BarCopies::kPerQTile, 128},\n",
-        "    {Bar::kOEmpty,      BarCopies::kPerQTile, 128},\n"
+        "    {Bar::kOStageEmpty, BarCopies::kOnce,       1},\n",
+        "    {Bar::kOStageEmpty, BarCopies::kOnce,       1},\n"
         "    {Bar::kFoo,         BarCopies::kPerQTile, 1},\n",
     )
     with pytest.raises(ValueError, match="kFoo is in kBarriers but no role program uses it"):
@@ -159,9 +159,8 @@ def test_table_drift_fails_loudly():
     with pytest.raises(ValueError, match="kBarriers rows"):
         pm.parse_kernel(swapped.replace("{Bar::kTmp,", "{Bar::kQEmpty,"))
     # A role arriving on a barrier its comment does not name.
-    wrong = text.replace(
-        "kPFull,       // from softmax_t to mma", "kPFull,       // from load to mma"
-    )
+    wrong = re.sub(r"kPFull,(\s*)// from softmax_t to mma", r"kPFull,\1// from load to mma", text)
+    assert wrong != text
     with pytest.raises(ValueError, match="softmax0 arrives on kPFull, whose comment says load"):
         pm.Model(pm.parse_kernel(wrong), pm.Config(tiles=(1,)))
 
@@ -192,3 +191,17 @@ def test_one_tile_protocol_is_clean(tiles, stages):
 def test_one_tile_mutations_are_caught(what, cfg, kind):
     res = pm.explore(TABLE, pm.Config(tiles=(3,), q_tiles=1, **cfg))
     assert kind in res.kinds(), (what, res.violations[:3])
+
+
+@pytest.mark.parametrize("q_tiles", [2, 1])
+def test_epilogue_staging_mutations_are_caught(q_tiles):
+    """Note [sm100 TMA-store epilogue]: the epilogue warp must wait for the staged O, and the
+    correction warpgroup for the previous store to have read the staging buffer."""
+    drop_full = pm.Config(
+        tiles=(1, 1), q_tiles=q_tiles, drop={("epilogue", "Wait", "kOStageFull", 0)}
+    )
+    assert "stale read" in pm.explore(TABLE, drop_full).kinds()
+    drop_empty = pm.Config(
+        tiles=(1, 1), q_tiles=q_tiles, drop={("correction", "Wait", "kOStageEmpty", 1)}
+    )
+    assert "overwrite" in pm.explore(TABLE, drop_empty).kinds()

@@ -59,8 +59,11 @@ def test_one_kernel_per_head_dim_and_dtype(compiled):
 
 
 def test_spills_bounded(compiled):
-    """Not yet spill-free: ≤ 132 bytes of spill stores per kernel (hd 64-128; 12 at hd 192 and
-    (192, 128), 24 at hd 256),
+    """Not yet spill-free: ≤ 180 bytes of spill stores per kernel (140 / 180 / 168 at hd 64 / 96 /
+    128, 28 at hd 192 and (192, 128), 40 at hd 256; 132 / 128 / 120 / 12 / 12 / 24 before the
+    TMA-store epilogue, whose staging adds ~18 spill instructions to the correction warpgroup
+    (80 registers) at tile granularity, none in its per-block rescale loop, and a few in the
+    48-register warpgroup that now also runs the epilogue warp's tile loop),
     all of them scalars (barrier addresses, ring counters, tile bounds, the registers the int64
     division subroutine of TileScheduler::at saves), none of the S/P/O element arrays. At
     kBlockN = 128 the softmax warpgroups (192 registers) have ~60 spill instructions, ~30 of
@@ -71,7 +74,7 @@ def test_spills_bounded(compiled):
     ptxas, _ = compiled
     stores = [int(s) for s in re.findall(r"(\d+) bytes spill stores", ptxas)]
     assert len(stores) == 2 * len(HEAD_DIMS), ptxas
-    assert max(stores) <= 132, ptxas
+    assert max(stores) <= 180, ptxas
 
 
 def test_s_is_shared_memory_by_shared_memory(hd128):
@@ -101,6 +104,7 @@ def test_pv_reads_p_from_tmem(hd128):
         (r"UTCATOMSWS\.AND", "tcgen05.dealloc"),
         (r"UTCBAR \[UR\d+\]", "tcgen05.commit arriving on an mbarrier"),
         (r"UTMALDG\.4D", "Q, K, V loaded by TMA"),
+        (r"UTMASTG\.4D", "O stored by TMA from the staging buffer (the epilogue warp)"),
         (r"SYNCS\.PHASECHK", "mbarrier waits"),
     ],
 )

@@ -55,7 +55,8 @@ class BarSpec:
 
     def count(self, q_tiles: int, stages: int) -> int:
         """Copies of this barrier (bar_copies in the kernel)."""
-        return {"kPerQTile": q_tiles, "kPerStage": stages, "kPerSBuffer": S_BUFFERS}[self.copies]
+        counts = {"kPerQTile": q_tiles, "kPerStage": stages, "kPerSBuffer": S_BUFFERS, "kOnce": 1}
+        return counts[self.copies]
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def parse_kernel(text: str | None = None) -> Table:
     if not table:
         raise ValueError("kBarriers table not found")
     rows = re.findall(
-        r"\{Bar::(k\w+),\s*BarCopies::(kPerQTile|kPerStage|kPerSBuffer),\s*(\d+)\}",
+        r"\{Bar::(k\w+),\s*BarCopies::(kPerQTile|kPerStage|kPerSBuffer|kOnce),\s*(\d+)\}",
         table.group(1),
     )
     if [r[0] for r in rows] != enumerators:
@@ -292,6 +293,7 @@ def softmax_program(tiles, q):
 def correction_program(tiles, rescale=True, q_tiles=Q_TILES):
     p = []
     st_ready, o_done = [Ring(), Ring()], [Ring(), Ring()]
+    staged = Ring()
 
     def take_stats(q, tag):
         p.append(Wait("kStatsFull", q, st_ready[q].parity(1)))
@@ -314,11 +316,33 @@ def correction_program(tiles, rescale=True, q_tiles=Q_TILES):
                         p.append(Write(f"O{q}", ("R", w, q, i - 1), 1))
                 p.append(Arrive("kORescaled", q, WG))
         for q in range(q_tiles):
+            # Note [sm100 TMA-store epilogue]: O_t · 1/l (zeros for a tile without keys) through
+            # the staging buffer, for the epilogue warp's TMA store (the dense path; varlen
+            # stores O from registers and uses neither staging barrier).
             if nblk > 0:
                 take_stats(q, ("L", w, q))
                 wait_o(q)
+            p.append(Wait("kOStageEmpty", 0, staged.parity(1) ^ 1))
+            staged.count += 1
+            if nblk > 0:
                 p.append(Read(f"O{q}", ("O", w, q, nblk - 1)))
+            p.append(Write("sO", ("out", w, q), 1))
+            p.append(Arrive("kOStageFull", 0, WG))
+            if nblk > 0:
                 p.append(Arrive("kOEmpty", q, WG))
+    return p
+
+
+def epilogue_program(tiles, q_tiles=Q_TILES):
+    """epilogue_role (fwd_sm100_epilogue.cuh): one TMA store per work tile and Q tile."""
+    p = []
+    staged = Ring()
+    for w, _ in enumerate(tiles):
+        for q in range(q_tiles):
+            p.append(Wait("kOStageFull", 0, staged.parity(1)))
+            staged.count += 1
+            p.append(Read("sO", ("out", w, q)))
+            p.append(Arrive("kOStageEmpty", 0, 1))
     return p
 
 
@@ -405,6 +429,7 @@ def programs(cfg: Config, S: int) -> dict[str, list]:
             "mma": mma_program_one_tile(tiles, S),
             "softmax0": softmax_program_one_tile(tiles),
             "correction": correction_program(tiles, cfg.rescale, q_tiles=1),
+            "epilogue": epilogue_program(tiles, q_tiles=1),
         }
         return {r: _mutate(r, _annotate(prog), cfg) for r, prog in progs.items()}
     progs = {
@@ -413,6 +438,7 @@ def programs(cfg: Config, S: int) -> dict[str, list]:
         "softmax0": softmax_program(tiles, 0),
         "softmax1": softmax_program(tiles, 1),
         "correction": correction_program(tiles, cfg.rescale),
+        "epilogue": epilogue_program(tiles),
     }
     return {r: _mutate(r, _annotate(prog), cfg) for r, prog in progs.items()}
 
