@@ -54,6 +54,7 @@
 #include "bwd_workspace.h"
 #include "mask.cuh"
 #include "params.h"
+#include "sm100_common.cuh"
 #include "sm90_common.cuh"
 #include "softmax.cuh"
 #include "tmem.cuh"
@@ -75,13 +76,7 @@ __host__ __device__ constexpr Role warp_role(int warp) {
   return warp < 12 ? Role(warp / 4)
                    : (warp == 12 ? Role::kMma : (warp == 13 ? Role::kLoad : Role::kIdle));
 }
-constexpr bool warp_role_matches_table() {
-  for (int w = 0; w < kWarps; ++w) {
-    if (warp_role(w) != kWarpRole[w]) return false;
-  }
-  return true;
-}
-static_assert(warp_role_matches_table(), "warp_role() must follow kWarpRole");
+static_assert(roles_match(kWarpRole, warp_role), "warp_role() must follow kWarpRole");
 
 // Registers per thread after setmaxnreg, per warpgroup. (160 + 160 + 152 + 40) · 128 = 65536.
 //   compute 160: S (64 fp32), P or P·(1 − x²) kept for dS (64), dP (64, loaded after S died)
@@ -140,13 +135,7 @@ constexpr BarSpec kBarriers[] = {
 };
 // clang-format on
 static_assert(sizeof(kBarriers) / sizeof(BarSpec) == int(Bar::kCount), "one row per barrier");
-constexpr bool barrier_table_in_enum_order() {
-  for (int i = 0; i < int(Bar::kCount); ++i) {
-    if (int(kBarriers[i].bar) != i) return false;
-  }
-  return true;
-}
-static_assert(barrier_table_in_enum_order(), "kBarriers rows in the order of enum Bar");
+static_assert(rows_in_enum_order(kBarriers), "kBarriers rows in the order of enum Bar");
 
 // ---- Traits ------------------------------------------------------------------------------
 template <int kHeadDim_, int kHeadDimV_, class Element_>
@@ -329,41 +318,6 @@ __device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp) {
   t.iters = t.m_end > t.m_begin ? kp.group * (t.m_end - t.m_begin) : 0;
   t.row0_ws = kp.ws.row_offset(t.b, t.seq.offset_q, 0);
   return t;
-}
-
-// ---- mbarrier and tcgen05 primitives (as the forward) ----------------------------------------
-struct Ring {
-  uint32_t count = 0;
-  __device__ int index(int copies) const { return int(count % uint32_t(copies)); }
-  __device__ uint32_t parity(int copies) const { return (count / uint32_t(copies)) & 1u; }
-};
-
-__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
-  cutlass::arch::ClusterBarrier::wait(bar, parity);
-}
-__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
-  cutlass::arch::ClusterBarrier::arrive(bar);
-}
-__device__ __forceinline__ void umma_commit(uint64_t* bar) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile(
-      "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%0];" ::"r"(addr)
-      : "memory");
-}
-// Generic-proxy shared-memory writes (dS, dQ staging) made visible to the async proxy (tcgen05
-// MMA operands, TMA reduce sources).
-__device__ __forceinline__ void fence_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-template <class Element>
-__device__ __forceinline__ uint32_t pack2(float a, float b) {
-  cutlass::NumericArrayConverter<Element, float, 2> cvt;
-  cutlass::Array<float, 2> in;
-  in[0] = a;
-  in[1] = b;
-  const cutlass::Array<Element, 2> out = cvt(in);
-  return reinterpret_cast<const uint32_t&>(out);
 }
 
 }  // namespace fa4::sm100::bwd

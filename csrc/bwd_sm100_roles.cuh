@@ -321,18 +321,8 @@ __device__ void compute_role(const KernelParams<T>& kp, typename T::SharedStorag
         FA4_UNROLL
         for (int j = 0; j < 32; ++j) o[j] = 0u;
       }
-      FA4_UNROLL
-      for (int j = 0; j < 16; ++j) {
-        o[j] = pack2<Element>(__uint_as_float(o[2 * j]) * scale,
-                              __uint_as_float(o[2 * j + 1]) * scale);
-      }
-      if (in_seq) {
-        FA4_UNROLL
-        for (int v = 0; v < 4; ++v) {
-          reinterpret_cast<uint4*>(out + 32 * c)[v] =
-              make_uint4(o[4 * v], o[4 * v + 1], o[4 * v + 2], o[4 * v + 3]);
-        }
-      }
+      scale_pack_32<Element>(o, scale);
+      if (in_seq) store_64_bytes(out + 32 * c, o);
     }
   }
 }

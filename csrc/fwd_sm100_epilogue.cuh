@@ -27,19 +27,14 @@ __device__ __forceinline__ void stage_o(typename T::SharedStorage& ss, uint32_t 
       FA4_UNROLL
       for (int j = 0; j < 32; ++j) o[j] = 0u;
     }
-    FA4_UNROLL
-    for (int j = 0; j < 16; ++j) {
-      o[j] =
-          pack2<Element>(__uint_as_float(o[2 * j]) * inv_l, __uint_as_float(o[2 * j + 1]) * inv_l);
-    }
+    scale_pack_32<Element>(o, inv_l);
     FA4_UNROLL
     for (int v = 0; v < 4; ++v) {
       *reinterpret_cast<uint4*>(&sO(row, 32 * c + 8 * v)) =
           make_uint4(o[4 * v], o[4 * v + 1], o[4 * v + 2], o[4 * v + 3]);
     }
   }
-  // Generic-proxy writes, read by the TMA (async proxy).
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  fence_async_smem();  // generic-proxy writes, read by the TMA store
   bar_arrive(bar_ptr<T, Bar::kOStageFull>(ss, 0));
 }
 
@@ -152,18 +147,8 @@ __device__ void correction_role(const KernelParams<T>& kp, typename T::SharedSto
             for (int j = 0; j < 32; ++j) o[j] = 0u;
           }
           // Packed in place (o[j] from o[2j], o[2j + 1], j <= 2j): 16 registers fewer.
-          FA4_UNROLL
-          for (int j = 0; j < 16; ++j) {
-            o[j] = pack2<Element>(__uint_as_float(o[2 * j]) * inv_l,
-                                  __uint_as_float(o[2 * j + 1]) * inv_l);
-          }
-          if (in_seq) {
-            FA4_UNROLL
-            for (int v = 0; v < 4; ++v) {
-              reinterpret_cast<uint4*>(out + 32 * c)[v] =
-                  make_uint4(o[4 * v], o[4 * v + 1], o[4 * v + 2], o[4 * v + 3]);
-            }
-          }
+          scale_pack_32<Element>(o, inv_l);
+          if (in_seq) store_64_bytes(out + 32 * c, o);
         }
       }
       if (in_seq && p.lse != nullptr) {

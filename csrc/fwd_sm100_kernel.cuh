@@ -42,6 +42,7 @@
 
 #include "mask.cuh"
 #include "params.h"
+#include "sm100_common.cuh"
 #include "sm90_common.cuh"
 #include "softmax.cuh"
 #include "tile_scheduler.cuh"
@@ -69,13 +70,7 @@ __host__ __device__ constexpr Role warp_role(int warp) {
          : warp == 14 ? Role::kEpilogue
                       : Role::kIdle;
 }
-constexpr bool warp_role_matches_table() {
-  for (int w = 0; w < kWarps; ++w) {
-    if (warp_role(w) != kWarpRole[w]) return false;
-  }
-  return true;
-}
-static_assert(warp_role_matches_table(), "warp_role() must follow kWarpRole");
+static_assert(roles_match(kWarpRole, warp_role), "warp_role() must follow kWarpRole");
 
 // Registers per thread after setmaxnreg, per warpgroup (setmaxnreg is warpgroup-wide). The sum
 // is the register file: (192 + 192 + 80 + 48) · 128 = 65536. Launch: 512 threads at 128.
@@ -142,13 +137,7 @@ constexpr BarSpec kBarriers[] = {
 };
 // clang-format on
 static_assert(sizeof(kBarriers) / sizeof(BarSpec) == int(Bar::kCount), "one row per barrier");
-constexpr bool barrier_table_in_enum_order() {
-  for (int i = 0; i < int(Bar::kCount); ++i) {
-    if (int(kBarriers[i].bar) != i) return false;
-  }
-  return true;
-}
-static_assert(barrier_table_in_enum_order(), "kBarriers rows in the order of enum Bar");
+static_assert(rows_in_enum_order(kBarriers), "kBarriers rows in the order of enum Bar");
 constexpr int kSBuffers = 2;
 __host__ __device__ constexpr int bar_copies(BarCopies c, int q_tiles, int stages) {
   return c == BarCopies::kPerQTile     ? q_tiles
@@ -322,41 +311,6 @@ __device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp, int64_t
   if (t.n_end == 0) t.n_begin = 0;
   t.bidb_gmem = p.cu_seqlens_q == nullptr ? t.tile.batch : 0;
   return t;
-}
-
-// ---- mbarrier and tcgen05 primitives -------------------------------------------------------
-// Phase parity of the k-th completion a consumer waits for on a barrier with `copies` copies
-// used round robin: copy k % copies, parity (k / copies) & 1. A producer waiting for a free
-// buffer waits on the opposite parity, which a fresh barrier satisfies at once.
-struct Ring {
-  uint32_t count = 0;
-  __device__ int index(int copies) const { return int(count % uint32_t(copies)); }
-  __device__ uint32_t parity(int copies) const { return (count / uint32_t(copies)) & 1u; }
-};
-
-__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
-  cutlass::arch::ClusterBarrier::wait(bar, parity);
-}
-__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
-  cutlass::arch::ClusterBarrier::arrive(bar);
-}
-// tcgen05.commit: the barrier's arrival happens when every tcgen05 operation this thread has
-// issued so far has completed (issued by the single MMA thread).
-__device__ __forceinline__ void umma_commit(uint64_t* bar) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile(
-      "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%0];" ::"r"(addr)
-      : "memory");
-}
-
-template <class Element>
-__device__ __forceinline__ uint32_t pack2(float a, float b) {
-  cutlass::NumericArrayConverter<Element, float, 2> cvt;
-  cutlass::Array<float, 2> in;
-  in[0] = a;
-  in[1] = b;
-  const cutlass::Array<Element, 2> out = cvt(in);
-  return reinterpret_cast<const uint32_t&>(out);
 }
 
 // ---- Load role -----------------------------------------------------------------------------
