@@ -21,10 +21,12 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import build_gxx
+from tmem_model import N_LANES as N_KV
+from tmem_model import Tmem
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.build
-N_KV, M_Q, K_SLICE = 128, 128, 16
+M_Q, K_SLICE = 128, 16
 
 
 @pytest.fixture(scope="module")
@@ -39,36 +41,6 @@ def plans(tmp_path_factory):
         v = list(map(int, line.split()))
         rows.append({**dict(zip(keys, v[:9], strict=True)), "slices": v[9:]})
     return {p["d"]: p for p in rows}
-
-
-class Tmem:
-    """fp32 columns, or two 16-bit halves per column (which destroy the fp32 value)."""
-
-    def __init__(self):
-        self.f32 = torch.full((N_KV, 512), math.nan, dtype=torch.float64)
-        self.lo = torch.full((N_KV, 512), math.nan, dtype=torch.float64)
-        self.hi = torch.full((N_KV, 512), math.nan, dtype=torch.float64)
-
-    def write32(self, col, x):  # x: (128, n) fp32 values into columns [col, col + n)
-        n = x.shape[1]
-        self.f32[:, col : col + n] = x
-        self.lo[:, col : col + n] = math.nan
-        self.hi[:, col : col + n] = math.nan
-
-    def read32(self, col, n):
-        return self.f32[:, col : col + n].clone()
-
-    def write16(self, col, x):  # x: (128, 2n) 16-bit values into columns [col, col + n)
-        n = x.shape[1] // 2
-        self.lo[:, col : col + n] = x[:, 0::2]
-        self.hi[:, col : col + n] = x[:, 1::2]
-        self.f32[:, col : col + n] = math.nan
-
-    def read16(self, col, n_elems):
-        n = n_elems // 2
-        out = torch.empty(N_KV, n_elems, dtype=torch.float64)
-        out[:, 0::2], out[:, 1::2] = self.lo[:, col : col + n], self.hi[:, col : col + n]
-        return out
 
 
 def a_operand(tmem, plan, region):
