@@ -411,14 +411,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     init_barriers<T>(ss, std::make_integer_sequence<int, int(Bar::kCount)>{});
     cutlass::arch::fence_barrier_init();
   }
-  if (role == Role::kMma) {
-    tmem_allocate(&ss.tmem_base, T::Plan::kAllocColumns);
-    tmem_relinquish();
-  }
-  tmem_fence_before_sync();
-  __syncthreads();
-  tmem_fence_after_sync();
-  const uint32_t tmem = ss.tmem_base;
+  // The MMA warp allocates TMEM and frees it at the end.
+  const uint32_t tmem =
+      tmem_allocate_for_cta(role == Role::kMma, &ss.tmem_base, T::Plan::kAllocColumns);
   const TileWork t = tile_work(kp);
   const int lane = threadIdx.x % 32;
   switch (role) {
@@ -439,12 +434,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
   // Every tcgen05 operation has completed: the compute warpgroups waited for kDkvFull (committed
   // after the last MMA) and the reduce warpgroup for its own loads.
-  tmem_fence_before_sync();
-  __syncthreads();
-  if (role == Role::kMma) {
-    tmem_fence_after_sync();
-    tmem_free(tmem, T::Plan::kAllocColumns);
-  }
+  tmem_free_for_cta(role == Role::kMma, tmem, T::Plan::kAllocColumns);
 #endif
 }
 

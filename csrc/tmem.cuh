@@ -146,6 +146,30 @@ __device__ __forceinline__ void tmem_fence_before_sync() {
 __device__ __forceinline__ void tmem_fence_after_sync() {
   asm volatile("tcgen05.fence::after_thread_sync;" ::: "memory");
 }
+// A kernel's TMEM lifetime: one warp (`alloc_warp`) allocates and the whole CTA reads the base
+// address after a block-wide barrier (which also publishes the mbarrier inits made before it);
+// after every role has returned, a block-wide barrier, then that warp frees the columns.
+__device__ __forceinline__ uint32_t tmem_allocate_for_cta(bool alloc_warp, uint32_t* slot,
+                                                          uint32_t columns) {
+  if (alloc_warp) {
+    tmem_allocate(slot, columns);
+    tmem_relinquish();
+  }
+  tmem_fence_before_sync();
+  __syncthreads();
+  tmem_fence_after_sync();
+  return *slot;
+}
+__device__ __forceinline__ void tmem_free_for_cta(bool alloc_warp, uint32_t base,
+                                                  uint32_t columns) {
+  tmem_fence_before_sync();
+  __syncthreads();
+  if (alloc_warp) {
+    tmem_fence_after_sync();
+    tmem_free(base, columns);
+  }
+}
+
 // tcgen05.ld / st are asynchronous: registers are valid (ld) or TMEM written (st) only after
 // these.
 __device__ __forceinline__ void tmem_wait_ld() {
