@@ -8,6 +8,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <optional>
 
@@ -103,6 +105,15 @@ std::tuple<Tensor, Tensor> fwd_kernel(const Tensor& q, const Tensor& k, const Te
   if (q.numel() == 0) return {out, lse};
   auto p = fwd_params(q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr,
                       softcap, det);
+  // Note [dynamic tiles]: run_fwd zeroes it on the stream; the caching allocator keeps it until
+  // the kernel is done with it. FA4_STATIC_SCHEDULE=1 leaves it null (the static assignment),
+  // for A/B measurements and for the tests of that path.
+  Tensor tile_counter;
+  const char* static_schedule = std::getenv("FA4_STATIC_SCHEDULE");
+  if (static_schedule == nullptr || std::strcmp(static_schedule, "1") != 0) {
+    tile_counter = at::empty({1}, q.options().dtype(at::kLong));
+    p.tile_counter = tile_counter.data_ptr<int64_t>();
+  }
   check_ok(fa4::run_fwd(p, c10::cuda::getCurrentCUDAStream()));
   return {out, lse};
 }

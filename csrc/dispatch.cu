@@ -229,6 +229,9 @@ void check_fwd(Checker& c, const FwdParams& p, bool lse_required) {
            p.window_right);
   }
   if (p.num_sms < 0) c.fail("num_sms", "=%d must be >= 0 (0 = the device's count)", p.num_sms);
+  if (reinterpret_cast<uintptr_t>(p.tile_counter) % 8 != 0) {
+    c.fail("tile_counter", "=%p not 8-byte aligned", static_cast<void*>(p.tile_counter));
+  }
 
   const bool varlen = is_varlen(p);
   const int64_t sq = varlen ? p.total_q : p.seqlen_q;  // row extent per batch entry
@@ -407,6 +410,12 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept {
   DeviceInfo info;
   s = select_arch(/*fwd=*/true, p.num_sms, &arch, &info);
   if (s != Status::kOk) return s;
+  if (p.tile_counter != nullptr) {
+    const cudaError_t e = cudaMemsetAsync(p.tile_counter, 0, sizeof(int64_t), stream);
+    if (e != cudaSuccess) {
+      return fail(Status::kCudaError, "zeroing tile_counter: %s", cudaGetErrorString(e));
+    }
+  }
   return arch->fwd(p, info, stream);
 }
 

@@ -136,6 +136,12 @@ struct FwdParams {
   DType dtype = DType::kBFloat16;
   bool deterministic = false;  // backward: reproducible dq accumulation order (slower)
   int num_sms = 0;             // >= 0; SMs the persistent kernels may use, 0 = the device's count
+  // Optional: 8 bytes of device memory (8-byte aligned) that the forward uses to hand out tiles
+  // to its persistent CTAs at run time, which balances causal and local masks (whose tiles
+  // differ in cost); null = a static assignment. run_fwd zeroes it on `stream` before the
+  // kernel, so it may be reused by calls on the same stream, not concurrently. The SM100 forward
+  // (compiled, not executed) does not use it yet.
+  int64_t* tile_counter = nullptr;
 };
 
 struct BwdParams {

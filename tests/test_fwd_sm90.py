@@ -162,6 +162,20 @@ def test_repeatable():
     repeatable_case("sm90", _sm90_hdims()[0])
 
 
+@pytest.mark.parametrize("kw", [{"causal": True}, {"window_size": (300, 0)}, {}])
+def test_static_and_dynamic_schedules_agree(monkeypatch, kw):
+    """Note [dynamic tiles]: which CTA computes a tile must not change its bits. Many more tiles
+    than CTAs (8 x 16 heads x 24 Q tiles), once with the run-time tile counter (the default) and
+    once with the static stride (FA4_STATIC_SCHEDULE=1), both against the reference."""
+    d, d_v = _sm90_hdims()[0]
+    q, k, v = make((8, 3000, 16, d), (8, 3000, 4, d), d_v, torch.bfloat16, seed=11)
+    dynamic = run(q, k, v, **kw)
+    monkeypatch.setenv("FA4_STATIC_SCHEDULE", "1")
+    static = run(q, k, v, **kw)
+    check(q, k, v, *static, **kw)
+    assert torch.equal(dynamic[0], static[0]) and torch.equal(dynamic[1], static[1])
+
+
 def test_over_2_31_elements():
     """int64 offsets: q, k, v, out of 2^31 + 2^21 elements each (batch 8320 x 128 x 16 x 128,
     4 GB per tensor). Only the last batch entries, whose offsets are past 2^31 elements, are

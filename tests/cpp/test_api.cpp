@@ -167,6 +167,8 @@ const FwdCase kInvalidFwd[] = {
     {"window_right=-2", base, [](P& p) { p.window_right = -2; }},
     {"window_right=5 contradicts causal", causal, [](P& p) { p.window_right = 5; }},
     {"num_sms=-1", base, [](P& p) { p.num_sms = -1; }},
+    {"tile_counter=0x", base,
+     [](P& p) { p.tile_counter = reinterpret_cast<int64_t*>(fake<char>(8) + 4); }},
     {"q=0x", base, [](P& p) { p.q = fake<const char>(1) + 8; }},
     {"out=0x", base, [](P& p) { p.out = fake<char>(4) + 2; }},
     {"q_batch_stride=-8", base, [](P& p) { p.q_batch_stride = -8; }},
@@ -220,6 +222,8 @@ const FwdCase kValidFwd[] = {
        p.deterministic = true;
        p.num_sms = 7;
      }},
+    {"tile_counter", base,
+     [](P& p) { p.tile_counter = reinterpret_cast<int64_t*>(fake<char>(8)); }},
     {"fp16", base, [](P& p) { p.dtype = fa4::DType::kFloat16; }},
     // Strides of extent-1 dimensions are never used, so any value >= 0 goes.
     {"extent-1 strides", one_query, [](P& p) { p.q_row_stride = p.k_head_stride = 5; }},
