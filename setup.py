@@ -5,6 +5,7 @@ is found. Build flags (environment variables, documented in README.md):
   FA4_HDIMS            head dims to compile: 64,96,128,192,256,192x128 (default all)
   FA4_DISABLE_BWD      1: compile no backward kernels
   FA4_SKIP_CUDA_BUILD  1: install the pure-Python package only
+  FA4_NVCC_EXTRA       extra nvcc flags for measurement builds (e.g. -DFA4_SM90_PINGPONG=0)
 
 What was compiled is written to fa4/_build_config.py, which dispatch reads.
 """
@@ -107,6 +108,8 @@ def _nvcc_flags(archs: list[str], hdims: list[str], bwd: bool) -> list[str]:
     flags = ["-O3", "--expt-relaxed-constexpr", "--use_fast_math", "-lineinfo", "-DNDEBUG"]
     flags += [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     flags += [f"-DFA4_HDIM_{h.upper()}" for h in hdims]
+    # Measurement builds: compile-time switches such as -DFA4_SM90_PINGPONG=0.
+    flags += os.environ.get("FA4_NVCC_EXTRA", "").split()
     return flags + ([] if bwd else ["-DFA4_DISABLE_BWD"])
 
 

@@ -3,22 +3,22 @@
 // so that ninja compiles them in parallel); fwd_sm90.cu dispatches to them.
 //
 // Roles (one enum, WarpGroupRole): warpgroup 0 is the producer (one thread issues every TMA
-// load: Q once per tile, K and V per KV block through two mbarrier pipelines), warpgroups 1 and
-// 2 are consumers, each owning 64 of the tile's 128 query rows: S = Q·Kᵀ (wgmma, both operands
-// in shared memory), online softmax with conditional rescaling (softmax.cuh), P kept in
-// registers as the A operand of O += P·V (register-A wgmma), then the epilogue.
-// setmaxnreg moves registers from the producer (40: its TMA and scheduler arithmetic spilled at
-// 24) to the consumers (232).
+// load: Q once per tile, K and V per KV block through two mbarrier pipelines), the others are
+// consumers (two, or three at hd 64: Note [three consumers at hd64]), each owning 64 of the
+// tile's query rows: S = Q·Kᵀ (wgmma, both operands in shared memory), online softmax with
+// conditional rescaling (softmax.cuh), P kept in registers as the A operand of O += P·V
+// (register-A wgmma), then the epilogue. setmaxnreg moves registers from the producer to the
+// consumers (RegisterSplit).
 //
 // Pipelines (from X to Y, protects Z):
 //   q_full   producer -> consumers, protects sQ (TMA transaction barrier, one phase per tile)
-//   q_empty  consumers -> producer, protects sQ from the next tile's load (256 arrivals)
+//   q_empty  consumers -> producer, protects sQ from the next tile's load (kConsumerThreads)
 //   pipe_k   producer -> consumers, kStages K buffers (PipelineTmaAsync full/empty pairs)
 //   pipe_v   producer -> consumers, kStages V buffers
 // K and V have separate pipelines so that S = Q·Kᵀ starts before V has landed.
 //
 // Shared memory (bf16/fp16, kStages = 2):
-//   hd 64:  Q 16 KB + K 2×16 KB + V 2×16 KB =  80 KB  (kBlockN 128)
+//   hd 64:  Q 24 KB + K 2×16 KB + V 2×16 KB =  88 KB  (kBlockM 192, kBlockN 128)
 //   hd 128: Q 32 KB + K 2×32 KB + V 2×32 KB = 160 KB  (kBlockN 128)
 //   hd 192: Q 48 KB + K 2×24 KB + V 2×(16|24) KB = 128..144 KB (kBlockN 64: S registers)
 //   hd 256: Q 64 KB + K 2×32 KB + V 2×32 KB = 192 KB  (kBlockN 64: 227 KB limit)
@@ -48,13 +48,27 @@
 #ifndef FA4_SM90_PINGPONG
 #define FA4_SM90_PINGPONG 1
 #endif
+// Note [three consumers at hd64]; 0 keeps two consumer warpgroups at every head dim.
+#ifndef FA4_SM90_THREE_CONSUMERS
+#define FA4_SM90_THREE_CONSUMERS 1
+#endif
 
 namespace fa4::sm90 {
 
 using namespace cute;
 
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;  // 40·128 + 232·256 = 64512 = 168·384, the launch allocation
+// Per-thread registers after setmaxnreg, by the number of consumer warpgroups (the launch
+// allocates 65536 / kThreads per thread, rounded down to 8):
+//   2 consumers: producer 40 (its TMA and scheduler arithmetic spilled at 24), consumers 232:
+//                40·128 + 232·256 = 64512 = 168·384
+//   3 consumers: producer 32, consumers 160: 32·128 + 160·384 = 65536 = 128·512
+template <int kConsumerWGs>
+struct RegisterSplit {
+  static constexpr int kProducer = kConsumerWGs == 2 ? 40 : 32;
+  static constexpr int kConsumer = kConsumerWGs == 2 ? 232 : 160;
+  static_assert(kConsumerWGs == 2 || kConsumerWGs == 3, "two or three consumer warpgroups");
+  static_assert(kProducer * 128 + kConsumer * 128 * kConsumerWGs <= 65536, "register file");
+};
 
 // Note [dynamic tiles]: with a static stride (CTA c takes items c, c + grid, ...), the causal
 // LPT order hands CTA 0 the most expensive tile of every round: CTAs' shares differ by up to
@@ -111,10 +125,15 @@ struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
-  static constexpr int kBlockM = 128;
+  // Note [three consumers at hd64]: at d = 64 a 128 × 128 block is as long on MUFU (16384
+  // exponentials at 16/clk) as on the tensor cores (two 64-deep GEMMs), so two warpgroups in
+  // ping-pong leave no slack; a third warpgroup (192-row tiles, 160 registers each: S 64 + P 32
+  // + O 32) gives the scheduler another's softmax or GEMMs to fill each gap.
+  static constexpr int kConsumerWGs = FA4_SM90_THREE_CONSUMERS && kHeadDim <= 64 ? 3 : 2;
+  static constexpr int kBlockM = 64 * kConsumerWGs;
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;  // see the register note above
   static constexpr int kStages = 2;
-  static constexpr int kConsumerWGs = 2;
+  using Regs = RegisterSplit<kConsumerWGs>;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kConsumerThreads = 128 * kConsumerWGs;
   // Note [SM90 exp2 split]: Hopper's MUFU (16/clk/SM) keeps up with its wgmma rate at these
@@ -122,8 +141,8 @@ struct FwdTraits {
   // measurements that set it.
   static constexpr int kEmuSixteenths = 0;
   static constexpr float kTau = 8.0f;  // Note [conditional rescale]
-  // Note [warpgroup ping-pong]: the consumer warpgroups take turns issuing their GEMMs (two
-  // named barriers), so one's softmax runs while the other's GEMMs hold the tensor cores.
+  // Note [warpgroup ping-pong]: the consumer warpgroups take turns issuing their GEMMs (one
+  // named barrier each), so one's softmax runs while another's GEMMs hold the tensor cores.
   static constexpr bool kPingPong = FA4_SM90_PINGPONG;
 
   using TileQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
@@ -162,7 +181,8 @@ struct FwdTraits {
       int(sizeof(Element));
   static constexpr bool kTmaStoreO =
       kQKVBytes + kBlockM * kHeadDimV * int(sizeof(Element)) + 1024 <= 227 * 1024;
-  static_assert(cosize_v<SmemLayoutOHalf> * 2 == cosize_v<SmemLayoutO>, "two contiguous halves");
+  static_assert(cosize_v<SmemLayoutOHalf> * kConsumerWGs == cosize_v<SmemLayoutO>,
+                "one contiguous block of rows per warpgroup");
 
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
   struct SharedStorage {
@@ -320,7 +340,7 @@ __device__ __forceinline__ void store_tile_tma(const KernelParams<T>& kp,
                                                const float (&lse)[2], int row_in_tile0,
                                                int quad_lane, int wg, int tid) {
   using Element = typename T::Element;
-  constexpr uint32_t kBarrier = 2;  // + wg; 0 and 1 are the ping-pong turns
+  constexpr uint32_t kBarrier = T::kConsumerWGs;  // + wg; below are the ping-pong turns
   const bool issuer = threadIdx.x % 128 == 0;
   if (issuer) tma_store_wait<0>();
   cutlass::arch::NamedBarrier::sync(128, kBarrier + wg);
@@ -339,7 +359,7 @@ __device__ __forceinline__ void store_tile_tma(const KernelParams<T>& kp,
   if (issuer) {
     Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_o);
     Tensor gO = local_tile(mO(_, _, t.tile.head, t.bidb_gmem), Shape<_64, Int<T::kHeadDimV>>{},
-                           make_coord(t.tile.m_block * 2 + wg, _0{}));
+                           make_coord(t.tile.m_block * T::kConsumerWGs + wg, _0{}));
     Tensor sOh =
         make_tensor(make_smem_ptr(ss.o.data() + wg * cosize_v<typename T::SmemLayoutOHalf>),
                     typename T::SmemLayoutOHalf{});
@@ -404,17 +424,19 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
   auto v_state = k_state;
   int tiles_loaded = 0;
   // Note [warpgroup ping-pong]: warpgroup g waits on barrier g before issuing GEMMs and then
-  // opens the other's; both take the same number of turns (same tiles, same blocks). Warpgroup 1
-  // opens warpgroup 0's first turn; the last turn's arrival is left over at exit.
+  // opens the next one's (g + 1 mod kConsumerWGs); all take the same number of turns (same
+  // tiles, same blocks). The last warpgroup opens warpgroup 0's first turn; the last turn's
+  // arrival is left over at exit.
   const int wg = tid / 128;
-  constexpr uint32_t kTurnThreads = T::kConsumerThreads;
+  constexpr uint32_t kTurnThreads = 256;  // the waiting warpgroup and the one before it
+  const int next_wg = wg + 1 == T::kConsumerWGs ? 0 : wg + 1;
   auto turn_begin = [&]() {
     if constexpr (T::kPingPong) cutlass::arch::NamedBarrier::sync(kTurnThreads, wg);
   };
   auto turn_end = [&]() {
-    if constexpr (T::kPingPong) cutlass::arch::NamedBarrier::arrive(kTurnThreads, 1 - wg);
+    if constexpr (T::kPingPong) cutlass::arch::NamedBarrier::arrive(kTurnThreads, next_wg);
   };
-  if (T::kPingPong && wg == 1) cutlass::arch::NamedBarrier::arrive(kTurnThreads, 0);
+  if (T::kPingPong && next_wg == 0) cutlass::arch::NamedBarrier::arrive(kTurnThreads, 0);
 
   const int64_t total = kp.sched.total();
   for (int n_items = 0;; ++n_items) {
@@ -548,10 +570,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   __syncthreads();
 
   if (role == WarpGroupRole::kProducer) {
-    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    cutlass::arch::warpgroup_reg_dealloc<T::Regs::kProducer>();
     if (threadIdx.x == 0) producer(kp, ss, pipe_k, pipe_v);
   } else {
-    cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+    cutlass::arch::warpgroup_reg_alloc<T::Regs::kConsumer>();
     consumer(kp, ss, pipe_k, pipe_v, threadIdx.x - 128);
   }
 #endif

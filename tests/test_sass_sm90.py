@@ -66,6 +66,11 @@ def compiled(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def compiled_hd64(tmp_path_factory):
+    return _compile(tmp_path_factory, "csrc/fwd_sm90_hd64.cu", "-DFA4_HDIM_64")
+
+
+@pytest.fixture(scope="module")
 def compiled_bwd(tmp_path_factory):
     return _compile(tmp_path_factory, "csrc/bwd_sm90_hd128.cu")
 
@@ -81,6 +86,19 @@ def test_one_kernel_per_dtype_and_no_spills(compiled):
     assert len(kernels) == 2, kernels  # bf16 and fp16
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas)
     assert spills and all(s == ("0", "0") for s in spills), ptxas
+
+
+def test_hd64_three_consumers_and_bounded_spills(compiled_hd64):
+    """Note [three consumers at hd64]: 512 threads, consumers raised to 160 registers, the
+    producer lowered to 32. At 160 the consumer keeps one shared-memory address (the epilogue's
+    stmatrix base) in local memory: stored once per CTA, loaded once per tile; the producer's
+    32 registers spill a few scheduler values around its per-tile atomic and loads (one thread).
+    Together 32 bytes; more would mean the consumer loop spills."""
+    ptxas, sass = compiled_hd64
+    assert "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xa0" in sass, "consumers at 160 registers"
+    assert "USETMAXREG.DEALLOC.CTAPOOL 0x20" in sass, "producer at 32 registers"
+    spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", ptxas)]
+    assert spills and max(spills) <= 32, ptxas
 
 
 @pytest.mark.parametrize(
