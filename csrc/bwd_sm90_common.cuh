@@ -8,6 +8,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/cutlass.h>
+#include <cutlass/numeric_conversion.h>
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
@@ -427,16 +428,30 @@ __device__ __forceinline__ void p_and_ds(const Score& score, const Mask& mask, b
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_dp);
+    // Elements 2j and 2j + 1 are one 32-bit register of the 16-bit operands: converted as a
+    // pair (one F2FP each for P and dS), the compiler has no halves to shuffle (converted one by
+    // one, it packed P with dS and sorted the halves out with PRMT and moves).
+    using Pair = cutlass::Array<Element, 2>;
+    cutlass::NumericArrayConverter<Element, float, 2, cutlass::FloatRoundStyle::round_to_nearest>
+        convert;
+    auto* p_pairs = reinterpret_cast<Pair*>(raw_pointer_cast(reg_p.data()));
+    auto* ds_pairs = reinterpret_cast<Pair*>(raw_pointer_cast(reg_ds.data()));
     CUTLASS_PRAGMA_UNROLL
-    for (int e = 0; e < size(acc_s); ++e) {
-      float pv = acc_s(e), dpv = pv;  // dS = dpv · (dP − D): P, or P·(1 − x²) with softcap
-      if constexpr (kSoftcap) {
-        const float x = tanhf(acc_s(e) * score.pre);
-        pv = prob(e, x);
-        dpv = pv * (1.0f - x * x);
+    for (int e = 0; e < size(acc_s); e += 2) {
+      cutlass::Array<float, 2> pv, ds;
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        float p1 = acc_s(e + h), dpv = p1;  // dS = dpv · (dP − D): P, or P·(1 − x²) with softcap
+        if constexpr (kSoftcap) {
+          const float x = tanhf(acc_s(e + h) * score.pre);
+          p1 = prob(e + h, x);
+          dpv = p1 * (1.0f - x * x);
+        }
+        pv[h] = p1;
+        ds[h] = dpv * (acc_dp(e + h) - dpsum[get<1>(coords(e + h))]);
       }
-      reg_p(e) = Element(pv);
-      reg_ds(e) = Element(dpv * (acc_dp(e) - dpsum[get<1>(coords(e))]));
+      p_pairs[e / 2] = convert(pv);
+      ds_pairs[e / 2] = convert(ds);
     }
   };
   using True = cute::true_type;

@@ -30,11 +30,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   typename T::MmaDV mma_dv;
   typename T::MmaDK mma_dk;
   typename T::MmaDQ mma_dq;
-  auto thr_s = mma_s.get_thread_slice(tid);
-  auto thr_dp = mma_dp.get_thread_slice(tid);
-  auto thr_dv = mma_dv.get_thread_slice(tid);
-  auto thr_dk = mma_dk.get_thread_slice(tid);
-  auto thr_dq = mma_dq.get_thread_slice(tid);
+  const int wg_tid = warpgroup_slice_index(tid);  // Note [uniform descriptors]
+  auto thr_s = mma_s.get_thread_slice(wg_tid);
+  auto thr_dp = mma_dp.get_thread_slice(wg_tid);
+  auto thr_dv = mma_dv.get_thread_slice(wg_tid);
+  auto thr_dk = mma_dk.get_thread_slice(wg_tid);
+  auto thr_dq = mma_dq.get_thread_slice(wg_tid);
   Tensor tSrK = thr_s.partition_fragment_A(sK(_, _, 0));
   Tensor tSrQ = thr_s.partition_fragment_B(sQ);
   Tensor tPrV = thr_dp.partition_fragment_A(sV(_, _, 0));

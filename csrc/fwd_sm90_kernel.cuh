@@ -401,8 +401,9 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
   Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutVt{});
   typename T::MmaQK mma_qk;
   typename T::MmaPV mma_pv;
-  auto thr_qk = mma_qk.get_thread_slice(tid);
-  auto thr_pv = mma_pv.get_thread_slice(tid);
+  const int wg_tid = warpgroup_slice_index(tid);  // Note [uniform descriptors]
+  auto thr_qk = mma_qk.get_thread_slice(wg_tid);
+  auto thr_pv = mma_pv.get_thread_slice(wg_tid);
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
   Tensor tSrK = thr_qk.partition_fragment_B(sK);
   Tensor tOrVt = thr_pv.partition_fragment_B(sVt);

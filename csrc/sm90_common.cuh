@@ -100,4 +100,14 @@ __device__ __forceinline__ void pipelined_tma_load(Pipeline& pipe, State& state,
   ++state;
 }
 
+// Note [uniform descriptors]: the wgmma descriptor of a shared-memory operand depends only on
+// the warpgroup, so such operand fragments are sliced with the warpgroup's first thread index,
+// broadcast from lane 0 (tid: the thread's index among the consumer threads). The compiler then
+// keeps the descriptors in uniform registers; sliced with tid itself, every HGMMA of a loop
+// rebuilt its descriptor in ordinary registers and moved it over (R2UR, IMAD.MOV, VIADD: ~5
+// instructions per HGMMA in the backward). Accumulator and copy partitions still need tid.
+__device__ __forceinline__ int warpgroup_slice_index(int tid) {
+  return __shfl_sync(0xffffffff, tid, 0) & ~127;
+}
+
 }  // namespace fa4::sm90
