@@ -52,6 +52,13 @@ def main():
         run(f"dense d={d},{d_v}", q, k, v)
         run(f"causal d={d},{d_v}", q, k, v, causal=True)
     feature_cases(run, *compiled[0])
+    # More tiles than SMs: the CTAs claim tiles from the counter and go around the tile ring
+    # (Note [dynamic tiles]) several times.
+    d, d_v = compiled[0]
+    q = torch.randn(2, 1100, 16, d, device=dev, dtype=bf)
+    k = torch.randn(2, 1100, 4, d, device=dev, dtype=bf)
+    v = torch.randn(2, 1100, 4, d_v, device=dev, dtype=bf)
+    run(f"many tiles causal d={d},{d_v}", q, k, v, causal=True)
 
 
 if __name__ == "__main__":
