@@ -139,8 +139,8 @@ struct FwdParams {
   // Optional: 8 bytes of device memory (8-byte aligned) that the forward uses to hand out tiles
   // to its persistent CTAs at run time, which balances causal and local masks (whose tiles
   // differ in cost); null = a static assignment. run_fwd zeroes it on `stream` before the
-  // kernel, so it may be reused by calls on the same stream, not concurrently. The SM100 forward
-  // (compiled, not executed) does not use it yet.
+  // kernel, so it may be reused by calls on the same stream, not concurrently. Both forward
+  // kernels use it (SM100: compiled, not executed).
   int64_t* tile_counter = nullptr;
 };
 

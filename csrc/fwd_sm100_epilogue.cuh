@@ -46,8 +46,10 @@ __device__ void epilogue_role(const KernelParams<T>& kp, typename T::SharedStora
   Tensor sO = make_tensor(make_smem_ptr(ss.o.data()), typename T::SmemLayoutO{});
   auto cta = kp.tma_o.get_slice(_0{});
   Ring staged;
-  for (int64_t w = blockIdx.x; w < kp.sched.total(); w += gridDim.x) {
-    const TileWork t = tile_work(kp, w);
+  for (int n_item = 0;; ++n_item) {
+    const TileCoord coord = take_tile<T>(ss, n_item);
+    if (coord.batch < 0) break;
+    const TileWork t = tile_work(kp, coord);
     for (int q = 0; q < T::kQTiles; ++q) {
       bar_wait(bar_ptr<T, Bar::kOStageFull>(ss, 0), staged.parity(1));
       ++staged.count;
@@ -86,8 +88,10 @@ __device__ void correction_role(const KernelParams<T>& kp, typename T::SharedSto
     ++o_done[q].count;
     tmem_fence_after_sync();
   };
-  for (int64_t w = blockIdx.x; w < kp.sched.total(); w += gridDim.x) {
-    const TileWork t = tile_work(kp, w);
+  for (int n_item = 0;; ++n_item) {
+    const TileCoord coord = take_tile<T>(ss, n_item);
+    if (coord.batch < 0) break;
+    const TileWork t = tile_work(kp, coord);
     const int nblk = t.blocks();
     for (int i = 0; i < nblk; ++i) {
       for (int q = 0; q < T::kQTiles; ++q) {

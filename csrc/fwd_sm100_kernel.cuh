@@ -45,6 +45,7 @@
 #include "sm100_common.cuh"
 #include "sm90_common.cuh"
 #include "softmax.cuh"
+#include "tile_ring.cuh"
 #include "tile_scheduler.cuh"
 #include "tmem.cuh"
 
@@ -109,9 +110,12 @@ enum class Bar : int {
                  // first P·V may overwrite (128)
   kOStageFull,   // from correction to epilogue, protects sO: O_t · 1/l staged for its TMA store
   kOStageEmpty,  // from epilogue to correction, protects sO: the TMA store has read it
+  kTileFull,     // from load to every_role, protects tile_item[slot]: the CTA's next work item
+  kTileEmpty,    // from every_role to load, protects tile_item[slot]: read by every role's
+                 // threads (kTileReaders)
   kCount
 };
-enum class BarCopies : int { kPerQTile, kPerStage, kPerSBuffer, kOnce };
+enum class BarCopies : int { kPerQTile, kPerStage, kPerSBuffer, kOnce, kPerTileSlot };
 struct BarSpec {
   Bar bar;
   BarCopies copies;
@@ -134,16 +138,24 @@ constexpr BarSpec kBarriers[] = {
     {Bar::kOEmpty,      BarCopies::kPerQTile, 128},
     {Bar::kOStageFull,  BarCopies::kOnce,     128},
     {Bar::kOStageEmpty, BarCopies::kOnce,       1},
+    {Bar::kTileFull,    BarCopies::kPerTileSlot, 1},
+    {Bar::kTileEmpty,   BarCopies::kPerTileSlot, 386},
 };
 // clang-format on
 static_assert(sizeof(kBarriers) / sizeof(BarSpec) == int(Bar::kCount), "one row per barrier");
 static_assert(rows_in_enum_order(kBarriers), "kBarriers rows in the order of enum Bar");
+// Note [dynamic tiles] (tile_ring.cuh): every thread of the softmax and correction warpgroups
+// and the MMA and epilogue threads read each work item (the load thread publishes it); at hd 256
+// softmax1 and, without the TMA-store epilogue, the epilogue thread only pass the items on.
+constexpr int kTileReaders = 3 * 128 + 2;
+static_assert(kBarriers[int(Bar::kTileEmpty)].arrivals == kTileReaders, "tile ring readers");
 constexpr int kSBuffers = 2;
 __host__ __device__ constexpr int bar_copies(BarCopies c, int q_tiles, int stages) {
-  return c == BarCopies::kPerQTile     ? q_tiles
-         : c == BarCopies::kPerStage   ? stages
-         : c == BarCopies::kPerSBuffer ? kSBuffers
-                                       : 1;
+  return c == BarCopies::kPerQTile      ? q_tiles
+         : c == BarCopies::kPerStage    ? stages
+         : c == BarCopies::kPerSBuffer  ? kSBuffers
+         : c == BarCopies::kPerTileSlot ? kTileSlots
+                                        : 1;
 }
 
 // ---- Traits ------------------------------------------------------------------------------
@@ -214,6 +226,7 @@ struct FwdTraits {
     alignas(16) float stat_a[kQTiles][kBlockM];
     float stat_b[kQTiles][kBlockM];
     alignas(8) uint64_t bars[kBarCount];
+    TileCoord tile_item[kTileSlots];  // Note [dynamic tiles]; batch < 0: the end marker
     uint32_t tmem_base;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
@@ -292,10 +305,10 @@ struct TileWork {
 };
 
 template <class T>
-__device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp, int64_t w) {
+__device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp, const TileCoord& tile) {
   const FwdParams& p = kp.p;
   TileWork t;
-  t.tile = kp.sched.at(w);
+  t.tile = tile;
   t.seq = SeqInfo::get(t.tile.batch, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.seqlen_q,
                        p.seqlen_k);
   t.mask = Mask::from_params(p, t.seq.seqlen_q, t.seq.seqlen_k);
@@ -313,6 +326,30 @@ __device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp, int64_t
   return t;
 }
 
+// This CTA's n-th work tile (Note [dynamic tiles]), decoded by the load thread; every role but
+// load loops
+//   for (int n = 0;; ++n) { const TileCoord c = take_tile(ss, n); if (c.batch < 0) break; ... }
+template <class T>
+__device__ __forceinline__ TileCoord take_tile(typename T::SharedStorage& ss, int n) {
+  return take_item(bar_ptr<T, Bar::kTileFull>(ss, 0), bar_ptr<T, Bar::kTileEmpty>(ss, 0),
+                   ss.tile_item, n);
+}
+template <class T>
+__device__ __forceinline__ void publish_tile(typename T::SharedStorage& ss, int n,
+                                             const TileCoord& c) {
+  publish_item(bar_ptr<T, Bar::kTileFull>(ss, 0), bar_ptr<T, Bar::kTileEmpty>(ss, 0), ss.tile_item,
+               n, c);
+}
+
+// A reader with no work of its own (softmax1 at hd 256; the epilogue thread without the
+// TMA-store epilogue) still releases every tile.
+template <class T>
+__device__ void pass_tiles(typename T::SharedStorage& ss) {
+  for (int n = 0;; ++n) {
+    if (take_tile<T>(ss, n).batch < 0) break;
+  }
+}
+
 // ---- Load role -----------------------------------------------------------------------------
 template <class T>
 __device__ void load_role(const KernelParams<T>& kp, typename T::SharedStorage& ss) {
@@ -323,8 +360,11 @@ __device__ void load_role(const KernelParams<T>& kp, typename T::SharedStorage& 
   Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_k);
   Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_v);
   Ring q_free, k_free, v_free;
-  for (int64_t w = blockIdx.x; w < kp.sched.total(); w += gridDim.x) {
-    const TileWork t = tile_work(kp, w);
+  int n_items = 0;
+  for (int64_t w = blockIdx.x; w < kp.sched.total(); w = next_item(kp.p.tile_counter, w)) {
+    const TileCoord coord = kp.sched.at(w);
+    publish_tile<T>(ss, n_items++, coord);
+    const TileWork t = tile_work(kp, coord);
     if (t.blocks() <= 0) continue;  // correction writes zeros; nothing to load
     const int head_kv = t.tile.head / kp.group;
     Tensor gQ = local_tile(
@@ -366,6 +406,7 @@ __device__ void load_role(const KernelParams<T>& kp, typename T::SharedStorage& 
       ++v_free.count;
     }
   }
+  publish_tile<T>(ss, n_items, TileCoord{-1, 0, 0});  // the end marker
 }
 
 // ---- MMA role ------------------------------------------------------------------------------
@@ -402,8 +443,10 @@ __device__ void mma_role(const KernelParams<T>& kp, typename T::SharedStorage& s
     }
     umma_commit(bar_ptr<T, Bar::kSFull>(ss, q));
   };
-  for (int64_t w = blockIdx.x; w < kp.sched.total(); w += gridDim.x) {
-    const TileWork t = tile_work(kp, w);
+  for (int n_item = 0;; ++n_item) {
+    const TileCoord coord = take_tile<T>(ss, n_item);
+    if (coord.batch < 0) break;
+    const TileWork t = tile_work(kp, coord);
     const int nblk = t.blocks();
     if (nblk <= 0) continue;
     for (int q = 0; q < T::kQTiles; ++q)
@@ -481,8 +524,10 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
     ss.stat_b[q][row_in_tile] = b;
     bar_arrive(st_full);
   };
-  for (int64_t w = blockIdx.x; w < kp.sched.total(); w += gridDim.x) {
-    const TileWork t = tile_work(kp, w);
+  for (int n_item = 0;; ++n_item) {
+    const TileCoord coord = take_tile<T>(ss, n_item);
+    if (coord.batch < 0) break;
+    const TileWork t = tile_work(kp, coord);
     if (t.blocks() <= 0) continue;  // the correction warpgroup writes out = 0, lse = -inf
     // This tile's own range (recomputed: t.br[q] with a run-time q would sit in local memory).
     const BlockRange br =
@@ -572,6 +617,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // hd 256 has one Q tile: softmax1 has no work (Note [one-tile order]).
       if (T::kQTiles == 2 || role == Role::kSoftmax0) {
         softmax_role(kp, ss, tmem, role == Role::kSoftmax0 ? 0 : 1, threadIdx.x % 128);
+      } else {
+        pass_tiles<T>(ss);
       }
       break;
     case Role::kCorrection:
@@ -588,8 +635,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
       if (role == Role::kLoad && lane == 0) load_role(kp, ss);
-      if constexpr (T::kTmaStoreO) {
-        if (role == Role::kEpilogue && lane == 0 && kp.tma_store_o) epilogue_role(kp, ss);
+      if (role == Role::kEpilogue && lane == 0) {
+        bool stores = false;
+        if constexpr (T::kTmaStoreO) {
+          stores = kp.tma_store_o;
+          if (stores) epilogue_role(kp, ss);
+        }
+        if (!stores) pass_tiles<T>(ss);
       }
       break;
   }

@@ -54,8 +54,10 @@ __device__ void mma_role_one_tile(const KernelParams<T>& kp, typename T::SharedS
     umma_commit(bar_ptr<T, Bar::kKEmpty>(ss, ks));
     ++k_ready.count;
   };
-  for (int64_t w = blockIdx.x; w < kp.sched.total(); w += gridDim.x) {
-    const TileWork t = tile_work(kp, w);
+  for (int n_item = 0;; ++n_item) {
+    const TileCoord coord = take_tile<T>(ss, n_item);
+    if (coord.batch < 0) break;
+    const TileWork t = tile_work(kp, coord);
     const int nblk = t.blocks();
     if (nblk <= 0) continue;
     bar_wait(bar_ptr<T, Bar::kQFull>(ss, 0), q_ready.parity(1));

@@ -49,6 +49,7 @@
 #include "params.h"
 #include "sm90_common.cuh"
 #include "softmax.cuh"
+#include "tile_ring.cuh"
 #include "tile_scheduler.cuh"
 
 // Compile-time switch for measurements (docs/perf-notes.md: on and off measured within noise).
@@ -77,53 +78,20 @@ struct RegisterSplit {
   static_assert(kProducer * 128 + kConsumer * 128 * kConsumerWGs <= 65536, "register file");
 };
 
-// Note [dynamic tiles]: with a static stride (CTA c takes items c, c + grid, ...), the causal
-// LPT order hands CTA 0 the most expensive tile of every round: CTAs' shares differ by up to
-// 1.8x at hd256 16k (one head per section, 128 tiles per round of 132 CTAs) and 1.2x at hd128
-// (simulated with per-tile costs m_block + 2.5 blocks; docs/perf-notes.md). With
-// FwdParams::tile_counter set, the producer claims each next item with one atomicAdd when it has
-// issued the current tile's loads (the consumers still have the pipeline's blocks of that tile
-// to compute, which hides the atomic's latency), so tiles go to whichever CTA frees up first, in
-// the same order as before (same L2 reuse). It hands the item to the consumers through a two-slot
-// ring in shared memory: they need the item before Q is loaded, and a tile with no KV block
-// loads nothing.
-//   tiles.full[i]   producer -> consumers, protects tiles.item[i] (1 arrival)
-//   tiles.empty[i]  consumers -> producer, the same slot for its next use (kConsumerThreads)
-// The producer publishes total() as the end marker. Without a counter the items are the static
-// stride, through the same ring.
+// The ring of Note [dynamic tiles] (tile_ring.cuh): the producer thread publishes, the
+// consumer warpgroups read (kConsumerThreads arrivals on empty).
 struct TileRing {
-  static constexpr int kSlots = 2;
-  struct Storage {
-    int64_t item[kSlots];
-    cutlass::arch::ClusterBarrier full[kSlots];
-    cutlass::arch::ClusterBarrier empty[kSlots];
-  };
-  __device__ static void init(Storage& st, int consumers) {
-    for (int i = 0; i < kSlots; ++i) {
-      st.full[i].init(1);
-      st.empty[i].init(consumers);
+  uint64_t full[kTileSlots];
+  uint64_t empty[kTileSlots];
+  int64_t item[kTileSlots];
+  __device__ void init(int readers) {
+    for (int i = 0; i < kTileSlots; ++i) {
+      cutlass::arch::ClusterBarrier::init(&full[i], 1);
+      cutlass::arch::ClusterBarrier::init(&empty[i], readers);
     }
   }
-  // Producer (one thread): the n-th item (n = 0, 1, ...) of this CTA into slot n % 2.
-  __device__ static void publish(Storage& st, int n, int64_t w) {
-    const int slot = n % kSlots, use = n / kSlots;
-    if (use > 0) st.empty[slot].wait((use - 1) & 1);
-    st.item[slot] = w;
-    st.full[slot].arrive();
-  }
-  // Consumer threads: the n-th item, the slot released once read.
-  __device__ static int64_t take(Storage& st, int n) {
-    const int slot = n % kSlots, use = n / kSlots;
-    st.full[slot].wait(use & 1);
-    const int64_t w = st.item[slot];
-    st.empty[slot].arrive();
-    return w;
-  }
-  // The item after w: claimed from the counter, or the static stride.
-  __device__ static int64_t next(int64_t* counter, int64_t w) {
-    if (counter == nullptr) return w + gridDim.x;
-    return int64_t(atomicAdd(reinterpret_cast<unsigned long long*>(counter), 1ull)) + gridDim.x;
-  }
+  __device__ void publish(int n, int64_t w) { publish_item(full, empty, item, n, w); }
+  __device__ int64_t take(int n) { return take_item(full, empty, item, n); }
 };
 
 // Compile-time options of one forward kernel.
@@ -204,7 +172,7 @@ struct FwdTraits {
     typename PipelineKV::SharedStorage pipe_v;
     cutlass::arch::ClusterTransactionBarrier q_full;
     cutlass::arch::ClusterBarrier q_empty;
-    TileRing::Storage tiles;
+    alignas(8) TileRing tiles;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (227 KB per CTA on SM90)");
@@ -268,8 +236,8 @@ __device__ __forceinline__ void producer(const KernelParams<T>& kp, typename T::
   auto v_state = k_state;
   int tiles_loaded = 0;
   int n_items = 0;
-  for (int64_t w = blockIdx.x; w < kp.sched.total(); w = TileRing::next(kp.p.tile_counter, w)) {
-    TileRing::publish(ss.tiles, n_items++, w);
+  for (int64_t w = blockIdx.x; w < kp.sched.total(); w = next_item(kp.p.tile_counter, w)) {
+    ss.tiles.publish(n_items++, w);
     const TileWork t = tile_work(kp, w);
     const BlockRange br = block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block);
     if (br.empty()) continue;  // consumers write zeros; nothing to load
@@ -300,7 +268,7 @@ __device__ __forceinline__ void producer(const KernelParams<T>& kp, typename T::
       pipelined_tma_load(pipe_v, v_state, kp.tma_v, tVgV(_, n), tVsV);
     }
   }
-  TileRing::publish(ss.tiles, n_items, kp.sched.total());  // the end marker
+  ss.tiles.publish(n_items, kp.sched.total());  // the end marker
   // Keep the CTA alive until the consumers released every buffer the TMA may still write.
   pipe_k.producer_tail(k_state);
   pipe_v.producer_tail(v_state);
@@ -451,7 +419,7 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
 
   const int64_t total = kp.sched.total();
   for (int n_items = 0;; ++n_items) {
-    const int64_t w = TileRing::take(ss.tiles, n_items);
+    const int64_t w = ss.tiles.take(n_items);
     if (w >= total) break;
     const TileWork t = tile_work(kp, w);
     const BlockRange br = block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block);
@@ -564,7 +532,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
     ss.q_full.init(1);
     ss.q_empty.init(T::kConsumerThreads);
-    TileRing::init(ss.tiles, T::kConsumerThreads);
+    ss.tiles.init(T::kConsumerThreads);
   }
   using Pipe = typename T::PipelineKV;
   typename Pipe::Params pk, pv;

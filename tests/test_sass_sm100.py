@@ -59,8 +59,11 @@ def test_one_kernel_per_head_dim_and_dtype(compiled):
 
 
 def test_spills_bounded(compiled):
-    """Not yet spill-free: ≤ 180 bytes of spill stores per kernel (140 / 180 / 168 at hd 64 / 96 /
-    128, 28 at hd 192 and (192, 128), 40 at hd 256; 132 / 128 / 120 / 12 / 12 / 24 before the
+    """Not yet spill-free: ≤ 184 bytes of spill stores per kernel (172 / 184 / 180 at hd 64 / 96 /
+    128, 36 at hd 192 and (192, 128), 52 at hd 256 since the tile ring of Note [dynamic tiles],
+    which took the int64 divisions out of every role but load: the spill instructions went down
+    (hd 96: 90 → 86 STL, 126 → 108 LDL; 17408 → 15104 instructions), the spill slots up by a few
+    words; 140 / 180 / 168 / 28 / 28 / 40 before it, 132 / 128 / 120 / 12 / 12 / 24 before the
     TMA-store epilogue, whose staging adds ~18 spill instructions to the correction warpgroup
     (80 registers) at tile granularity, none in its per-block rescale loop, and a few in the
     48-register warpgroup that now also runs the epilogue warp's tile loop),
@@ -74,7 +77,7 @@ def test_spills_bounded(compiled):
     ptxas, _ = compiled
     stores = [int(s) for s in re.findall(r"(\d+) bytes spill stores", ptxas)]
     assert len(stores) == 2 * len(HEAD_DIMS), ptxas
-    assert max(stores) <= 180, ptxas
+    assert max(stores) <= 184, ptxas
 
 
 def test_s_is_shared_memory_by_shared_memory(hd128):
@@ -106,6 +109,7 @@ def test_pv_reads_p_from_tmem(hd128):
         (r"UTMALDG\.4D", "Q, K, V loaded by TMA"),
         (r"UTMASTG\.4D", "O stored by TMA from the staging buffer (the epilogue warp)"),
         (r"SYNCS\.PHASECHK", "mbarrier waits"),
+        (r"ATOMG\.E\.ADD\.64", "the load thread claims work tiles (Note [dynamic tiles])"),
     ],
 )
 def test_sass_has(hd128, op, why):

@@ -111,6 +111,7 @@ def test_hd64_three_consumers_and_bounded_spills(compiled_hd64):
         ("SYNCS", "mbarrier pipelines"),
         ("UTMASTG", "O stored by TMA (Note [TMA-store epilogue])"),
         ("STSM", "O to shared memory by stmatrix for the TMA store"),
+        ("ATOMG.E.ADD.64", "the producer claims work tiles (Note [dynamic tiles])"),
     ],
 )
 def test_sass_has(compiled, op, why):

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 KERNEL = Path(__file__).resolve().parents[1] / "csrc" / "fwd_sm100_kernel.cuh"
+TILE_RING = KERNEL.parent / "tile_ring.cuh"  # kTileSlots (Note [dynamic tiles])
 Q_TILES = 2  # FwdTraits::kQTiles for hd <= 192; hd 256 has 1 (Config.q_tiles)
 S_BUFFERS = 2  # kSBuffers: Q tile t's S, or the one Q tile's double-buffered S
 WG = 128  # a softmax/correction warpgroup is one process: its arrive counts 128 at once
@@ -55,7 +56,13 @@ class BarSpec:
 
     def count(self, q_tiles: int, stages: int) -> int:
         """Copies of this barrier (bar_copies in the kernel)."""
-        counts = {"kPerQTile": q_tiles, "kPerStage": stages, "kPerSBuffer": S_BUFFERS, "kOnce": 1}
+        counts = {
+            "kPerQTile": q_tiles,
+            "kPerStage": stages,
+            "kPerSBuffer": S_BUFFERS,
+            "kOnce": 1,
+            "kPerTileSlot": tile_slots(),
+        }
         return counts[self.copies]
 
 
@@ -90,7 +97,8 @@ def parse_kernel(text: str | None = None) -> Table:
     if not table:
         raise ValueError("kBarriers table not found")
     rows = re.findall(
-        r"\{Bar::(k\w+),\s*BarCopies::(kPerQTile|kPerStage|kPerSBuffer|kOnce),\s*(\d+)\}",
+        r"\{Bar::(k\w+),\s*BarCopies::(kPerQTile|kPerStage|kPerSBuffer|kOnce|kPerTileSlot),"
+        r"\s*(\d+)\}",
         table.group(1),
     )
     if [r[0] for r in rows] != enumerators:
@@ -103,6 +111,14 @@ def parse_kernel(text: str | None = None) -> Table:
         src, dst, protects = comments[name]
         bars[name] = BarSpec(name, src, dst, protects, copies, int(arrivals))
     return Table(bars, int(stages.group(1)))
+
+
+def tile_slots() -> int:
+    """kTileSlots of csrc/tile_ring.cuh: slots of the work-item ring."""
+    m = re.search(r"constexpr int kTileSlots = (\d+);", TILE_RING.read_text())
+    if not m:
+        raise ValueError("kTileSlots not found in tile_ring.cuh")
+    return int(m.group(1))
 
 
 # ---- Steps ---------------------------------------------------------------------------------
@@ -161,6 +177,40 @@ class Read:
 
 
 @dataclass(frozen=True)
+class Take(Wait):
+    """A ring reader's wait on `bar` (full), its read of the slot and its arrival on `empty`,
+    as one step: once the wait passes, the producer cannot rewrite the slot before this
+    arrival, so interleavings between the three change nothing the checks see (they only
+    multiply the states)."""
+
+    buf: str = ""
+    tag: tuple = ()
+    empty: str = ""
+    count: int = 0
+
+
+@dataclass(frozen=True)
+class Publish(Wait):
+    """The ring producer's wait on `bar` (empty), its write of the slot and its arrival on
+    `full`, as one step (the slot is the producer's alone between the two barriers)."""
+
+    buf: str = ""
+    tag: tuple = ()
+    reads: int = 0
+    full: str = ""
+
+
+def _barrier_uses(st):
+    """(bar, copy, is_wait) for each barrier a step uses."""
+    if isinstance(st, Take):
+        return ((st.bar, st.idx, True), (st.empty, st.idx, False))
+    if isinstance(st, Publish):
+        return ((st.bar, st.idx, True), (st.full, st.idx, False))
+    bar = getattr(st, "bar", None)
+    return () if bar is None else ((bar, st.idx, isinstance(st, Wait)),)
+
+
+@dataclass(frozen=True)
 class Write:
     buf: str
     tag: tuple
@@ -193,10 +243,53 @@ class Ring:
         return (self.count // copies) & 1
 
 
+# Note [dynamic tiles] (csrc/tile_ring.cuh): the load thread publishes each work item, and the
+# end marker after the last, into the ring of kTileSlots slots; every other role's threads read
+# it at the top of their tile loop: both warpgroups of softmax (softmax1 passes them on at hd
+# 256), the correction warpgroup, the MMA and the epilogue threads.
+TILE_READERS = 5
+
+
+def publish_tile(p, ring, n):
+    """publish_item: a slot's first use writes at once; use u > 0 first waits for the readers'
+    u-th release (so kTileEmpty is not "free at start" for annotate: its k-th wait needs k + 1
+    completions)."""
+    slots = tile_slots()
+    slot = ring.index(slots)
+    if ring.count < slots:
+        p.append(Write(f"tile{slot}", ("T", n), TILE_READERS))
+        p.append(Arrive("kTileFull", slot, 1))
+    else:
+        p.append(
+            Publish("kTileEmpty", slot, ring.parity(slots) ^ 1, buf=f"tile{slot}", tag=("T", n),
+                    reads=TILE_READERS, full="kTileFull")
+        )  # fmt: skip
+    ring.count += 1
+
+
+def take_tile(p, ring, n, arrivals):
+    slots = tile_slots()
+    slot = ring.index(slots)
+    p.append(
+        Take("kTileFull", slot, ring.parity(slots), buf=f"tile{slot}", tag=("T", n),
+             empty="kTileEmpty", count=arrivals)
+    )  # fmt: skip
+    ring.count += 1
+
+
+def pass_program(tiles):
+    """pass_tiles: a reader with no work of its own (softmax1 at hd 256)."""
+    p, ring = [], Ring()
+    for n in range(len(tiles) + 1):
+        take_tile(p, ring, n, WG)
+    return p
+
+
 def load_program(tiles, S, q_tiles=Q_TILES):
     p = []
-    q_free, k_free, v_free = Ring(), Ring(), Ring()
+    q_free, k_free, v_free, items = Ring(), Ring(), Ring(), Ring()
     for w, nblk in enumerate(tiles):
+        publish_tile(p, items, w)
         for q in range(q_tiles):
             p.append(Wait("kQEmpty", q, q_free.parity(1) ^ 1))
             p.append(Tma("kQFull", q, f"sQ{q}", ("Q", w, q), nblk))  # one S_q per block
@@ -210,6 +303,7 @@ def load_program(tiles, S, q_tiles=Q_TILES):
             p.append(Wait("kVEmpty", vs, v_free.parity(S) ^ 1))
             p.append(Tma("kVFull", vs, f"sV{vs}", ("V", w, i), q_tiles))  # PV_t of each tile
             v_free.count += 1
+    publish_tile(p, items, len(tiles))  # the end marker
     return p
 
 
@@ -217,6 +311,7 @@ def mma_program(tiles, S):
     p = []
     q_ready, k_ready, v_ready, o_free = Ring(), Ring(), Ring(), Ring()
     p_ready, o_ok = [Ring(), Ring()], [Ring(), Ring()]
+    items = Ring()
 
     def issue_s(w, q, ks, blk):
         p.append(
@@ -225,6 +320,7 @@ def mma_program(tiles, S):
         p.append(Commit("kSFull", q))
 
     for w, nblk in enumerate(tiles):
+        take_tile(p, items, w, 1)
         for q in range(Q_TILES):
             p.append(Wait("kQFull", q, q_ready.parity(1)))
         q_ready.count += 1
@@ -265,6 +361,7 @@ def mma_program(tiles, S):
                 p.append(Commit("kKEmpty", ks))
                 k_ready.count += 1
         o_free.count += 1
+    take_tile(p, items, len(tiles), 1)
     return p
 
 
@@ -278,7 +375,9 @@ def softmax_program(tiles, q):
         p.append(Write(f"stats{q}", tag, 1))
         p.append(Arrive("kStatsFull", q, WG))
 
+    items = Ring()
     for w, nblk in enumerate(tiles):
+        take_tile(p, items, w, WG)
         for i in range(nblk):
             p.append(Wait("kSFull", q, s_ready.parity(1)))
             s_ready.count += 1
@@ -287,6 +386,7 @@ def softmax_program(tiles, q):
             p.append(Write(f"S{q}", ("P", w, q, i), 1))  # P over S, read by PV_q(i)
             p.append(Arrive("kPFull", q, WG))
         publish(("L", w, q))  # 1/l and the LSE
+    take_tile(p, items, len(tiles), WG)
     return p
 
 
@@ -305,7 +405,9 @@ def correction_program(tiles, rescale=True, q_tiles=Q_TILES):
         p.append(Wait("kOFull", q, o_done[q].parity(1)))
         o_done[q].count += 1
 
+    items = Ring()
     for w, nblk in enumerate(tiles):
+        take_tile(p, items, w, WG)
         for i in range(nblk):
             for q in range(q_tiles):
                 take_stats(q, ("f", w, q, i))
@@ -330,19 +432,22 @@ def correction_program(tiles, rescale=True, q_tiles=Q_TILES):
             p.append(Arrive("kOStageFull", 0, WG))
             if nblk > 0:
                 p.append(Arrive("kOEmpty", q, WG))
+    take_tile(p, items, len(tiles), WG)
     return p
 
 
 def epilogue_program(tiles, q_tiles=Q_TILES):
     """epilogue_role (fwd_sm100_epilogue.cuh): one TMA store per work tile and Q tile."""
     p = []
-    staged = Ring()
+    staged, items = Ring(), Ring()
     for w, _ in enumerate(tiles):
+        take_tile(p, items, w, 1)
         for q in range(q_tiles):
             p.append(Wait("kOStageFull", 0, staged.parity(1)))
             staged.count += 1
             p.append(Read("sO", ("out", w, q)))
             p.append(Arrive("kOStageEmpty", 0, 1))
+    take_tile(p, items, len(tiles), 1)
     return p
 
 
@@ -352,7 +457,7 @@ def mma_program_one_tile(tiles, S):
     order])."""
     p = []
     q_ready, k_ready, v_ready, o_free, o_ok = Ring(), Ring(), Ring(), Ring(), Ring()
-    s_issued, p_ready = Ring(), Ring()
+    s_issued, p_ready, items = Ring(), Ring(), Ring()
 
     def issue_s(w, blk):
         b = s_issued.index(S_BUFFERS)
@@ -366,6 +471,7 @@ def mma_program_one_tile(tiles, S):
         k_ready.count += 1
 
     for w, nblk in enumerate(tiles):
+        take_tile(p, items, w, 1)
         p.append(Wait("kQFull", 0, q_ready.parity(1)))
         q_ready.count += 1
         for blk in range(min(2, nblk)):
@@ -394,6 +500,7 @@ def mma_program_one_tile(tiles, S):
                 if i + 3 == nblk:
                     p.append(Commit("kQEmpty", 0))
         o_free.count += 1
+    take_tile(p, items, len(tiles), 1)
     return p
 
 
@@ -408,7 +515,9 @@ def softmax_program_one_tile(tiles):
         p.append(Write("stats0", tag, 1))
         p.append(Arrive("kStatsFull", 0, WG))
 
+    items = Ring()
     for w, nblk in enumerate(tiles):
+        take_tile(p, items, w, WG)
         for i in range(nblk):
             b = s_ready.index(S_BUFFERS)
             p.append(Wait("kSFull", b, s_ready.parity(S_BUFFERS)))
@@ -418,6 +527,7 @@ def softmax_program_one_tile(tiles):
             p.append(Write(f"S{b}", ("P", w, 0, i), 1))
             p.append(Arrive("kPFull", b, WG))
         publish(("L", w, 0))
+    take_tile(p, items, len(tiles), WG)
     return p
 
 
@@ -428,6 +538,7 @@ def programs(cfg: Config, S: int) -> dict[str, list]:
             "load": load_program(tiles, S, q_tiles=1),
             "mma": mma_program_one_tile(tiles, S),
             "softmax0": softmax_program_one_tile(tiles),
+            "softmax1": pass_program(tiles),
             "correction": correction_program(tiles, cfg.rescale, q_tiles=1),
             "epilogue": epilogue_program(tiles, q_tiles=1),
         }
@@ -480,7 +591,8 @@ def mutate(role, prog, drop, flip):
 
 
 def _annotate(prog):
-    return annotate(prog)
+    empties = {st.bar for st in prog if isinstance(st, Wait) and st.bar.endswith("Empty")}
+    return annotate(prog, free_at_start=empties - {"kTileEmpty"})
 
 
 def _mutate(role, prog, cfg):
@@ -496,18 +608,14 @@ def check_programs(
     errors = []
     used, sides = set(), set()
     for role, prog in progs.items():
-        for st in prog:
-            bar = getattr(st, "bar", None)
-            if bar is None:
-                continue
+        for bar, idx, waits in (use for st in prog for use in _barrier_uses(st)):
             used.add(bar)
             if bar not in bars:
                 errors.append(f"{role} uses {bar}, which is not in kBarriers")
                 continue
             copies, src, dst = bars[bar]
-            if not 0 <= st.idx < copies:
-                errors.append(f"{role}: {bar}[{st.idx}] out of {copies} copies")
-            waits = isinstance(st, Wait)
+            if not 0 <= idx < copies:
+                errors.append(f"{role}: {bar}[{idx}] out of {copies} copies")
             side = dst if waits else src
             sides.add((bar, waits, role))
             if role not in role_of(side):
@@ -527,6 +635,8 @@ def check_programs(
 
 
 def _role_of(name: str) -> set[str]:
+    if name == "every_role":  # the readers of the tile ring: every role but load
+        return {"mma", "softmax0", "softmax1", "correction", "epilogue"}
     return {"softmax0", "softmax1"} if name == "softmax_t" else {name}
 
 
@@ -561,7 +671,7 @@ class Machine:
                     bufs.update(b for b, _, _ in st.writes())
                 if isinstance(st, Mma):
                     bufs.update(b for b, _ in st.reads)
-                if isinstance(st, (Read, Write)):
+                if isinstance(st, (Read, Take, Publish, Write)):
                     bufs.add(st.buf)
         self.buf = {b: i for i, b in enumerate(sorted(bufs))}
 
@@ -599,6 +709,30 @@ class Machine:
                                 f"means {need}",
                             )
                         )
+                        continue
+                    if isinstance(st, Take):
+                        nb, err = self._read(bufs, st.buf, st.tag)
+                        if err:
+                            bad.append(("stale read", f"{role}[{pcs[r]}] {st}: {err}"))
+                            continue
+                        nd, np_, err = self._arrive(
+                            done, pend, self.slot[(st.empty, st.idx)], st.count
+                        )
+                        if err:
+                            bad.append(("arrivals", f"{role}[{pcs[r]}] {st}: {err}"))
+                            continue
+                        out.append((r, (npcs, nd, np_, nb, tmas, queue)))
+                        continue
+                    if isinstance(st, Publish):
+                        nb, err = self._write(bufs, st.buf, st.tag, st.reads)
+                        if err:
+                            bad.append(("overwrite", f"{role}[{pcs[r]}] {st}: {err}"))
+                            continue
+                        nd, np_, err = self._arrive(done, pend, self.slot[(st.full, st.idx)], 1)
+                        if err:
+                            bad.append(("arrivals", f"{role}[{pcs[r]}] {st}: {err}"))
+                            continue
+                        out.append((r, (npcs, nd, np_, nb, tmas, queue)))
                         continue
                     out.append((r, (npcs, done, pend, bufs, tmas, queue)))
             elif isinstance(st, Arrive):
