@@ -159,4 +159,102 @@ __host__ __device__ __forceinline__ float exp2_poly(float x) {
   return (x != x) ? x : r;       // NaN in, the same NaN out (as MUFU.EX2 propagates it)
 }
 
+// Note [packed exp2]: Blackwell's FMA pipe executes two fp32 operations per instruction
+// (FFMA2, FADD2: PTX fma / add .f32x2, sm_100 and later). exp2_poly_pair computes exp2_poly of
+// two inputs with every pairable step packed (the argument FFMA of the softmax is packed by its
+// caller): the floor by a round-down add, j, f and the Horner FMAs; the clamp, the exponent add
+// and the special-value selects stay scalar. Per lane the operations are the scalar ones (round
+// to nearest, round down, flush to zero as the kernels build with --use_fast_math), so both
+// lanes equal exp2_poly bit for bit; elsewhere (host, SM90) the pair is two scalar calls.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#define FA4_PACKED_FP32 1
+#else
+#define FA4_PACKED_FP32 0
+#endif
+
+namespace detail {
+
+// d = a * b + c per lane.
+__host__ __device__ __forceinline__ void fma_x2(float& d0, float& d1, float a0, float a1, float b0,
+                                                float b1, float c0, float c1) {
+#if FA4_PACKED_FP32
+  asm("{\n .reg .b64 a, b, c, d;\n mov.b64 a, {%2, %3};\n mov.b64 b, {%4, %5};\n"
+      " mov.b64 c, {%6, %7};\n fma.rn.ftz.f32x2 d, a, b, c;\n mov.b64 {%0, %1}, d;\n}"
+      : "=f"(d0), "=f"(d1)
+      : "f"(a0), "f"(a1), "f"(b0), "f"(b1), "f"(c0), "f"(c1));
+#else
+  d0 = fmaf(a0, b0, c0);
+  d1 = fmaf(a1, b1, c1);
+#endif
+}
+
+// d = a + b per lane, rounded toward -inf on the device (floor by the magic-number add).
+__host__ __device__ __forceinline__ void add_rd_x2(float& d0, float& d1, float a0, float a1,
+                                                   float b) {
+#if FA4_PACKED_FP32
+  asm("{\n .reg .b64 a, b, d;\n mov.b64 a, {%2, %3};\n mov.b64 b, {%4, %4};\n"
+      " add.rm.ftz.f32x2 d, a, b;\n mov.b64 {%0, %1}, d;\n}"
+      : "=f"(d0), "=f"(d1)
+      : "f"(a0), "f"(a1), "f"(b));
+#elif defined(__CUDA_ARCH__)
+  d0 = __fadd_rd(a0, b);
+  d1 = __fadd_rd(a1, b);
+#else
+  d0 = floorf(a0) + b;  // as exp2_poly's host branch: a is clamped, b the magic number
+  d1 = floorf(a1) + b;
+#endif
+}
+
+// d = a - b per lane, round to nearest.
+__host__ __device__ __forceinline__ void sub_x2(float& d0, float& d1, float a0, float a1, float b0,
+                                                float b1) {
+#if FA4_PACKED_FP32
+  asm("{\n .reg .b64 a, b, d;\n mov.b64 a, {%2, %3};\n mov.b64 b, {%4, %5};\n"
+      " sub.rn.ftz.f32x2 d, a, b;\n mov.b64 {%0, %1}, d;\n}"
+      : "=f"(d0), "=f"(d1)
+      : "f"(a0), "f"(a1), "f"(b0), "f"(b1));
+#else
+  d0 = a0 - b0;
+  d1 = a1 - b1;
+#endif
+}
+
+template <int Degree, int K>
+__host__ __device__ __forceinline__ void exp2_horner_x2(float f0, float f1, float& p0, float& p1) {
+  constexpr float ck = Exp2PolyCoeffs<Degree>::c[K];
+  if constexpr (K == Degree) {
+    p0 = ck;
+    p1 = ck;
+  } else {
+    float q0, q1;
+    exp2_horner_x2<Degree, K + 1>(f0, f1, q0, q1);
+    fma_x2(p0, p1, q0, q1, f0, f1, ck, ck);
+  }
+}
+
+// exp2_poly's last steps for one lane: exponent add, denormal flush, NaN.
+__host__ __device__ __forceinline__ float exp2_finish(float x, float t, float p) {
+  const uint32_t j_bits = exp2_float_bits(t) << 23;
+  const float r = exp2_bits_float(exp2_float_bits(p) + j_bits);
+  return (x != x) ? x : ((x < -126.0f) ? 0.0f : r);
+}
+
+}  // namespace detail
+
+// Note [packed exp2]: exp2_poly of x0 and x1, the pairable steps as one packed instruction each.
+template <int Degree>
+__host__ __device__ __forceinline__ void exp2_poly_pair(float x0, float x1, float& r0, float& r1) {
+  static_assert(Degree >= 2 && Degree <= 5, "exp2_poly: Degree must be 2..5");
+  constexpr float kMagic = 0x1.8p23f;  // as in exp2_poly
+  const float xc0 = fminf(fmaxf(x0, -127.0f), 128.0f);
+  const float xc1 = fminf(fmaxf(x1, -127.0f), 128.0f);
+  float t0, t1, j0, j1, f0, f1, p0, p1;
+  detail::add_rd_x2(t0, t1, xc0, xc1, kMagic);
+  detail::sub_x2(j0, j1, t0, t1, kMagic, kMagic);
+  detail::sub_x2(f0, f1, xc0, xc1, j0, j1);
+  detail::exp2_horner_x2<Degree, 0>(f0, f1, p0, p1);
+  r0 = detail::exp2_finish(x0, t0, p0);
+  r1 = detail::exp2_finish(x1, t1, p1);
+}
+
 }  // namespace fa4

@@ -190,6 +190,14 @@ struct OnlineSoftmax {
     static_assert(kEmuSixteenths >= 0 && kEmuSixteenths <= 16, "kEmuSixteenths: 0..16");
     // 4 partial sums: a 128-element row as one dependent FADD chain would take 128 x 4 clk.
     constexpr int kPart = Frag::kCols % 4 == 0 ? 4 : 1;
+    // Note [packed exp2]: pairs on SM100 and in the host harnesses (which so test the pair loop
+    // with scalar arithmetic); the SM90 build keeps the one-element loop it was measured with
+    // (it has no packed fp32 instructions).
+#if defined(__CUDA_ARCH__) && !FA4_PACKED_FP32
+    constexpr bool kPairs = false;
+#else
+    constexpr bool kPairs = kEmuSixteenths % 2 == 0 && Frag::kCols % 2 == 0;
+#endif
     FA4_UNROLL
     for (int r = 0; r < kRows; ++r) {
       // While m is -inf the row has seen no key and all its x are -inf: offset 0, P = 0, and
@@ -198,13 +206,34 @@ struct OnlineSoftmax {
       float part[kPart];
       FA4_UNROLL
       for (int k = 0; k < kPart; ++k) part[k] = 0.0f;
-      FA4_UNROLL
-      for (int e = 0; e < Frag::kCols; ++e) {
-        const int i = Frag::idx(r, e);
-        const float x = fmaf(s[i], scale_log2, neg_m);
-        const float p = e % 16 < kEmuSixteenths ? exp2_poly<kDegree>(x) : exp2_hw(x);
-        s[i] = p;
-        part[e % kPart] += p;
+      if constexpr (kPairs) {
+        // Note [packed exp2]: elements e, e + 1 are in the same class (kEmuSixteenths even), so
+        // the argument FFMA and the polynomial run as packed pairs; the sums in element order.
+        FA4_UNROLL
+        for (int e = 0; e < Frag::kCols; e += 2) {
+          const int i0 = Frag::idx(r, e), i1 = Frag::idx(r, e + 1);
+          float x0, x1, p0, p1;
+          detail::fma_x2(x0, x1, s[i0], s[i1], scale_log2, scale_log2, neg_m, neg_m);
+          if (e % 16 < kEmuSixteenths) {
+            exp2_poly_pair<kDegree>(x0, x1, p0, p1);
+          } else {
+            p0 = exp2_hw(x0);
+            p1 = exp2_hw(x1);
+          }
+          s[i0] = p0;
+          s[i1] = p1;
+          part[e % kPart] += p0;
+          part[(e + 1) % kPart] += p1;
+        }
+      } else {
+        FA4_UNROLL
+        for (int e = 0; e < Frag::kCols; ++e) {
+          const int i = Frag::idx(r, e);
+          const float x = fmaf(s[i], scale_log2, neg_m);
+          const float p = e % 16 < kEmuSixteenths ? exp2_poly<kDegree>(x) : exp2_hw(x);
+          s[i] = p;
+          part[e % kPart] += p;
+        }
       }
       float sum = part[0];
       FA4_UNROLL
