@@ -410,6 +410,21 @@ __device__ void load_role(const KernelParams<T>& kp, typename T::SharedStorage& 
 }
 
 // ---- MMA role ------------------------------------------------------------------------------
+// Instruction descriptors of the two MMAs of both MMA roles (mma_role, mma_role_one_tile):
+// S = Q·Kᵀ with both operands K-major, O += P·V with V MN-major.
+template <class T>
+__device__ __forceinline__ uint64_t instr_desc_s() {
+  return UMMA::make_runtime_instr_desc<>(
+      UMMA::make_instr_desc<typename T::Element, typename T::Element, float, T::kBlockM, T::kBlockN,
+                            UMMA::Major::K, UMMA::Major::K>());
+}
+template <class T>
+__device__ __forceinline__ uint64_t instr_desc_o() {
+  return UMMA::make_runtime_instr_desc<>(
+      UMMA::make_instr_desc<typename T::Element, typename T::Element, float, T::kBlockM,
+                            T::kHeadDimV, UMMA::Major::K, UMMA::Major::MN>());
+}
+
 template <class T>
 __device__ void mma_role(const KernelParams<T>& kp, typename T::SharedStorage& ss, uint32_t tmem) {
   using Plan = typename T::Plan;
@@ -425,12 +440,8 @@ __device__ void mma_role(const KernelParams<T>& kp, typename T::SharedStorage& s
   constexpr int kKQk = T::kHeadDim / T::kMmaK;
   constexpr int kKPv = T::kBlockN / T::kMmaK;
   static_assert(size<2>(decltype(dQ){}) == kKQk && size<2>(decltype(dV){}) == kKPv, "K slices");
-  const uint64_t idesc_s = UMMA::make_runtime_instr_desc<>(
-      UMMA::make_instr_desc<typename T::Element, typename T::Element, float, T::kBlockM, T::kBlockN,
-                            UMMA::Major::K, UMMA::Major::K>());
-  const uint64_t idesc_o = UMMA::make_runtime_instr_desc<>(
-      UMMA::make_instr_desc<typename T::Element, typename T::Element, float, T::kBlockM,
-                            T::kHeadDimV, UMMA::Major::K, UMMA::Major::MN>());
+  const uint64_t idesc_s = instr_desc_s<T>();
+  const uint64_t idesc_o = instr_desc_o<T>();
   const uint32_t s_col[2] = {Plan::kS0, Plan::kS1};
   const uint32_t o_col[2] = {Plan::kO0, Plan::kO1};
 

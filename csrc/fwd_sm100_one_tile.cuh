@@ -30,12 +30,8 @@ __device__ void mma_role_one_tile(const KernelParams<T>& kp, typename T::SharedS
   Tensor dV = thr_o.partition_fragment_B(sVt);
   constexpr int kKQk = T::kHeadDim / T::kMmaK;
   constexpr int kKPv = T::kBlockN / T::kMmaK;
-  const uint64_t idesc_s = UMMA::make_runtime_instr_desc<>(
-      UMMA::make_instr_desc<typename T::Element, typename T::Element, float, T::kBlockM, T::kBlockN,
-                            UMMA::Major::K, UMMA::Major::K>());
-  const uint64_t idesc_o = UMMA::make_runtime_instr_desc<>(
-      UMMA::make_instr_desc<typename T::Element, typename T::Element, float, T::kBlockM,
-                            T::kHeadDimV, UMMA::Major::K, UMMA::Major::MN>());
+  const uint64_t idesc_s = instr_desc_s<T>();
+  const uint64_t idesc_o = instr_desc_o<T>();
 
   Ring q_ready, k_ready, v_ready, o_free, o_ok, s_issued, p_ready;
   // S(blk) into the next S buffer; K's stage is released as soon as it is read.
