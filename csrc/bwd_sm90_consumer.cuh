@@ -49,7 +49,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   // (an elementwise copy became 32 generic 2-byte stores with 64-bit swizzle arithmetic each).
   auto copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_s);
   auto thr_copy_ds = copy_ds.get_thread_slice(tid);
-  Tensor tDSsDSt = thr_copy_ds.partition_D(as_position_independent_swizzle_tensor(sDSt));
 
   Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kN>, Int<kM>>{});
   Tensor acc_dp = partition_fragment_C(mma_dp, Shape<Int<kN>, Int<kM>>{});
@@ -61,7 +60,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   // The same registers in the accumulator's layout, for the copy to smem: the A-operand and
   // accumulator fragments order a thread's elements identically (as P in the forward).
   Tensor reg_ds_c = thr_copy_ds.retile_S(make_tensor(reg_ds.data(), acc_s.layout()));
-  const auto c_s = fragment_coords(mma_s, tid, Shape<Int<kN>, Int<kM>>{});
   clear(acc_dv);
   clear(acc_dk);
 
@@ -81,8 +79,15 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   // and dK; dQ is stored for the reducer while dK runs. The other warpgroup's GEMMs fill the
   // tensor cores while this one computes (p_and_ds has the elementwise part and its softcap
   // exception).
-  for (int i = 0; i < blocks; ++i) {
-    const int m = m_begin + i % (m_end - m_begin);
+  // m: the Q block, cycling through [m_begin, m_end) once per query head of the group (counted,
+  // not i % (m_end - m_begin): an integer division per block).
+  for (int i = 0, m = m_begin; i < blocks; ++i, m = m + 1 == m_end ? m_begin : m + 1) {
+    // Note [fresh tid]: the score coordinates and the dSᵀ store addresses per iteration (the
+    // consumers are threads 128.., tid = threadIdx.x - 128 as bwd_kernel passes it).
+    const int ltid = fresh_thread_index() - 128;
+    const auto c_s = fragment_coords(mma_s, ltid, Shape<Int<kN>, Int<kM>>{});
+    Tensor tDSsDSt =
+        copy_ds.get_thread_slice(ltid).partition_D(as_position_independent_swizzle_tensor(sDSt));
     pipe_q.consumer_wait(q_state);
     pipe_do.consumer_wait(do_state);
     const int sq = q_state.index(), sdo = do_state.index(), sds = i % T::kDsStages;

@@ -109,9 +109,9 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
   // Note [split issue order]: as the d <= 128 consumer up to dS (P computed while dPᵀ runs);
   // then both warpgroups' Pᵀ and dSᵀ must be in smem before any of the three GEMMs that read
   // them, which go out together under one wait.
-  for (int i = 0; i < blocks; ++i) {
-    const int head = head_kv * kp.group + i / (m_end - m_begin);
-    const int m = m_begin + i % (m_end - m_begin);
+  // (head, m) walk the group's query heads and their Q blocks, counted rather than divided.
+  int head = head_kv * kp.group, m = m_begin;
+  for (int i = 0; i < blocks; ++i, m = m + 1 == m_end ? (++head, m_begin) : m + 1) {
     pipe_q.consumer_wait(q_state);
     pipe_do.consumer_wait(do_state);
     const int sq = q_state.index(), sdo = do_state.index(), sds = i % T::kDsStages;

@@ -110,4 +110,15 @@ __device__ __forceinline__ int warpgroup_slice_index(int tid) {
   return __shfl_sync(0xffffffff, tid, 0) & ~127;
 }
 
+// Note [fresh tid]: threadIdx.x read by a volatile asm, which the compiler cannot hoist out of a
+// loop. Per-thread offsets derived from it inside the loop are rebuilt with a few integer
+// instructions each iteration instead of being kept live across it: the SM90 backward spilled
+// two of them (its registers are full), and each reload went to L2 (shared memory takes most of
+// L1), the loop's top stall in ncu (docs/perf-notes.md, backward step 11).
+__device__ __forceinline__ int fresh_thread_index() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
 }  // namespace fa4::sm90

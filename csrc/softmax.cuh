@@ -148,31 +148,61 @@ struct OnlineSoftmax {
 
   // Steps (i) and (ii). s: scores x of one KV block (softcap applied, masked with -inf); see
   // Note [score scaling] for scale_log2. o_scale[r]: the factor for row r of O, 1 if none.
+  // Note [branch-free max]: max is exact and associative, so the row max is taken as kMaxPart
+  // independent chains per row with the rows interleaved, and the decision is made with selects;
+  // only the rare rescale (one exp2 and l *= factor) stays conditional, which the compiler
+  // predicates. Bit for bit the previous sequential version. The SM90 profile (docs/perf-notes.md,
+  // forward step 8) had two dependent 32-deep FMNMX chains and two branch regions per block on
+  // the softmax's critical path. On SM100 (128 columns per thread) 8 chains spill no more than
+  // one did; computing the factor unconditionally (exp2 of 0) added 28 bytes of spills there.
   __host__ __device__ RowDecisions update_max(const float (&s)[Frag::kSize], float scale_log2,
                                               float tau, float (&o_scale)[kRows]) {
+    constexpr int kMaxPart = Frag::kCols % 8 == 0 && Frag::kCols >= 64 ? 8
+                             : Frag::kCols % 4 == 0                    ? 4
+                                                                       : 1;
+    float part[kRows][kMaxPart];
+    FA4_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      FA4_UNROLL
+      for (int k = 0; k < kMaxPart; ++k) part[r][k] = -INFINITY;
+    }
+    FA4_UNROLL
+    for (int e = 0; e < Frag::kCols; ++e) {
+      FA4_UNROLL
+      for (int r = 0; r < kRows; ++r)
+        part[r][e % kMaxPart] = fmaxf(part[r][e % kMaxPart], s[Frag::idx(r, e)]);
+    }
+    float m_blk[kRows];
+    FA4_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      FA4_UNROLL
+      for (int w = kMaxPart / 2; w >= 1; w /= 2) {
+        FA4_UNROLL
+        for (int k = 0; k < w; ++k) part[r][k] = fmaxf(part[r][k], part[r][k + w]);
+      }
+      m_blk[r] = part[r][0];
+    }
+    FA4_UNROLL
+    for (int r = 0; r < kRows; ++r)
+      m_blk[r] = detail::row_allreduce<kThreads, true>(m_blk[r]) * scale_log2;
     RowDecisions d;
     FA4_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float x = -INFINITY;
-      FA4_UNROLL
-      for (int e = 0; e < Frag::kCols; ++e) x = fmaxf(x, s[Frag::idx(r, e)]);
-      const float m_blk = detail::row_allreduce<kThreads, true>(x) * scale_log2;
       const float m = row_max[r];
       const uint32_t bit = 1u << r;
+      // m_blk == -inf: no visible key of this row in the block; nothing changes.
+      const bool visible = m_blk[r] != -INFINITY;
+      const bool first = visible && m == -INFINITY;
+      const bool rescaled = visible && !first && m_blk[r] > m + tau;
       float factor = 1.0f;
-      if (m_blk == -INFINITY) {
-        // no visible key of this row in the block
-      } else if (m == -INFINITY) {
-        row_max[r] = m_blk;
-        d.first |= bit;
-      } else if (m_blk > m + tau) {
-        factor = exp2_hw(m - m_blk);  // < 2^-tau; flushed to 0 below 2^-126, like MUFU
-        row_max[r] = m_blk;
+      if (rescaled) {
+        factor = exp2_hw(m - m_blk[r]);  // < 2^-tau; flushed to 0 below 2^-126, like MUFU
         row_sum[r] *= factor;
-        d.rescaled |= bit;
-      } else {
-        d.skipped |= bit;
       }
+      row_max[r] = first || rescaled ? m_blk[r] : m;
+      d.first |= first ? bit : 0u;
+      d.rescaled |= rescaled ? bit : 0u;
+      d.skipped |= visible && !first && !rescaled ? bit : 0u;
       o_scale[r] = factor;
     }
     return d;
