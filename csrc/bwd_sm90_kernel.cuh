@@ -89,6 +89,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #endif
 }
 
+// Row pitch, in floats, of the postprocess's shared-memory copy of a dQ block.
+template <class T>
+constexpr int kPostPitch = T::kHeadDim + 8;
+
 // dQ accumulator (fragment order, Note [dQ reduce]) · softmax_scale -> the dtype, rows <
 // seqlen_q. One CTA of kConsumerThreads per kBlockM-row block; thread t reads its own float4s
 // (coalesced) and puts each pair of adjacent columns in its row of a shared-memory copy of the
@@ -115,7 +119,10 @@ __global__ void __launch_bounds__(T::kConsumerThreads)
   // The block in fragment order -> shared memory in rows (coalesced 16-byte loads, then each
   // pair to its place) -> rows of 16-byte stores: direct 4-byte stores from the fragment order
   // wrote half-used sectors and took 3.4x flash-attn-4's postprocess time at 1k (docs/perf.md).
-  extern __shared__ float4 rows[];  // T::kDqFloats floats
+  // Rows kPostPitch floats apart: a warp's pairs cover 8 rows × 8 floats, which at a pitch of d
+  // (512 bytes at d = 128) all fell in the same 8 banks; 8 more floats spread them over all 32.
+  extern __shared__ float4 rows[];  // T::kBlockM × kPostPitch<T> floats
+  constexpr int kDqPitch = kPostPitch<T>;
   float* rows_f = reinterpret_cast<float*>(rows);
   CUTLASS_PRAGMA_UNROLL
   for (int j = 0; j < T::kDqFloats / (4 * T::kConsumerThreads); ++j) {
@@ -123,7 +130,7 @@ __global__ void __launch_bounds__(T::kConsumerThreads)
     const float pair[2][2] = {{v.x, v.y}, {v.z, v.w}};
     CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < 2; ++h) {
-      const int at = get<0>(coords(4 * j + 2 * h)) * T::kHeadDim + get<1>(coords(4 * j + 2 * h));
+      const int at = get<0>(coords(4 * j + 2 * h)) * kDqPitch + get<1>(coords(4 * j + 2 * h));
       *reinterpret_cast<float2*>(rows_f + at) = make_float2(pair[h][0], pair[h][1]);
     }
   }
@@ -137,8 +144,8 @@ __global__ void __launch_bounds__(T::kConsumerThreads)
   for (int c = tid; c < T::kBlockM * kChunks; c += T::kConsumerThreads) {
     const int row = c / kChunks, col = c % kChunks * 8;
     if (row >= rows_valid) break;
-    const float4 lo = rows[(row * T::kHeadDim + col) / 4];
-    const float4 hi = rows[(row * T::kHeadDim + col) / 4 + 1];
+    const float4 lo = rows[(row * kDqPitch + col) / 4];
+    const float4 hi = rows[(row * kDqPitch + col) / 4 + 1];
     const float x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     cutlass::Array<Element, 8> out;
     CUTLASS_PRAGMA_UNROLL
@@ -197,7 +204,7 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
   if (post_blocks > 0) {
     return launch_kernel("bwd_sm90 postprocess", bwd_postprocess_sm90<T>,
                          dim3(unsigned(post_blocks)), T::kConsumerThreads,
-                         int(T::kDqFloats * sizeof(float)), stream, p, kp.ws);
+                         int(T::kBlockM * kPostPitch<T> * sizeof(float)), stream, p, kp.ws);
   }
   return Status::kOk;
 }
