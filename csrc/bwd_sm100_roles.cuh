@@ -63,6 +63,9 @@ __device__ void load_role(const KernelParams<T>& kp, typename T::SharedStorage& 
 }
 
 // ---- MMA role ------------------------------------------------------------------------------
+// Run by the whole MMA warp: every value here is warp-uniform, so ptxas keeps the descriptors in
+// uniform registers, and one elected lane issues each tcgen05 operation (Note [single-thread MMA
+// issue]; issued from lane 0 alone, the MMA loop spilled 124 instead of 40 bytes).
 template <class T>
 __device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const TileWork& t) {
   using Plan = typename T::Plan;
@@ -109,18 +112,18 @@ __device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const Til
   auto issue_s = [&](int qs) {
     FA4_UNROLL
     for (int k = 0; k < kKd; ++k) {
-      T::AtomS::fma(dK(_0{}, _0{}, k, 0), dQ(_0{}, _0{}, k, qs), tmem + Plan::kS, k > 0 ? 1u : 0u,
-                    idesc_s);
+      elected_umma_ss(dK(_0{}, _0{}, k, 0), dQ(_0{}, _0{}, k, qs), tmem + Plan::kS, k > 0 ? 1u : 0u,
+                      idesc_s);
     }
-    umma_commit(bar_ptr<T, Bar::kSFull>(ss));
+    elected_umma_commit(bar_ptr<T, Bar::kSFull>(ss));
   };
   auto issue_dp = [&](int ds) {
     FA4_UNROLL
     for (int k = 0; k < kKd; ++k) {
-      T::AtomS::fma(dV(_0{}, _0{}, k, 0), dDO(_0{}, _0{}, k, ds), tmem + Plan::kDP, k > 0 ? 1u : 0u,
-                    idesc_s);
+      elected_umma_ss(dV(_0{}, _0{}, k, 0), dDO(_0{}, _0{}, k, ds), tmem + Plan::kDP,
+                      k > 0 ? 1u : 0u, idesc_s);
     }
-    umma_commit(bar_ptr<T, Bar::kDpFull>(ss));
+    elected_umma_commit(bar_ptr<T, Bar::kDpFull>(ss));
   };
   auto wait_q = [&]() {
     const int qs = q_ready.index(T::kStagesQ);
@@ -149,10 +152,10 @@ __device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const Til
     tmem_fence_after_sync();
     FA4_UNROLL
     for (int k = 0; k < kKq; ++k) {
-      T::AtomDV::fma(tmem + Plan::slice_column(Plan::kS, k), dDOt(_0{}, _0{}, k, ds),
-                     tmem + Plan::kDV, (i > 0 || k > 0) ? 1u : 0u, idesc_dv);
+      elected_umma_ts(tmem + Plan::slice_column(Plan::kS, k), dDOt(_0{}, _0{}, k, ds),
+                      tmem + Plan::kDV, (i > 0 || k > 0) ? 1u : 0u, idesc_dv);
     }
-    umma_commit(bar_ptr<T, Bar::kDoEmpty>(ss, ds));
+    elected_umma_commit(bar_ptr<T, Bar::kDoEmpty>(ss, ds));
     const int qs_i = qs;
     if (next) {
       qs = wait_q();
@@ -163,18 +166,18 @@ __device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const Til
     tmem_fence_after_sync();
     FA4_UNROLL
     for (int k = 0; k < kKq; ++k) {
-      T::AtomDK::fma(tmem + Plan::slice_column(Plan::kDP, k), dQt(_0{}, _0{}, k, qs_i),
-                     tmem + Plan::kDK, (i > 0 || k > 0) ? 1u : 0u, idesc_dk);
+      elected_umma_ts(tmem + Plan::slice_column(Plan::kDP, k), dQt(_0{}, _0{}, k, qs_i),
+                      tmem + Plan::kDK, (i > 0 || k > 0) ? 1u : 0u, idesc_dk);
     }
-    umma_commit(bar_ptr<T, Bar::kQEmpty>(ss, qs_i));
+    elected_umma_commit(bar_ptr<T, Bar::kQEmpty>(ss, qs_i));
     FA4_UNROLL
     for (int k = 0; k < kKkv; ++k) {
       // Over dS(i): in issue order after dK(i), which reads it (Note [bwd MMA order]).
-      T::AtomDQ::fma(dDSt(_0{}, _0{}, k, 0), dKt(_0{}, _0{}, k, 0), tmem + Plan::kDQ,
-                     k > 0 ? 1u : 0u, idesc_dq);
+      elected_umma_ss(dDSt(_0{}, _0{}, k, 0), dKt(_0{}, _0{}, k, 0), tmem + Plan::kDQ,
+                      k > 0 ? 1u : 0u, idesc_dq);
     }
-    umma_commit(bar_ptr<T, Bar::kDsEmpty>(ss));
-    umma_commit(bar_ptr<T, Bar::kDqFull>(ss));
+    elected_umma_commit(bar_ptr<T, Bar::kDsEmpty>(ss));
+    elected_umma_commit(bar_ptr<T, Bar::kDqFull>(ss));
     if (next) {
       ds = wait_do();
       bar_wait(bar_ptr<T, Bar::kDqEmpty>(ss), dq_free.parity(1));
@@ -183,7 +186,7 @@ __device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const Til
       issue_dp(ds);  // over dQ(i), which the reduce warpgroup has loaded
     }
   }
-  umma_commit(bar_ptr<T, Bar::kDkvFull>(ss));
+  elected_umma_commit(bar_ptr<T, Bar::kDkvFull>(ss));
 }
 
 // ---- Compute roles -------------------------------------------------------------------------
@@ -428,7 +431,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       break;
     default:
       cutlass::arch::warpgroup_reg_dealloc<kRegsOther>();
-      if (role == Role::kMma && lane == 0) mma_role<T>(ss, tmem, t);
+      if (role == Role::kMma) mma_role<T>(ss, tmem, t);
       if (role == Role::kLoad && lane == 0) load_role(kp, ss, t);
       break;
   }

@@ -449,8 +449,8 @@ __device__ void mma_role(const KernelParams<T>& kp, typename T::SharedStorage& s
   auto issue_s = [&](int q, int ks) {
     FA4_UNROLL
     for (int k = 0; k < kKQk; ++k) {
-      T::AtomS::fma(dQ(_0{}, _0{}, k, q), dK(_0{}, _0{}, k, ks), tmem + s_col[q], k > 0 ? 1u : 0u,
-                    idesc_s);
+      umma_ss(dQ(_0{}, _0{}, k, q), dK(_0{}, _0{}, k, ks), tmem + s_col[q], k > 0 ? 1u : 0u,
+              idesc_s);
     }
     umma_commit(bar_ptr<T, Bar::kSFull>(ss, q));
   };
@@ -492,8 +492,8 @@ __device__ void mma_role(const KernelParams<T>& kp, typename T::SharedStorage& s
         FA4_UNROLL
         for (int k = 0; k < kKPv; ++k) {
           // P_t: 16-bit, two per column, so K slice k starts 8 columns further on.
-          T::AtomO::fma(tmem + s_col[q] + k * (T::kMmaK / 2), dV(_0{}, _0{}, k, vs),
-                        tmem + o_col[q], (i > 0 || k > 0) ? 1u : 0u, idesc_o);
+          umma_ts(tmem + s_col[q] + k * (T::kMmaK / 2), dV(_0{}, _0{}, k, vs), tmem + o_col[q],
+                  (i > 0 || k > 0) ? 1u : 0u, idesc_o);
         }
         umma_commit(bar_ptr<T, Bar::kOFull>(ss, q));
         if (next) {

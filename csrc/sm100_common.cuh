@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include <cute/arch/cluster_sm90.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_conversion.h>
 #include <cutlass/numeric_types.h>
@@ -53,6 +54,62 @@ __device__ __forceinline__ void umma_commit(uint64_t* bar) {
       "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%0];" ::"r"(addr)
       : "memory");
 }
+// Note [single-thread MMA issue]: tcgen05.mma is issued by one thread, and the MMA roles run on
+// lane 0 of their warp alone. CuTe's SM100_MMA_* atoms wrap the instruction in elect.sync over
+// the full warp, which waits for every lane of its mask: from a lone lane it would never return
+// (the SASS had ELECT behind a BRA.DIV in the MMA loop). These issue it from the calling thread.
+// idesc as make_runtime_instr_desc returns it (the 32-bit descriptor in the upper half);
+// kCtaGroup 2: the pair of CTAs of a cluster (the even CTA issues; M = 256 or 128 over both).
+template <int kCtaGroup = 1>
+__device__ __forceinline__ void umma_ss(uint64_t desc_a, uint64_t desc_b, uint32_t tmem_d,
+                                        uint32_t accumulate, uint64_t idesc) {
+  static_assert(kCtaGroup == 1 || kCtaGroup == 2, "cta_group::1 or ::2");
+  if constexpr (kCtaGroup == 1) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
+        "tcgen05.mma.cta_group::1.kind::f16 [%0], %1, %2, %3, p;\n\t}" ::"r"(tmem_d),
+        "l"(desc_a), "l"(desc_b), "r"(uint32_t(idesc >> 32)), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
+        "tcgen05.mma.cta_group::2.kind::f16 [%0], %1, %2, %3, p;\n\t}" ::"r"(tmem_d),
+        "l"(desc_a), "l"(desc_b), "r"(uint32_t(idesc >> 32)), "r"(accumulate));
+  }
+}
+// A from tensor memory (the TS form).
+template <int kCtaGroup = 1>
+__device__ __forceinline__ void umma_ts(uint32_t tmem_a, uint64_t desc_b, uint32_t tmem_d,
+                                        uint32_t accumulate, uint64_t idesc) {
+  static_assert(kCtaGroup == 1 || kCtaGroup == 2, "cta_group::1 or ::2");
+  if constexpr (kCtaGroup == 1) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
+        "tcgen05.mma.cta_group::1.kind::f16 [%0], [%1], %2, %3, p;\n\t}" ::"r"(tmem_d),
+        "r"(tmem_a), "l"(desc_b), "r"(uint32_t(idesc >> 32)), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
+        "tcgen05.mma.cta_group::2.kind::f16 [%0], [%1], %2, %3, p;\n\t}" ::"r"(tmem_d),
+        "r"(tmem_a), "l"(desc_b), "r"(uint32_t(idesc >> 32)), "r"(accumulate));
+  }
+}
+
+// The same from a converged warp: one elected lane issues (elect.sync picks the same lane each
+// time, so the commits track that lane's MMAs).
+template <int kCtaGroup = 1>
+__device__ __forceinline__ void elected_umma_ss(uint64_t desc_a, uint64_t desc_b, uint32_t tmem_d,
+                                                uint32_t accumulate, uint64_t idesc) {
+  if (cute::elect_one_sync()) umma_ss<kCtaGroup>(desc_a, desc_b, tmem_d, accumulate, idesc);
+}
+template <int kCtaGroup = 1>
+__device__ __forceinline__ void elected_umma_ts(uint32_t tmem_a, uint64_t desc_b, uint32_t tmem_d,
+                                                uint32_t accumulate, uint64_t idesc) {
+  if (cute::elect_one_sync()) umma_ts<kCtaGroup>(tmem_a, desc_b, tmem_d, accumulate, idesc);
+}
+__device__ __forceinline__ void elected_umma_commit(uint64_t* bar) {
+  if (cute::elect_one_sync()) umma_commit(bar);
+}
+
 // Generic-proxy shared-memory writes made visible to the async proxy (tcgen05 MMA operands,
 // TMA store and reduce sources).
 __device__ __forceinline__ void fence_async_smem() {

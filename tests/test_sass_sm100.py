@@ -43,6 +43,16 @@ def hd128(compiled):
     return _functions(compiled[1])[((128, 128), "bfloat16")]
 
 
+def test_no_warp_collective_in_lone_lane_roles(compiled):
+    """Note [single-thread MMA issue]: the MMA, load and epilogue roles run on lane 0 of their
+    warp alone. CuTe's MMA atoms issue under elect.sync over the full warp, which ptxas lowers to
+    WARPSYNC.COLLECTIVE with mask 0xffffffff where it cannot prove the warp converged: from a lone
+    lane it waits for 31 lanes that never come. 96 such sites per kernel before the kernel issued
+    tcgen05.mma itself (umma_ss / umma_ts)."""
+    for key, fn in _functions(compiled[1]).items():
+        assert "WARPSYNC.COLLECTIVE" not in fn, key
+
+
 def _source_int(name):
     m = re.search(rf"constexpr int {name} = (\d+);", KERNEL.read_text())
     assert m, name
