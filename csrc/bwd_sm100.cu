@@ -1,8 +1,8 @@
-// SM100 backward: the head-dim dispatch and instantiations; the kernel is bwd_sm100_kernel.cuh.
-// Compiled, not executed (no Blackwell GPU here). hd 64, 96 and 128 (1-CTA kernel), each when
-// FA4_HDIMS has it; hd 192, (192, 128) and 256 need the 2-CTA variant, not written yet, and
-// answer kUnsupported.
-#include "bwd_sm100_kernel.cuh"
+// SM100 backward: the head-dim dispatch and instantiations. Compiled, not executed (no Blackwell
+// GPU here). hd 64 and 96: the 1-CTA kernel (bwd_sm100_kernel.cuh); hd 128: the 2-CTA kernel
+// (bwd_sm100_2cta.cuh); each when FA4_HDIMS has it. hd 192, (192, 128) and 256 answer
+// kUnsupported: neither TMEM plan holds them.
+#include "bwd_sm100_2cta.cuh"
 
 namespace fa4 {
 
@@ -17,7 +17,7 @@ Status run_bwd_sm100(const BwdParams& p, const DeviceInfo& dev, void* workspace,
 #endif
 #ifdef FA4_HDIM_128
   if (d == 128 && dv == 128) {
-    return sm100::bwd::launch_bwd_dtype<128, 128>(p, dev, workspace, stream);
+    return sm100::bwd2::launch_bwd_dtype<128, 128>(p, dev, workspace, stream);
   }
 #endif
   return kernel_fail(Status::kUnsupported,

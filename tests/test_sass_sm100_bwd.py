@@ -1,11 +1,11 @@
 """The SM100 backward (csrc/bwd_sm100.cu) as compiled for sm_100a: its instructions and budget.
 
 Compiled, not executed: no Blackwell GPU is available to this project. These tests hold the
-1-CTA kernel's SASS to the design of issue 6 (docs/sm100.md, "Backward"): the five MMAs in their
-operand forms (S, dP, dQ from shared-memory descriptors; dV, dK with P / dS from TMEM), TMEM
-loads and stores, TMEM allocation, tcgen05.commit, TMA loads, bulk copies of the row statistics,
-the dQ TMA reduce-adds, setmaxnreg with the source's register table. The 2-CTA variant (UTCHMMA
-.2CTA, cluster barriers, DSMEM) is not written yet: test_2cta_not_built says so.
+1-CTA kernel's SASS (hd 64 and 96) to the design of issue 6 (docs/sm100.md, "Backward"): the
+five MMAs in their operand forms (S, dP, dQ from shared-memory descriptors; dV, dK with P / dS
+from TMEM), TMEM loads and stores, TMEM allocation, tcgen05.commit, TMA loads, bulk copies of the
+row statistics, the dQ TMA reduce-adds, setmaxnreg with the source's register table. hd 128 runs
+the 2-CTA kernel: tests/test_sass_sm100_bwd_2cta.py.
 
 Runs in CI (CPU machine) with nvcc and cuobjdump, like tests/test_sass_sm100.py.
 """
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KERNEL = ROOT / "csrc/bwd_sm100_kernel.cuh"
 pytestmark = pytest.mark.build
 
-HEAD_DIMS = (64, 96, 128)  # setup.py KERNEL_HDIMS[("sm100", "bwd")]
+HEAD_DIMS = (64, 96)  # the 1-CTA kernel's (hd 128: the 2-CTA kernel)
 DEFINES = tuple(f"-DFA4_HDIM_{d}" for d in HEAD_DIMS)
 
 
@@ -40,8 +40,8 @@ def _functions(sass):
 
 
 @pytest.fixture(scope="module")
-def hd128(compiled):
-    return _functions(compiled[1])[(128, "bfloat16")]
+def hd96(compiled):
+    return _functions(compiled[1])[(96, "bfloat16")]
 
 
 def _source_int(name):
@@ -59,7 +59,7 @@ def test_one_kernel_per_head_dim_and_dtype(compiled):
 
 def test_spills_bounded(compiled):
     """≤ 4 bytes of spill stores per main kernel (one launch index saved at entry). Before Note
-    [single-thread MMA issue] the MMA role ran on lane 0 alone: 40 bytes at d = 96 and 128 (the
+    [single-thread MMA issue] the MMA role ran on lane 0 alone: 40 bytes at d = 96 (the
     compute warpgroups' dK/dV row addresses), and 124 with single-lane issue helpers, whose
     descriptors left the uniform registers. Run by the whole warp, with one elected lane issuing,
     the role's values stay uniform."""
@@ -84,24 +84,24 @@ def test_mma_role_run_by_the_whole_warp():
     assert re.search(r"(?<!elected_)umma_(ss|ts|commit)\(", body) is None
 
 
-def test_ss_mmas_s_dp_dq(hd128):
+def test_ss_mmas_s_dp_dq(hd96):
     """S = K·Qᵀ, dP = V·dOᵀ and dQ = dSᵀ·K: both operands from shared-memory descriptors. Per
-    Q block d/16 + d/16 + 128/16 = 24 at hd 128; the prologue issues S and dP once more."""
-    ss = re.findall(r"UTCHMMA gdesc\[UR\d+\], gdesc\[UR\d+\], tmem\[UR\d+\]", hd128)
-    assert len(ss) >= 24, len(ss)
+    Q block d/16 + d/16 + 128/16 = 20 at hd 96; the prologue issues S and dP once more."""
+    ss = re.findall(r"UTCHMMA gdesc\[UR\d+\], gdesc\[UR\d+\], tmem\[UR\d+\]", hd96)
+    assert len(ss) >= 20, len(ss)
 
 
-def test_ts_mmas_dv_dk(hd128):
+def test_ts_mmas_dv_dk(hd96):
     """dV += P·dO and dK += dS·Q: A (P, dS: 16-bit) from TMEM, B from shared memory (TS form),
     128/16 K slices each."""
-    ts = re.findall(r"UTCHMMA tmem\[UR\d+\], gdesc\[UR\d+\], tmem\[UR\d+\]", hd128)
+    ts = re.findall(r"UTCHMMA tmem\[UR\d+\], gdesc\[UR\d+\], tmem\[UR\d+\]", hd96)
     assert len(ts) >= 2 * 128 // 16, len(ts)
 
 
-def test_dq_reduce_adds(hd128):
-    """Note [sm100 dQ]: d/32 TMA reduce-adds (128 × 32 fp32 sub-tiles) per Q block, i.e. 4 at
-    hd 128, each after a named barrier of the reduce warpgroup."""
-    assert len(re.findall(r"UTMAREDG\.3D\.ADD", hd128)) == 128 // 32
+def test_dq_reduce_adds(hd96):
+    """Note [sm100 dQ]: d/32 TMA reduce-adds (128 × 32 fp32 sub-tiles) per Q block, i.e. 3 at
+    hd 96, each after a named barrier of the reduce warpgroup."""
+    assert len(re.findall(r"UTMAREDG\.3D\.ADD", hd96)) == 96 // 32
 
 
 @pytest.mark.parametrize(
@@ -119,12 +119,12 @@ def test_dq_reduce_adds(hd128):
         (r"LDG\.E\.STRONG\.GPU", "deterministic mode: the turn counter's acquire load"),
     ],
 )
-def test_sass_has(hd128, op, why):
-    assert re.search(op, hd128), f"{op} missing: {why}"
+def test_sass_has(hd96, op, why):
+    assert re.search(op, hd96), f"{op} missing: {why}"
 
 
-def test_setmaxnreg_follows_the_register_table(hd128):
-    got = set(re.findall(r"USETMAXREG\.(\w+)\.CTAPOOL (?:UP\d+, )?(0x[0-9a-f]+)", hd128))
+def test_setmaxnreg_follows_the_register_table(hd96):
+    got = set(re.findall(r"USETMAXREG\.(\w+)\.CTAPOOL (?:UP\d+, )?(0x[0-9a-f]+)", hd96))
     want = {
         ("DEALLOC", hex(_source_int("kRegsOther"))),
         ("TRY_ALLOC", hex(_source_int("kRegsReduce"))),
@@ -133,12 +133,12 @@ def test_setmaxnreg_follows_the_register_table(hd128):
     assert got == want, got
 
 
-def test_2cta_not_built():
-    """hd >= 192 needs the 2-CTA variant (dK, dV and S, dP exceed 512 TMEM columns otherwise,
-    Note [bwd TMEM plan]); it is not written, so bwd_sm100.cu instantiates 64, 96, 128 only and
-    the traits static_assert the rest out."""
+def test_head_dim_dispatch():
+    """hd 64 and 96 run the 1-CTA kernel, hd 128 the 2-CTA kernel; hd >= 192 fits neither TMEM
+    plan (Note [bwd TMEM plan], Note [bwd 2-CTA]) and is not instantiated."""
     src = (ROOT / "csrc/bwd_sm100.cu").read_text()
-    assert re.findall(r"launch_bwd_dtype<(\d+), \d+>", src) == ["64", "96", "128"]
+    assert re.findall(r"bwd::launch_bwd_dtype<(\d+), \d+>", src) == ["64", "96"]
+    assert re.findall(r"bwd2::launch_bwd_dtype<(\d+), \d+>", src) == ["128"]
     assert "kHeadDim <= 128" in KERNEL.read_text()
 
 

@@ -1,0 +1,110 @@
+"""The 2-CTA SM100 backward (csrc/bwd_sm100_2cta.cuh, hd 128) as compiled for sm_100a.
+
+Compiled, not executed: no Blackwell GPU is available to this project. These tests hold the SASS
+to Note [bwd 2-CTA] (docs/sm100.md): cta_group::2 MMAs in both operand forms, the pair's TMEM
+allocation, commits multicast to both CTAs, cluster barriers, the dS exchange through distributed
+shared memory with its cluster-scope fence and remote arrivals, the dQ reduce-adds of 64-row
+sub-tiles, and the barrier table's arrival counts.
+
+Runs in CI (CPU machine) with nvcc and cuobjdump, like tests/test_sass_sm100_bwd.py.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+from test_sass_sm90 import _compile
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL = ROOT / "csrc/bwd_sm100_2cta.cuh"
+pytestmark = pytest.mark.build
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    return _compile(tmp_path_factory, "csrc/bwd_sm100.cu", "-DFA4_HDIM_128", arch="100a")
+
+
+@pytest.fixture(scope="module")
+def kernel(compiled):
+    """SASS of the bf16 2-CTA kernel."""
+    for block in compiled[1].split("Function : ")[1:]:
+        if re.match(r"\S*bwd_kernel_2ctaI\S*bfloat16", block):
+            return block
+    raise AssertionError("no bf16 bwd_kernel_2cta in the SASS")
+
+
+def test_both_dtypes_and_no_1cta_kernel_at_hd128(compiled):
+    ptxas, _ = compiled
+    names = re.findall(r"Compiling entry function '(\w+)' for 'sm_100a'", ptxas)
+    assert len([n for n in names if "bwd_kernel_2cta" in n]) == 2, names
+    assert not [n for n in names if re.search(r"bwd_kernelI", n)], names
+
+
+def test_pair_mmas(kernel):
+    """Per Q block S and dP (d/16 = 8 K slices each) and dQ (256/16 = 16 over the pair's kv rows)
+    from shared-memory descriptors, dV and dK (128/16 = 8 each) with A from TMEM; all
+    cta_group::2, and no single-CTA MMA."""
+    ss = re.findall(r"UTCHMMA\.2CTA gdesc\[UR\d+\], gdesc\[UR\d+\], tmem\[UR\d+\]", kernel)
+    ts = re.findall(r"UTCHMMA\.2CTA tmem\[UR\d+\], gdesc\[UR\d+\], tmem\[UR\d+\]", kernel)
+    assert len(ss) >= 8 + 8 + 16, len(ss)
+    assert len(ts) >= 8 + 8, len(ts)
+    assert not re.search(r"UTCHMMA (?!\.)", kernel.replace("UTCHMMA.2CTA", "")), "1-CTA MMA"
+
+
+@pytest.mark.parametrize(
+    "op, why",
+    [
+        (r"UTCATOMSWS\.2CTA\.FIND_AND_SET", "tcgen05.alloc.cta_group::2 by both MMA warps"),
+        (r"UTCATOMSWS\.AND", "tcgen05.dealloc.cta_group::2 (no .2CTA suffix in nvdisasm 13.0)"),
+        (r"UTCBAR\.2CTA\.MULTICAST", "tcgen05.commit to both CTAs' barriers"),
+        (r"UCGABAR_ARV", "cluster barrier (start: barriers initialized; end: no early exit)"),
+        (r"UCGABAR_WAIT", "cluster barrier wait"),
+        (r"ST\.E\.128 \[R\d+\]", "dS to the peer's shared memory (st.shared::cluster)"),
+        (r"CGAERRBAR", "fence.proxy.async.shared::cluster before the dS arrival"),
+        (r"SYNCS\.ARRIVE\.TRANS64\.RED\.A1T0 RZ, \[R\d+\+URZ\]", "arrival on the even CTA"),
+        (r"UTMALDG\.4D", "K, V, Kd, Q, Qd, dO, dOd loaded by TMA"),
+        (r"UBLKCP\.S\.G", "lse₂ and D rows bulk-copied with Q"),
+        (r"LDTM\.x32", "tcgen05.ld of S, dP, dQ, dK, dV"),
+        (r"STTM\.x16", "P over S, dS over dP"),
+        (r"MUFU\.EX2", "P = exp2(S·c − lse₂)"),
+    ],
+)
+def test_sass_has(kernel, op, why):
+    assert re.search(op, kernel), f"{op} missing: {why}"
+
+
+def test_dq_reduce_adds(kernel):
+    """Each CTA adds its 64 query rows as d/32 = 4 sub-tiles of 64 × 32 fp32 per Q block (the
+    loop body appears twice: with and without the deterministic turn)."""
+    n = len(re.findall(r"UTMAREDG\.3D\.ADD", kernel))
+    assert n % 4 == 0 and n >= 4, n
+
+
+def test_barrier_table():
+    """The arrival counts follow the roles: P and dS from both CTAs' 256 compute threads, dQ
+    loaded by both CTAs' 128 reduce threads, everything else one arrival (a TMA transaction, the
+    relay, or a commit)."""
+    text = KERNEL.read_text()
+    rows = dict(re.findall(r"\{Bar::(k\w+),\s*(\d+)\}", text))
+    assert {k: int(v) for k, v in rows.items() if v != "1"} == {
+        "kPFull": 512,
+        "kDsFull": 512,
+        "kDqEmpty": 256,
+    }
+    enum = re.search(r"enum class Bar : int \{(.*?)kCount", text, re.S).group(1)
+    assert re.findall(r"^\s*(k\w+),", enum, re.M) == list(rows)
+
+
+def test_spills_bounded(compiled):
+    """132 bytes of spill stores: the 40-register MMA warp holds the descriptors of eight operand
+    buffers (the dQ MMA alone walks 16 K slices of two), and the reduce and compute warpgroups
+    a few addresses each; none of them S, P, dP, dS or dQ elements."""
+    ptxas, _ = compiled
+    main = re.findall(
+        r"Compiling entry function '\w*bwd_kernel_2cta\w*'.*?\n.*?\n\s*\d+ bytes stack frame, "
+        r"(\d+) bytes spill stores",
+        ptxas,
+    )
+    assert len(main) == 2, ptxas
+    assert max(int(s) for s in main) <= 132, ptxas
