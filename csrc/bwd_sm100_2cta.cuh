@@ -70,7 +70,7 @@ static_assert((2 * kRegsCompute + kRegsReduce + kRegsOther) * 128 == 65536,
 enum class Bar : int {
   kKVFull,      // from load to mma and relay, protects sK, sV, sKd: this CTA's loads (TMA tx)
   kPeerKVFull,  // from relay to mma, protects sK, sV, sKd: the odd CTA's landed (even)
-  kQFull,       // from load to mma and compute, protects sQ, sQd, sRowStats: Q(i) (TMA tx)
+  kQFull,       // from load to mma, compute and relay, protects sQ, sQd, sRowStats: Q(i) (tx)
   kPeerQFull,   // from relay to mma, protects sQ, sQd: the odd CTA's Q(i) landed (even)
   kQEmpty,      // from mma to load, protects sQ, sQd, sRowStats: dK(i) done (commit)
   kDoFull,      // from load to mma and relay, protects sDO, sDOd: dO(i) (TMA tx)
