@@ -201,15 +201,13 @@ __device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const Til
 
 // ---- Compute roles (each CTA) ----------------------------------------------------------------
 // Warpgroup w owns query columns [64 w, 64 w + 64); thread `row` holds kv row `row` of this
-// CTA's tile. As the 1-CTA kernel's compute_role, but dS goes to CTA w's sDS (Note [bwd 2-CTA])
-// and the arrivals to the even CTA.
+// CTA's tile. The per-element work is the 1-CTA kernel's (bwd_sm100_compute.cuh); dS goes to
+// CTA w's sDS (Note [bwd 2-CTA]) and the arrivals to the even CTA.
 template <class T>
 __device__ void compute_role(const KernelParams<T>& kp, typename T::SharedStorage& ss,
                              uint32_t tmem, const TileWork& t, int w, int row) {
-  using Element = typename T::Element;
-  using Plan = typename T::Plan;
   constexpr int kCols = T::kHalfM;
-  const uint32_t lane_base = uint32_t(row & ~31) << 16;
+  const uint32_t tmem_row = tmem + (uint32_t(row & ~31) << 16);
   const int c0 = w * kCols;
   Tensor sDS = make_tensor(make_smem_ptr(ss.ds.data()), typename T::SmemLayoutDS{});
   const int ds_row = t.rank * T::kBlockN + row;  // this kv row in the pair
@@ -218,49 +216,14 @@ __device__ void compute_role(const KernelParams<T>& kp, typename T::SharedStorag
   Ring q_ready, s_ready, dp_ready, ds_free;
   for (int i = 0; i < t.iters; ++i) {
     const int m = t.m_of(i);
-    const int q0 = m * T::kBlockM + c0;
     const bool masked = block_range<T::kBlockM, T::kBlockN>(t.mask, m).needs_mask(t.n);
     bar_wait_cluster(bar_ptr<T, Bar::kQFull>(ss), q_ready.parity(1));
     ++q_ready.count;
-    const float* lse2 = ss.lse2 + c0;
-    const float* dpsum = ss.dpsum + c0;
     bar_wait_cluster(bar_ptr<T, Bar::kSFull>(ss), s_ready.parity(1));
     ++s_ready.count;
     tmem_fence_after_sync();
     float dsf[kCols];
-    auto prob = [&](auto masked_c, auto softcap_c) {
-      constexpr bool kMasked = decltype(masked_c)::value, kSoftcap = decltype(softcap_c)::value;
-      FA4_UNROLL
-      for (int c = 0; c < kCols / 32; ++c) {
-        uint32_t r[32];
-        tmem_load_32(tmem + lane_base + Plan::kS + c0 + 32 * c, r);
-        tmem_wait_ld();
-        uint32_t p16[16];
-        FA4_UNROLL
-        for (int j = 0; j < 32; ++j) {
-          const int e = 32 * c + j;
-          float x = __uint_as_float(r[j]);
-          if constexpr (kSoftcap) x = tanhf(x * kp.score.pre);
-          float pv = exp2_hw(fmaf(x, kp.score.scale_log2, -lse2[e]));
-          if constexpr (kMasked) pv = seen.contains(q0 + e) ? pv : 0.0f;
-          dsf[e] = kSoftcap ? pv * (1.0f - x * x) : pv;
-          r[j] = __float_as_uint(pv);
-        }
-        FA4_UNROLL
-        for (int j = 0; j < 16; ++j) {
-          p16[j] = pack2<Element>(__uint_as_float(r[2 * j]), __uint_as_float(r[2 * j + 1]));
-        }
-        tmem_store_16(tmem + lane_base + Plan::slice_column(Plan::kS, (c0 + 32 * c) / T::kMmaK),
-                      p16);
-      }
-    };
-    using True = cute::true_type;
-    using False = cute::false_type;
-    if (masked) {
-      kp.score.softcap ? prob(True{}, True{}) : prob(True{}, False{});
-    } else {
-      kp.score.softcap ? prob(False{}, True{}) : prob(False{}, False{});
-    }
+    bwd::compute_p<T>(kp.score, tmem_row, c0, m * T::kBlockM + c0, ss.lse2 + c0, seen, masked, dsf);
     tmem_wait_st();
     tmem_fence_before_sync();
     bar_arrive_cta(bar_ptr<T, Bar::kPFull>(ss), 0);
@@ -273,63 +236,24 @@ __device__ void compute_role(const KernelParams<T>& kp, typename T::SharedStorag
       bar_wait_cluster(bar_ptr<T, Bar::kDsEmpty>(ss), ds_free.parity(1));
       ++ds_free.count;
     }
-    FA4_UNROLL
-    for (int c = 0; c < kCols / 32; ++c) {
-      uint32_t dp[32];
-      tmem_load_32(tmem + lane_base + Plan::kDP + c0 + 32 * c, dp);
-      tmem_wait_ld();
-      uint32_t ds16[16];
-      FA4_UNROLL
-      for (int j = 0; j < 16; ++j) {
-        const int e = 32 * c + 2 * j;
-        ds16[j] = pack2<Element>(dsf[e] * (__uint_as_float(dp[2 * j]) - dpsum[e]),
-                                 dsf[e + 1] * (__uint_as_float(dp[2 * j + 1]) - dpsum[e + 1]));
-      }
-      tmem_store_16(tmem + lane_base + Plan::slice_column(Plan::kDP, (c0 + 32 * c) / T::kMmaK),
-                    ds16);
-      // Query column c0 + e is column e of CTA w's sDS: this CTA's or, through DSMEM, the peer's.
+    // Query column c0 + e is column e of CTA w's sDS: this CTA's or, through DSMEM, the peer's.
+    bwd::compute_ds<T>(tmem_row, c0, ss.dpsum + c0, dsf, [&](int c, const uint32_t (&ds16)[16]) {
       FA4_UNROLL
       for (int v = 0; v < 4; ++v) {
         st_cluster_16(&sDS(ds_row, 32 * c + 8 * v, 0), uint32_t(w),
                       make_uint4(ds16[4 * v], ds16[4 * v + 1], ds16[4 * v + 2], ds16[4 * v + 3]));
       }
-    }
+    });
     fence_async_smem_cluster();
     tmem_wait_st();
     tmem_fence_before_sync();
     bar_arrive_cta(bar_ptr<T, Bar::kDsFull>(ss), 0);
   }
-
-  // dK (warpgroup 0, × softmax_scale) and dV (warpgroup 1) of this CTA's kv rows.
-  const BwdParams& p = kp.p;
-  const int bidb = p.fwd.cu_seqlens_q != nullptr ? 0 : t.b;
-  const bool in_seq = kv < t.seq.seqlen_k;
-  const int64_t grow = int64_t(t.seq.offset_k) + kv;
-  Element* out = w == 0 ? static_cast<Element*>(p.dk) + int64_t(bidb) * p.dk_batch_stride +
-                              grow * p.dk_row_stride + int64_t(t.head_kv) * p.dk_head_stride
-                        : static_cast<Element*>(p.dv) + int64_t(bidb) * p.dv_batch_stride +
-                              grow * p.dv_row_stride + int64_t(t.head_kv) * p.dv_head_stride;
-  const float scale = w == 0 ? p.fwd.softmax_scale : 1.0f;
-  const uint32_t region = w == 0 ? Plan::kDK : Plan::kDV;
   if (t.iters > 0) {
     bar_wait_cluster(bar_ptr<T, Bar::kDkvFull>(ss), 0);
     tmem_fence_after_sync();
   }
-  if (__any_sync(0xffffffffu, in_seq)) {
-    FA4_UNROLL
-    for (int c = 0; c < T::kHeadDim / 32; ++c) {
-      uint32_t o[32];
-      if (t.iters > 0) {
-        tmem_load_32(tmem + lane_base + region + 32 * c, o);
-        tmem_wait_ld();
-      } else {
-        FA4_UNROLL
-        for (int j = 0; j < 32; ++j) o[j] = 0u;
-      }
-      scale_pack_32<Element>(o, scale);
-      if (in_seq) store_64_bytes(out + 32 * c, o);
-    }
-  }
+  bwd::store_dk_dv<T>(kp.p, t.seq, t.b, t.head_kv, kv, t.iters > 0, tmem_row, w);
 }
 
 // ---- Reduce role (each CTA) ------------------------------------------------------------------

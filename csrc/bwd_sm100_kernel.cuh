@@ -322,4 +322,5 @@ __device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp) {
 
 }  // namespace fa4::sm100::bwd
 
+#include "bwd_sm100_compute.cuh"
 #include "bwd_sm100_roles.cuh"

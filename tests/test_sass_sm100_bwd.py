@@ -58,7 +58,7 @@ def test_one_kernel_per_head_dim_and_dtype(compiled):
 
 
 def test_spills_bounded(compiled):
-    """≤ 4 bytes of spill stores per main kernel (one launch index saved at entry). Before Note
+    """≤ 8 bytes of spill stores per main kernel (two scalars saved at entry). Before Note
     [single-thread MMA issue] the MMA role ran on lane 0 alone: 40 bytes at d = 96 (the
     compute warpgroups' dK/dV row addresses), and 124 with single-lane issue helpers, whose
     descriptors left the uniform registers. Run by the whole warp, with one elected lane issuing,
@@ -70,7 +70,7 @@ def test_spills_bounded(compiled):
         ptxas,
     )
     assert len(main) == 2 * len(HEAD_DIMS), ptxas
-    assert max(int(s) for s in main) <= 4, ptxas
+    assert max(int(s) for s in main) <= 8, ptxas
 
 
 def test_mma_role_run_by_the_whole_warp():
