@@ -54,10 +54,11 @@ __device__ __forceinline__ void umma_commit(uint64_t* bar) {
       "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%0];" ::"r"(addr)
       : "memory");
 }
-// Note [single-thread MMA issue]: tcgen05.mma is issued by one thread, and the MMA roles run on
-// lane 0 of their warp alone. CuTe's SM100_MMA_* atoms wrap the instruction in elect.sync over
-// the full warp, which waits for every lane of its mask: from a lone lane it would never return
-// (the SASS had ELECT behind a BRA.DIV in the MMA loop). These issue it from the calling thread.
+// Note [single-thread MMA issue]: tcgen05.mma is issued by one thread. CuTe's SM100_MMA_* atoms
+// wrap it in elect.sync over the full warp, which waits for every lane of its mask: called from
+// a role run by lane 0 alone (the forward's MMA role) it would never return (ptxas lowered it to
+// WARPSYNC.COLLECTIVE 0xffffffff). umma_ss / umma_ts issue from the calling thread; the
+// elected_ versions below serve roles run by the whole warp (the backward's).
 // idesc as make_runtime_instr_desc returns it (the 32-bit descriptor in the upper half);
 // kCtaGroup 2: the pair of CTAs of a cluster (the even CTA issues; M = 256 or 128 over both).
 template <int kCtaGroup = 1>
@@ -94,8 +95,9 @@ __device__ __forceinline__ void umma_ts(uint32_t tmem_a, uint64_t desc_b, uint32
   }
 }
 
-// The same from a converged warp: one elected lane issues (elect.sync picks the same lane each
-// time, so the commits track that lane's MMAs).
+// The same from a converged warp: one elected lane issues. Its commits must come from the lane
+// that issued the MMAs; elect.sync over the same full warp elects the same lane, which CUTLASS's
+// own MMA atoms and umma_arrive rely on as well.
 template <int kCtaGroup = 1>
 __device__ __forceinline__ void elected_umma_ss(uint64_t desc_a, uint64_t desc_b, uint32_t tmem_d,
                                                 uint32_t accumulate, uint64_t idesc) {
