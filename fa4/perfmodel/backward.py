@@ -205,7 +205,9 @@ def validate(rows: list[dict]) -> list[tuple]:
 
 def b200_table() -> list[tuple]:
     """(hdim, causal, fa4 design, as built, FA3-style structure) TFLOP/s on B200 at 16k. "As
-    built" is the 1-CTA kernel of bwd_sm100.cu (hd <= 128; None where it has no kernel)."""
+    built" is the 1-CTA kernel of bwd_sm100_kernel.cuh (hd <= 128; None where it has no kernel);
+    hd 128 now dispatches to the 2-CTA kernel (bwd_sm100_2cta.cuh), whose single-staged order
+    this model does not describe."""
     rows = []
     for d in (64, 128, 256):
         for causal in (False, True):
