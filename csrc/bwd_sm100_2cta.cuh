@@ -56,13 +56,11 @@ __host__ __device__ constexpr Role warp_role(int warp) {
 }
 static_assert(roles_match(kWarpRole, warp_role), "warp_role() must follow kWarpRole");
 
-// Registers as the 1-CTA kernel (bwd_sm100_kernel.cuh): the compute and reduce work per CTA is
-// the same; the MMA warp issues the pair's MMAs (even CTA) or only allocates TMEM (odd CTA).
-constexpr int kRegsCompute = 160;
-constexpr int kRegsReduce = 152;
-constexpr int kRegsOther = 40;
-static_assert((2 * kRegsCompute + kRegsReduce + kRegsOther) * 128 == 65536,
-              "the per-warpgroup budgets must add up to the 64 K register file");
+// Registers: the 1-CTA kernel's table (bwd_sm100_kernel.cuh): the compute and reduce work per
+// CTA is the same; the MMA warp issues the pair's MMAs (even CTA) or only allocates TMEM (odd).
+using bwd::kRegsCompute;
+using bwd::kRegsOther;
+using bwd::kRegsReduce;
 
 // ---- Barriers ----------------------------------------------------------------------------
 // Every mbarrier of the kernel, one row per connection, in each CTA's shared memory; "(even)":
@@ -246,17 +244,11 @@ struct KernelParams {
   int group;
 };
 
-// What every role of both CTAs derives the same way: the pair, this CTA's tile, and the Q
-// blocks that see either tile of the pair (both CTAs walk the same blocks: their MMAs are one).
-struct TileWork {
-  int pair, rank, n, head_kv, b;
-  SeqInfo seq;
-  Mask mask;
-  int m_begin, m_end;
-  int iters;
-  int64_t row0_ws;
-  __device__ int m_of(int i) const { return m_begin + i % (m_end - m_begin); }
-  __device__ int g_of(int i) const { return i / (m_end - m_begin); }
+// What every role of both CTAs derives the same way: the 1-CTA kernel's TileWork (n: this CTA's
+// tile) plus the pair and this CTA's rank; the Q blocks are those that see either tile of the
+// pair (both CTAs walk the same blocks: their MMAs are one).
+struct TileWork : bwd::TileWork {
+  int pair, rank;
 };
 
 template <class T>
