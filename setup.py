@@ -38,7 +38,8 @@ KERNEL_SOURCES: dict[tuple[str, str], list[str]] = {
 # absent: every head dim.
 KERNEL_HDIMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("sm100", "fwd"): ("64", "96", "128", "192", "256", "192x128"),
-    ("sm100", "bwd"): ("64", "96", "128"),  # 1-CTA kernel at 64/96, 2-CTA at 128; 192+: neither
+    # 1-CTA kernel at 64/96, 2-CTA at 128, 1-CTA with the head dim split over two CTAs above.
+    ("sm100", "bwd"): ("64", "96", "128", "192", "256", "192x128"),
 }
 ARCH_FAMILY = {"90a": "sm90", "100a": "sm100", "100f": "sm100", "103a": "sm100"}
 

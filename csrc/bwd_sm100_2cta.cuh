@@ -122,6 +122,7 @@ struct Traits2 {
   static constexpr int kPairN = 2 * kBlockN;
   static constexpr int kHalfM = kBlockM / 2;   // query rows of S's and dP's B, and of dQ, per CTA
   static constexpr int kHalfD = kHeadDim / 2;  // columns of dV's, dK's and dQ's B per CTA
+  static constexpr int kSliceD = kHeadDim, kSliceDV = kHeadDimV;  // dK, dV columns per CTA
   // The TMEM plan of the 1-CTA kernel: S | dP | dK | dV per CTA, P over S, dS and dQ over dP
   // (dQ in the 2 × 2 layout takes kHeadDim / 2 columns of all 128 lanes).
   using Plan = BwdTmemPlan<kHeadDim, kHeadDimV, kBlockM>;
@@ -258,6 +259,7 @@ __device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp) {
   t.rank = int(cute::block_rank_in_cluster());
   kp.grid.decode(blockIdx.x / 2, t.pair, t.head_kv, t.b);
   t.n = 2 * t.pair + t.rank;
+  t.h = 0;  // no head-dim split
   t.seq = SeqInfo::get(t.b, f.cu_seqlens_q, f.cu_seqlens_k, f.seqused_k, f.seqlen_q, f.seqlen_k);
   t.mask = Mask::from_params(f, t.seq.seqlen_q, t.seq.seqlen_k);
   q_blocks_seeing<typename T::PairTile>(t.mask, t.pair, t.m_begin, t.m_end);

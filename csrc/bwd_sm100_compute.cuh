@@ -75,32 +75,18 @@ __device__ __forceinline__ void compute_ds(uint32_t tmem_row, int c0, const floa
   }
 }
 
-// dK (w = 0, scaled by softmax_scale: dS is the gradient of the scaled scores) or dV (w = 1) of
-// this thread's kv row `kv` from TMEM to global, after the last dK / dV MMA (the caller waited
-// for it when iters > 0); zeros when no Q block saw the tile. tcgen05.ld is .sync.aligned: the
-// whole warp loads, only the stores are per row.
-template <class T>
-__device__ __forceinline__ void store_dk_dv(const BwdParams& p, const SeqInfo& seq, int b,
-                                            int head_kv, int kv, bool any_iters, uint32_t tmem_row,
-                                            int w) {
+// kCols columns of this thread's row of a TMEM accumulator (region) from TMEM to `out`, scaled;
+// zeros when no Q block saw the tile. tcgen05.ld is .sync.aligned: the whole warp loads, only
+// the stores are per row.
+template <class T, int kCols>
+__device__ __forceinline__ void store_acc_row(typename T::Element* out, uint32_t taddr, float scale,
+                                              bool any_iters, bool in_seq) {
   using Element = typename T::Element;
-  using Plan = typename T::Plan;
-  static_assert(T::kHeadDim == T::kHeadDimV, "one loop for dK and dV");
-  const int bidb = p.fwd.cu_seqlens_q != nullptr ? 0 : b;
-  const bool in_seq = kv < seq.seqlen_k;
-  const int64_t grow = int64_t(seq.offset_k) + kv;
-  Element* out = w == 0 ? static_cast<Element*>(p.dk) + int64_t(bidb) * p.dk_batch_stride +
-                              grow * p.dk_row_stride + int64_t(head_kv) * p.dk_head_stride
-                        : static_cast<Element*>(p.dv) + int64_t(bidb) * p.dv_batch_stride +
-                              grow * p.dv_row_stride + int64_t(head_kv) * p.dv_head_stride;
-  const float scale = w == 0 ? p.fwd.softmax_scale : 1.0f;
-  const uint32_t region = w == 0 ? Plan::kDK : Plan::kDV;
-  if (!__any_sync(0xffffffffu, in_seq)) return;
   FA4_UNROLL
-  for (int c = 0; c < T::kHeadDim / 32; ++c) {
+  for (int c = 0; c < kCols / 32; ++c) {
     uint32_t o[32];
     if (any_iters) {
-      tmem_load_32(tmem_row + region + 32 * c, o);
+      tmem_load_32(taddr + 32 * c, o);
       tmem_wait_ld();
     } else {
       FA4_UNROLL
@@ -108,6 +94,31 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const SeqInfo& s
     }
     scale_pack_32<Element>(o, scale);
     if (in_seq) store_64_bytes(out + 32 * c, o);
+  }
+}
+
+// dK (w = 0, scaled by softmax_scale: dS is the gradient of the scaled scores) or dV (w = 1) of
+// this thread's kv row `kv` from TMEM to global, after the last dK / dV MMA (the caller waited
+// for it when iters > 0): this CTA's column slice h of kSliceD (dK) or kSliceDV (dV) columns
+// (Note [bwd head-dim split]; the whole row when unsplit).
+template <class T>
+__device__ __forceinline__ void store_dk_dv(const BwdParams& p, const SeqInfo& seq, int b,
+                                            int head_kv, int kv, bool any_iters, uint32_t tmem_row,
+                                            int w, int h = 0) {
+  using Element = typename T::Element;
+  using Plan = typename T::Plan;
+  const int bidb = p.fwd.cu_seqlens_q != nullptr ? 0 : b;
+  const bool in_seq = kv < seq.seqlen_k;
+  if (!__any_sync(0xffffffffu, in_seq)) return;
+  const int64_t grow = int64_t(seq.offset_k) + kv;
+  if (w == 0) {
+    Element* out = static_cast<Element*>(p.dk) + int64_t(bidb) * p.dk_batch_stride +
+                   grow * p.dk_row_stride + int64_t(head_kv) * p.dk_head_stride + h * T::kSliceD;
+    store_acc_row<T, T::kSliceD>(out, tmem_row + Plan::kDK, p.fwd.softmax_scale, any_iters, in_seq);
+  } else {
+    Element* out = static_cast<Element*>(p.dv) + int64_t(bidb) * p.dv_batch_stride +
+                   grow * p.dv_row_stride + int64_t(head_kv) * p.dv_head_stride + h * T::kSliceDV;
+    store_acc_row<T, T::kSliceDV>(out, tmem_row + Plan::kDV, 1.0f, any_iters, in_seq);
   }
 }
 

@@ -2,22 +2,24 @@
 // memory. Compiled, not executed: no Blackwell GPU is available to this project (DESIGN §2);
 // docs/sm100.md has the timeline, the TMEM plan, the smem budget and the barrier protocol.
 //
-// One CTA per (kv tile of 128 rows, kv head, batch), as the SM90 backward (BwdGrid): K and V stay
-// in shared memory while the CTA walks every query head of the GQA group and every 128-row Q
-// block that sees the tile, so dK and dV are summed over the group in TMEM and written once
-// (exact, no atomics). The pre/postprocess kernels are the SM90 backward's (bwd_prepost.cuh). Per
-// Q block i, with kv rows as the M dimension (TMEM lanes) of the first four MMAs:
+// One CTA per (kv tile of 128 rows, kv head, batch), as the SM90 backward (BwdGrid), or two at
+// d > 128 (Note [bwd head-dim split]): K and V stay in shared memory while the CTA walks every
+// query head of the GQA group and every Q block (128 rows, 64 when split) that sees the tile, so dK
+// and dV are summed over the group in TMEM and written once (exact, no atomics). The
+// pre/postprocess kernels are the SM90 backward's (bwd_prepost.cuh). Per Q block i, with kv rows as
+// the M dimension (TMEM lanes) of the first four MMAs:
 //   S  = K·Qᵀ      (SS)                    P  = exp2(S·c − lse₂)        compute warpgroups
 //   dP = V·dOᵀ     (SS)                    dS = P ∘ (dP − D) [∘ (1 − x²) with softcap]
 //   dV += P·dO     (TS: P from TMEM)
 //   dK += dS·Q     (TS: dS from TMEM)
 //   dQ  = dSᵀ·K    (SS: dS through shared memory; query rows as lanes) -> reduce warpgroup ->
-//                  TMA reduce-add (UTMAREDG) of 128 × 32 fp32 sub-tiles into the workspace
+//                  TMA reduce-add (UTMAREDG) of kBlockM × 32 fp32 sub-tiles into the workspace
 // 16 warps, one role each (Role, kWarpRole):
 //   compute0, compute1  a warpgroup per half of the query columns: thread t holds kv row t of S
 //                       and dP (tcgen05.ld 32x32b), writes P and dS (16-bit) over them, dS also
 //                       to shared memory; at the end, dK (compute0) and dV (compute1) to global
-//   reduce              loads dQ from TMEM (thread t: query row t), stages it in shared memory
+//   reduce              loads dQ from TMEM (thread t: query row t, or Note [M = 64 dQ]), stages
+//                       it in shared memory
 //                       in 32-column sub-tiles and issues the TMA reduce-adds (Note [sm100 dQ])
 //   mma                 one thread issues every tcgen05.mma, in the order of Note [bwd MMA order]
 //   load                one thread issues every TMA load: K, V once; Q (with lse₂, D) and dO per
@@ -31,10 +33,13 @@
 // read it, and dQ(i) overwrites dS(i) (they share the dP columns, Note [bwd TMEM plan]) only after
 // dK(i) read it; the compute warpgroups turn S(i+1) into P(i+1) while dK(i), dQ(i) and dP(i+1)
 // run, which is the overlap of the five stages. dP(i+1) overwrites dQ(i), so it waits for the
-// reduce warpgroup to have loaded dQ(i) (kDqEmpty).
+// reduce warpgroup to have loaded dQ(i) (kDqEmpty). With one Q stage (d = 256, kStageTable)
+// S(i+1) needs the stage dK(i) reads, refilled after dK(i)'s kQEmpty commit: the order is then
+//   dV(i), dK(i), dQ(i), S(i+1), dP(i+1)
+// (the load of Q(i+1) overlaps dQ(i); the compute warpgroups wait for S(i+1) longer).
 //
-// Head dims: d = d_v in {64, 96, 128} (TMEM, Note [bwd TMEM plan]). d >= 192 needs the 2-CTA
-// variant (cta_group::2, dS exchanged through distributed shared memory), not written yet.
+// Head dims: d = d_v in {64, 96} here and (dispatched to bwd_sm100_2cta.cuh) 128; 192, (192,
+// 128) and 256 with the head dim split over two CTAs (Note [bwd head-dim split]).
 #pragma once
 
 #include <utility>
@@ -138,20 +143,60 @@ static_assert(sizeof(kBarriers) / sizeof(BarSpec) == int(Bar::kCount), "one row 
 static_assert(rows_in_enum_order(kBarriers), "kBarriers rows in the order of enum Bar");
 
 // ---- Traits ------------------------------------------------------------------------------
+// Note [bwd head-dim split] (the TMEM side and BwdShape: tmem.cuh): at d or d_v > 128 a kv tile
+// is done by kSplit = 2 CTAs, adjacent in the grid so that they share K, V, Q and dO through
+// L2, CTA h owning columns [h·d/2, (h+1)·d/2) of dK and dQ and [h·d_v/2, (h+1)·d_v/2) of dV.
+// Both compute the whole of S, dP, P and dS (the reductions of S and dP run over all of d and
+// d_v); the dV, dK and dQ MMAs take N = d/2 (d_v/2) with their B operand (dO, Q, K) sliced to the
+// CTA's columns. The recomputation costs 2 of the 5 MMAs and the elementwise work once more per
+// tile: 7 instead of 5 MMA units of 2·128·kBlockM·d/2 per CTA pair. K and V resident take
+// 96-128 KB, so Q blocks are 64 rows and dQ an M = 64 MMA (Note [M = 64 dQ] in the reduce role).
+// The smem atoms of Q, K and dO are the widest whose row divides the slice (96 -> 32 elements),
+// so a slice starts on an atom.
+
+// Q and dO shared-memory stages per (d, d_v), from the budget in BwdTraits::SharedStorage; the
+// protocol model (tools/protocol_model_bwd.py) reads this table. One Q stage changes the MMA
+// order (Note [bwd MMA order]).
+struct StageSpec {
+  int d, dv, q, dout;
+};
+// clang-format off
+constexpr StageSpec kStageTable[] = {
+    { 64,  64, 2, 2},
+    { 96,  96, 2, 2},
+    {128, 128, 2, 1},
+    {192, 192, 2, 2},
+    {192, 128, 2, 2},
+    {256, 256, 1, 1},
+};
+// clang-format on
+constexpr StageSpec stage_spec(int d, int dv) {
+  for (const StageSpec& s : kStageTable) {
+    if (s.d == d && s.dv == dv) return s;
+  }
+  return {d, dv, 0, 0};
+}
+
 template <int kHeadDim_, int kHeadDimV_, class Element_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
-  static_assert(kHeadDim == kHeadDimV && kHeadDim <= 128,
-                "SM100 backward (1-CTA): d = d_v <= 128 (Note [bwd TMEM plan])");
-  static constexpr int kBlockM = 128;  // query rows per Q block
-  static constexpr int kBlockN = 128;  // kv rows per CTA = TMEM lanes
-  using Plan = BwdTmemPlan<kHeadDim, kHeadDimV, kBlockM>;
-  // Stages (smem budget below): two Q stages so that S(i+1) finds Q(i+1) while dK(i) still
-  // reads Q(i); one dO stage at d = 128, where a second does not fit.
-  static constexpr int kStagesQ = 2;
-  static constexpr int kStagesDo = kHeadDim <= 96 ? 2 : 1;
+  using Split = BwdShape<kHeadDim, kHeadDimV>;
+  static constexpr int kSplit = Split::kSplit;
+  static constexpr int kSliceD = Split::kSliceD;    // dK and dQ columns of this CTA
+  static constexpr int kSliceDV = Split::kSliceDV;  // dV columns of this CTA
+  static_assert(kSplit == 1 ? kHeadDim == kHeadDimV : kSliceD <= 128 && kSliceDV <= 128,
+                "SM100 backward (1-CTA): d = d_v <= 128, or d, d_v <= 256 split in two CTAs");
+  static constexpr int kBlockM = Split::kBlockM;  // query rows per Q block
+  static constexpr int kBlockN = 128;             // kv rows per CTA = TMEM lanes
+  using Plan = typename Split::Plan;
+  // Stages (kStageTable): two Q stages so that S(i+1) finds Q(i+1) while dK(i) still reads Q(i),
+  // except at d = 256 where one Q stage is all that fits; one dO stage where a second does not
+  // fit.
+  static constexpr int kStagesQ = stage_spec(kHeadDim, kHeadDimV).q;
+  static constexpr int kStagesDo = stage_spec(kHeadDim, kHeadDimV).dout;
+  static_assert(kStagesQ > 0 && kStagesDo > 0, "(d, d_v) missing from kStageTable");
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kComputeThreads = 256;
   static constexpr int kDqCols = 32;  // fp32 columns per TMA reduce-add sub-tile (128 bytes)
@@ -160,33 +205,47 @@ struct BwdTraits {
   // kv rows are M of S, dP, dV, dK; query rows are M of dQ.
   using AtomS = SM100_MMA_F16BF16_SS<Element, Element, float, kBlockN, kBlockM, UMMA::Major::K,
                                      UMMA::Major::K>;
-  using AtomDV = SM100_MMA_F16BF16_TS<Element, Element, float, kBlockN, kHeadDimV, UMMA::Major::K,
+  using AtomDV = SM100_MMA_F16BF16_TS<Element, Element, float, kBlockN, kSliceDV, UMMA::Major::K,
                                       UMMA::Major::MN>;
-  using AtomDK = SM100_MMA_F16BF16_TS<Element, Element, float, kBlockN, kHeadDim, UMMA::Major::K,
+  using AtomDK = SM100_MMA_F16BF16_TS<Element, Element, float, kBlockN, kSliceD, UMMA::Major::K,
                                       UMMA::Major::MN>;
-  using AtomDQ = SM100_MMA_F16BF16_SS<Element, Element, float, kBlockM, kHeadDim, UMMA::Major::MN,
+  using AtomDQ = SM100_MMA_F16BF16_SS<Element, Element, float, kBlockM, kSliceD, UMMA::Major::MN,
                                       UMMA::Major::MN>;
   static constexpr int kMmaK = 16;
 
-  using SmemLayoutK = decltype(tile_to_shape(sm90::smem_atom_k<Element, kHeadDim>(),
-                                             Shape<Int<kBlockN>, Int<kHeadDim>, _1>{}));
+  // Q, K and dO: atoms whose row divides the slice; the atoms tile the rows first, so columns
+  // [h·slice, (h+1)·slice) of a stage are one contiguous block, and the *Slices layouts view a
+  // stage as kSplit such blocks (stage index s·kSplit + h).
+  using AtomQK = decltype(sm90::smem_atom_k<Element, kSliceD>());
+  using AtomDO = decltype(sm90::smem_atom_k<Element, kSliceDV>());
+  using SmemLayoutK = decltype(tile_to_shape(AtomQK{}, Shape<Int<kBlockN>, Int<kHeadDim>, _1>{}));
   using SmemLayoutV = decltype(tile_to_shape(sm90::smem_atom_k<Element, kHeadDimV>(),
                                              Shape<Int<kBlockN>, Int<kHeadDimV>, _1>{}));
-  using SmemLayoutQ = decltype(tile_to_shape(sm90::smem_atom_k<Element, kHeadDim>(),
-                                             Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStagesQ>>{}));
+  using SmemLayoutQ =
+      decltype(tile_to_shape(AtomQK{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStagesQ>>{}));
   using SmemLayoutDO =
-      decltype(tile_to_shape(sm90::smem_atom_k<Element, kHeadDimV>(),
-                             Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kStagesDo>>{}));
+      decltype(tile_to_shape(AtomDO{}, Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kStagesDo>>{}));
+  using SmemLayoutKSlices =
+      decltype(tile_to_shape(AtomQK{}, Shape<Int<kBlockN>, Int<kSliceD>, Int<kSplit>>{}));
+  using SmemLayoutQSlices = decltype(tile_to_shape(
+      AtomQK{}, Shape<Int<kBlockM>, Int<kSliceD>, Int<kSplit * kStagesQ>>{}));
+  using SmemLayoutDOSlices = decltype(tile_to_shape(
+      AtomDO{}, Shape<Int<kBlockM>, Int<kSliceDV>, Int<kSplit * kStagesDo>>{}));
+  static_assert(cosize_v<SmemLayoutQSlices> == cosize_v<SmemLayoutQ> &&
+                    cosize_v<SmemLayoutDOSlices> == cosize_v<SmemLayoutDO> &&
+                    cosize_v<SmemLayoutKSlices> == cosize_v<SmemLayoutK>,
+                "a slice view covers the same buffer");
   // dS as (kv, q), q contiguous: the compute threads (one kv row each) store 16-byte chunks of
   // their row; dQ reads it transposed, (q, kv), as an MN-major A operand.
   using SmemLayoutDS = decltype(tile_to_shape(sm90::smem_atom_k<Element, kBlockM>(),
                                               Shape<Int<kBlockN>, Int<kBlockM>, _1>{}));
-  using SmemLayoutKt = sm90::TransposedSmem<SmemLayoutK, kBlockN, kHeadDim, 1>;
-  using SmemLayoutQt = sm90::TransposedSmem<SmemLayoutQ, kBlockM, kHeadDim, kStagesQ>;
-  using SmemLayoutDOt = sm90::TransposedSmem<SmemLayoutDO, kBlockM, kHeadDimV, kStagesDo>;
+  using SmemLayoutKt = sm90::TransposedSmem<SmemLayoutKSlices, kBlockN, kSliceD, kSplit>;
+  using SmemLayoutQt = sm90::TransposedSmem<SmemLayoutQSlices, kBlockM, kSliceD, kSplit * kStagesQ>;
+  using SmemLayoutDOt =
+      sm90::TransposedSmem<SmemLayoutDOSlices, kBlockM, kSliceDV, kSplit * kStagesDo>;
   using SmemLayoutDSt = sm90::TransposedSmem<SmemLayoutDS, kBlockN, kBlockM, 1>;
-  // dQ staging: 128 query rows × 32 fp32, 128-byte swizzled (thread t writes row t's 128 bytes
-  // as 16-byte chunks, spread over the banks by the swizzle), kDqBuffers of them.
+  // dQ staging: kBlockM query rows × 32 fp32, 128-byte swizzled (a thread writes its row's 128
+  // bytes as 16-byte chunks, spread over the banks by the swizzle), kDqBuffers of them.
   using SmemLayoutDQ = decltype(tile_to_shape(UMMA::Layout_K_SW128_Atom<float>{},
                                               Shape<Int<kBlockM>, Int<kDqCols>>{}));
 
@@ -199,10 +258,14 @@ struct BwdTraits {
     }
     return n;
   }();
-  // Shared memory (16-bit elements):
-  //   d = 64:  K 16 + V 16 + Q 2×16 + dO 2×16 + dS 32 + dQ 2×16 = 160 KB + 2 KB
-  //   d = 96:  K 24 + V 24 + Q 2×24 + dO 2×24 + dS 32 + dQ 2×16 = 208 KB + 2 KB
-  //   d = 128: K 32 + V 32 + Q 2×32 + dO 1×32 + dS 32 + dQ 2×16 = 224 KB + 2 KB
+  // Shared memory (KB, 16-bit elements; kBlockM 128 up to d = 128, 64 above):
+  //   d = 64:  K 16 + V 16 + Q 2×16 + dO 2×16 + dS 32 + dQ 2×16 = 160 + 2
+  //   d = 96:  K 24 + V 24 + Q 2×24 + dO 2×24 + dS 32 + dQ 2×16 = 208 + 2
+  //   d = 128: K 32 + V 32 + Q 2×32 + dO 1×32 + dS 32 + dQ 2×16 = 224 + 2
+  //   d = 192: K 48 + V 48 + Q 2×24 + dO 2×24 + dS 16 + dQ 2×8  = 224 + 1
+  //   (192, 128): K 48 + V 32 + Q 2×24 + dO 2×16 + dS 16 + dQ 2×8 = 192 + 1
+  //   d = 256: K 64 + V 64 + Q 1×32 + dO 1×32 + dS 16 + dQ 2×8  = 224 + 1 (a second Q stage
+  //            would need 256)
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
@@ -298,6 +361,7 @@ struct KernelParams {
 // head_kv · group + i / blocks.
 struct TileWork {
   int n, head_kv, b;
+  int h;  // this CTA's column slice of dK, dV, dQ (Note [bwd head-dim split]); 0 when unsplit
   SeqInfo seq;
   Mask mask;
   int m_begin, m_end;
@@ -311,7 +375,9 @@ template <class T>
 __device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp) {
   const FwdParams& f = kp.p.fwd;
   TileWork t;
-  kp.grid.decode(blockIdx.x, t.n, t.head_kv, t.b);
+  // The kSplit CTAs of a tile are adjacent in the grid: they read the same K, V, Q and dO.
+  t.h = int(blockIdx.x % T::kSplit);
+  kp.grid.decode(blockIdx.x / T::kSplit, t.n, t.head_kv, t.b);
   t.seq = SeqInfo::get(t.b, f.cu_seqlens_q, f.cu_seqlens_k, f.seqused_k, f.seqlen_q, f.seqlen_k);
   t.mask = Mask::from_params(f, t.seq.seqlen_q, t.seq.seqlen_k);
   q_blocks_seeing<T>(t.mask, t.n, t.m_begin, t.m_end);

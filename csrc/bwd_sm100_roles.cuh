@@ -78,7 +78,8 @@ __device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const Til
   Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQt{});
   Tensor sDOt = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutDOt{});
   Tensor sDSt = make_tensor(make_smem_ptr(ss.ds.data()), typename T::SmemLayoutDSt{});
-  // Shared-memory descriptors, (atom, 1, k, stage): one per 16-element K slice.
+  // Shared-memory descriptors, (atom, 1, k, stage): one per 16-element K slice. The B operands
+  // of dV, dK and dQ are this CTA's column slice (stage index s·kSplit + h).
   auto thr_s = make_tiled_mma(typename T::AtomS{}).get_slice(0);
   auto thr_dv = make_tiled_mma(typename T::AtomDV{}).get_slice(0);
   auto thr_dk = make_tiled_mma(typename T::AtomDK{}).get_slice(0);
@@ -87,25 +88,28 @@ __device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const Til
   Tensor dQ = thr_s.partition_fragment_B(sQ);       // S:  B = Q
   Tensor dV = thr_s.partition_fragment_A(sV);       // dP: A = V
   Tensor dDO = thr_s.partition_fragment_B(sDO);     // dP: B = dO
-  Tensor dDOt = thr_dv.partition_fragment_B(sDOt);  // dV: B = dO, MN-major
-  Tensor dQt = thr_dk.partition_fragment_B(sQt);    // dK: B = Q, MN-major
+  Tensor dDOt = thr_dv.partition_fragment_B(sDOt);  // dV: B = dO slice, MN-major
+  Tensor dQt = thr_dk.partition_fragment_B(sQt);    // dK: B = Q slice, MN-major
   Tensor dDSt = thr_dq.partition_fragment_A(sDSt);  // dQ: A = dSᵀ, MN-major
-  Tensor dKt = thr_dq.partition_fragment_B(sKt);    // dQ: B = K, MN-major
-  constexpr int kKd = T::kHeadDim / T::kMmaK;       // K slices of S and dP
+  Tensor dKt = thr_dq.partition_fragment_B(sKt);    // dQ: B = K slice, MN-major
+  constexpr int kKd = T::kHeadDim / T::kMmaK;       // K slices of S
+  constexpr int kKdv = T::kHeadDimV / T::kMmaK;     // of dP
   constexpr int kKq = T::kBlockM / T::kMmaK;        // of dV and dK (query rows)
   constexpr int kKkv = T::kBlockN / T::kMmaK;       // of dQ (kv rows)
-  static_assert(size<2>(decltype(dK){}) == kKd && size<2>(decltype(dQt){}) == kKq &&
-                    size<2>(decltype(dDSt){}) == kKkv,
+  static_assert(size<2>(decltype(dK){}) == kKd && size<2>(decltype(dV){}) == kKdv &&
+                    size<2>(decltype(dQt){}) == kKq && size<2>(decltype(dDSt){}) == kKkv,
                 "K slices");
+  constexpr int kSplit = T::kSplit;
+  const int h = t.h;
   using namespace UMMA;
   const uint64_t idesc_s = make_runtime_instr_desc<>(
       make_instr_desc<Element, Element, float, T::kBlockN, T::kBlockM, Major::K, Major::K>());
   const uint64_t idesc_dv = make_runtime_instr_desc<>(
-      make_instr_desc<Element, Element, float, T::kBlockN, T::kHeadDimV, Major::K, Major::MN>());
+      make_instr_desc<Element, Element, float, T::kBlockN, T::kSliceDV, Major::K, Major::MN>());
   const uint64_t idesc_dk = make_runtime_instr_desc<>(
-      make_instr_desc<Element, Element, float, T::kBlockN, T::kHeadDim, Major::K, Major::MN>());
+      make_instr_desc<Element, Element, float, T::kBlockN, T::kSliceD, Major::K, Major::MN>());
   const uint64_t idesc_dq = make_runtime_instr_desc<>(
-      make_instr_desc<Element, Element, float, T::kBlockM, T::kHeadDim, Major::MN, Major::MN>());
+      make_instr_desc<Element, Element, float, T::kBlockM, T::kSliceD, Major::MN, Major::MN>());
 
   Ring q_ready, do_ready, p_ready, ds_ready, dq_free;
   // S(i) and dP(i) of the Q / dO stage they read.
@@ -119,7 +123,7 @@ __device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const Til
   };
   auto issue_dp = [&](int ds) {
     FA4_UNROLL
-    for (int k = 0; k < kKd; ++k) {
+    for (int k = 0; k < kKdv; ++k) {
       elected_umma_ss(dV(_0{}, _0{}, k, 0), dDO(_0{}, _0{}, k, ds), tmem + Plan::kDP,
                       k > 0 ? 1u : 0u, idesc_s);
     }
@@ -152,12 +156,12 @@ __device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const Til
     tmem_fence_after_sync();
     FA4_UNROLL
     for (int k = 0; k < kKq; ++k) {
-      elected_umma_ts(tmem + Plan::slice_column(Plan::kS, k), dDOt(_0{}, _0{}, k, ds),
+      elected_umma_ts(tmem + Plan::slice_column(Plan::kS, k), dDOt(_0{}, _0{}, k, ds * kSplit + h),
                       tmem + Plan::kDV, (i > 0 || k > 0) ? 1u : 0u, idesc_dv);
     }
     elected_umma_commit(bar_ptr<T, Bar::kDoEmpty>(ss, ds));
     const int qs_i = qs;
-    if (next) {
+    if (T::kStagesQ > 1 && next) {
       qs = wait_q();
       issue_s(qs);  // over P(i): in issue order after dV(i), which reads it
     }
@@ -166,18 +170,23 @@ __device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const Til
     tmem_fence_after_sync();
     FA4_UNROLL
     for (int k = 0; k < kKq; ++k) {
-      elected_umma_ts(tmem + Plan::slice_column(Plan::kDP, k), dQt(_0{}, _0{}, k, qs_i),
-                      tmem + Plan::kDK, (i > 0 || k > 0) ? 1u : 0u, idesc_dk);
+      elected_umma_ts(tmem + Plan::slice_column(Plan::kDP, k),
+                      dQt(_0{}, _0{}, k, qs_i * kSplit + h), tmem + Plan::kDK,
+                      (i > 0 || k > 0) ? 1u : 0u, idesc_dk);
     }
     elected_umma_commit(bar_ptr<T, Bar::kQEmpty>(ss, qs_i));
     FA4_UNROLL
     for (int k = 0; k < kKkv; ++k) {
       // Over dS(i): in issue order after dK(i), which reads it (Note [bwd MMA order]).
-      elected_umma_ss(dDSt(_0{}, _0{}, k, 0), dKt(_0{}, _0{}, k, 0), tmem + Plan::kDQ,
+      elected_umma_ss(dDSt(_0{}, _0{}, k, 0), dKt(_0{}, _0{}, k, h), tmem + Plan::kDQ,
                       k > 0 ? 1u : 0u, idesc_dq);
     }
     elected_umma_commit(bar_ptr<T, Bar::kDsEmpty>(ss));
     elected_umma_commit(bar_ptr<T, Bar::kDqFull>(ss));
+    if (T::kStagesQ == 1 && next) {
+      qs = wait_q();  // the load refilled the one stage once dK(i) had read it (kQEmpty)
+      issue_s(qs);
+    }
     if (next) {
       ds = wait_do();
       bar_wait(bar_ptr<T, Bar::kDqEmpty>(ss), dq_free.parity(1));
@@ -241,23 +250,35 @@ __device__ void compute_role(const KernelParams<T>& kp, typename T::SharedStorag
     bar_wait(bar_ptr<T, Bar::kDkvFull>(ss), 0);
     tmem_fence_after_sync();
   }
-  store_dk_dv<T>(kp.p, t.seq, t.b, t.head_kv, kv, t.iters > 0, tmem_row, w);
+  store_dk_dv<T>(kp.p, t.seq, t.b, t.head_kv, kv, t.iters > 0, tmem_row, w, t.h);
 }
 
 // ---- Reduce role ---------------------------------------------------------------------------
-// Note [sm100 dQ]: dQ(i) (128 query rows × d, fp32, summed over this tile's 128 kv rows by one
-// MMA) goes to the workspace's row-major accumulator as d / 32 TMA reduce-adds of 128 × 32
-// sub-tiles (cp.reduce.async.bulk.tensor .add, UTMAREDG): 4 operations per 128-row block at d =
-// 128, where a per-element atomic scheme issues 128·128 = 16384 (per 16-byte vector, 4096). The
-// warpgroup loads the whole dQ before releasing TMEM (kDqEmpty), so the next dP starts while the
-// sub-tiles go out through two staging buffers. Deterministic mode: the block's reduce-adds wait
-// for its turn counter (Note [deterministic dQ]).
+// Note [sm100 dQ]: dQ(i) (kBlockM query rows × this CTA's kSliceD columns, fp32, summed over the
+// tile's 128 kv rows by one MMA) goes to the workspace's row-major accumulator as kSliceD / 32
+// TMA reduce-adds of kBlockM × 32 sub-tiles (cp.reduce.async.bulk.tensor .add, UTMAREDG): 4
+// operations per 128-row block at d = 128, where a per-element atomic scheme issues 128·128 =
+// 16384 (per 16-byte vector, 4096). The warpgroup loads the whole dQ before releasing TMEM
+// (kDqEmpty), so the next dP starts while the sub-tiles go out through two staging buffers.
+// Deterministic mode: the block's reduce-adds wait for its turn counter (Note [deterministic
+// dQ]); the kSplit CTAs of a tile add to disjoint columns, so only the order between tiles
+// matters: each CTA passes the counter once, and a tile's CTAs wait until every CTA of the tiles
+// after it has passed (kSplit · turn), in either order among themselves.
+//
+// Note [M = 64 dQ]: with 64-row Q blocks (split kernels) dQ is an M = 64 MMA, whose row r lands
+// in TMEM lane 32·(r / 16) + r % 16, lanes 0-15 of each warp's quarter (CuTe's 1-SM M = 64
+// layout). A 32x32b load gives lane 32w + l to thread l of warp w, so threads l < 16 hold row
+// 16w + l and threads l >= 16 load columns no MMA wrote and store nothing.
 template <class T>
 __device__ void reduce_role(const KernelParams<T>& kp, typename T::SharedStorage& ss, uint32_t tmem,
                             const TileWork& t, int row) {
   using Plan = typename T::Plan;
-  constexpr int kChunks = T::kHeadDim / T::kDqCols;
+  constexpr int kChunks = T::kSliceD / T::kDqCols;
   constexpr int kBarrierId = 1;  // named barrier of the 128 reduce threads
+  static_assert(T::kBlockM == 128 || T::kBlockM == 64, "dQ lanes: M = 128 or M = 64 layout");
+  constexpr bool kHalfLanes = T::kBlockM == 64;
+  const int q_row = kHalfLanes ? 16 * (row / 32) + row % 16 : row;
+  const bool has_row = !kHalfLanes || row % 32 < 16;
   const uint32_t lane_base = uint32_t(row & ~31) << 16;
   const bool leader = row == 0;
   Tensor mDQ = kp.tma_dq.get_tma_tensor(kp.shape_dq);
@@ -270,7 +291,7 @@ __device__ void reduce_role(const KernelParams<T>& kp, typename T::SharedStorage
     bar_wait(bar_ptr<T, Bar::kDqFull>(ss), dq_ready.parity(1));
     ++dq_ready.count;
     tmem_fence_after_sync();
-    uint32_t dq[T::kHeadDim];
+    uint32_t dq[T::kSliceD];
     FA4_UNROLL
     for (int c = 0; c < kChunks; ++c) {
       tmem_load_32(tmem + lane_base + Plan::kDQ + 32 * c,
@@ -281,7 +302,8 @@ __device__ void reduce_role(const KernelParams<T>& kp, typename T::SharedStorage
     bar_arrive(bar_ptr<T, Bar::kDqEmpty>(ss));
     int* sem = kp.p.fwd.deterministic ? kp.ws.sem(head, wrow) : nullptr;
     if (leader && sem != nullptr) {
-      dq_turn_wait(sem, dq_turn(block_range<T::kBlockM, T::kBlockN>(t.mask, m), t.n));
+      dq_turn_wait_at_least(
+          sem, T::kSplit * dq_turn(block_range<T::kBlockM, T::kBlockN>(t.mask, m), t.n));
     }
     Tensor gDQ = local_tile(mDQ(_, _, head), Shape<Int<T::kBlockM>, Int<T::kDqCols>>{},
                             make_coord(int(wrow / T::kBlockM), _));
@@ -292,16 +314,18 @@ __device__ void reduce_role(const KernelParams<T>& kp, typename T::SharedStorage
       // The buffer's previous reduce-add has read it: at most kDqBuffers - 1 in flight.
       if (leader) tma_store_wait<T::kDqBuffers - 1>();
       cutlass::arch::NamedBarrier::sync(128, kBarrierId);
-      FA4_UNROLL
-      for (int v = 0; v < T::kDqCols / 4; ++v) {
-        *reinterpret_cast<uint4*>(&sDQ(row, 4 * v)) =
-            make_uint4(dq[32 * c + 4 * v], dq[32 * c + 4 * v + 1], dq[32 * c + 4 * v + 2],
-                       dq[32 * c + 4 * v + 3]);
+      if (has_row) {
+        FA4_UNROLL
+        for (int v = 0; v < T::kDqCols / 4; ++v) {
+          *reinterpret_cast<uint4*>(&sDQ(q_row, 4 * v)) =
+              make_uint4(dq[32 * c + 4 * v], dq[32 * c + 4 * v + 1], dq[32 * c + 4 * v + 2],
+                         dq[32 * c + 4 * v + 3]);
+        }
       }
       fence_async_smem();
       cutlass::arch::NamedBarrier::sync(128, kBarrierId);
       if (leader) {
-        copy(kp.tma_dq, tma.partition_S(sDQ), tma.partition_D(gDQ(_, _, c)));
+        copy(kp.tma_dq, tma.partition_S(sDQ), tma.partition_D(gDQ(_, _, t.h * kChunks + c)));
         tma_store_arrive();
       }
     }
@@ -390,7 +414,7 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
     bwd_preprocess<Element><<<unsigned(pp_blocks), 256, 0, stream>>>(p, kp.ws, row_grid);
   }
   kp.grid = {(f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.deterministic};
-  const int64_t blocks = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
+  const int64_t blocks = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch * T::kSplit;
   if (blocks > 0) {
     const Status s = launch_kernel("bwd_sm100", bwd_kernel<T>, dim3(unsigned(blocks)), T::kThreads,
                                    T::kSmemBytes, stream, kp);

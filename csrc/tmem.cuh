@@ -89,7 +89,7 @@ static_assert(FwdTmemPlan<256, fwd_block_n<256>()>::kEnd == 384, "hd256: S0 | S1
 // query columns of S and dP and writes its P / dS (half as many columns) over the first half of
 // its own S / dP columns, so neither warpgroup overwrites a value the other has not loaded yet;
 // the MMA thread addresses P and dS per 16-column K slice accordingly (p_column). d > 128 does
-// not fit (dK and dV alone take 2·d columns next to S and dP): it needs the 2-CTA variant.
+// not fit (dK and dV alone take 2·d columns next to S and dP): Note [bwd head-dim split].
 template <int kHeadDim, int kHeadDimV, int kBlockM>
 struct BwdTmemPlan {
   static constexpr int kDqCols = kHeadDim > kBlockM ? kHeadDim : kBlockM;
@@ -112,6 +112,26 @@ struct BwdTmemPlan {
     return region + uint32_t(k / kSlicesPerWg) * (kBlockM / 2) + uint32_t(k % kSlicesPerWg) * 8;
   }
 };
+// Note [bwd head-dim split]: at d or d_v > 128 no plan above fits (dK and dV alone take 2·d
+// columns next to S and dP), so a kv tile is done by kSplit = 2 CTAs, CTA h owning columns
+// [h·d/2, (h+1)·d/2) of dK and dQ and [h·d_v/2, (h+1)·d_v/2) of dV; each has the plan of the
+// halves. Shared memory (K and V resident take 96-128 KB there; bwd_sm100_kernel.cuh) sets
+// 64-row Q blocks for them:
+//   d = 192:     S 64 | dP, dQ 96 | dK 96 | dV 96 = 352 columns
+//   (192, 128):  S 64 | dP, dQ 96 | dK 96 | dV 64 = 320
+//   d = 256:     S 64 | dP, dQ 128 | dK 128 | dV 128 = 448
+// The dQ of a 64-row Q block is an M = 64 MMA, in lanes 0-15 of each 32-lane quarter of its
+// columns (Note [M = 64 dQ] in bwd_sm100_roles.cuh).
+template <int kHeadDim, int kHeadDimV>
+struct BwdShape {
+  static constexpr int kSplit = kHeadDim > 128 || kHeadDimV > 128 ? 2 : 1;
+  static constexpr int kSliceD = kHeadDim / kSplit;    // dK and dQ columns of one CTA
+  static constexpr int kSliceDV = kHeadDimV / kSplit;  // dV columns of one CTA
+  static constexpr int kBlockM = kSplit == 1 ? 128 : 64;
+  using Plan = BwdTmemPlan<kSliceD, kSliceDV, kBlockM>;
+};
+static_assert(BwdShape<256, 256>::Plan::kEnd == 448, "bwd hd256 split: 448 columns");
+static_assert(BwdShape<192, 128>::Plan::kDV == 256, "bwd (192, 128) split: dV after dK's 96");
 static_assert(BwdTmemPlan<128, 128, 128>::kEnd == 512, "bwd hd128 uses all of TMEM");
 static_assert(BwdTmemPlan<64, 64, 128>::kEnd == 384, "bwd hd64: 384 columns");
 static_assert(BwdTmemPlan<128, 128, 128>::slice_column(BwdTmemPlan<128, 128, 128>::kS, 4) == 64,

@@ -29,14 +29,19 @@ def compiled(tmp_path_factory):
     return _compile(tmp_path_factory, "csrc/bwd_sm100.cu", *DEFINES, arch="100a")
 
 
-def _functions(sass):
-    """SASS text of each main kernel, keyed by (d, dtype) from the mangled name."""
+def kernels_by_dims(sass):
+    """SASS text of each 1-CTA main kernel, keyed by (d, d_v, dtype) from the mangled name."""
     out = {}
     for block in sass.split("Function : ")[1:]:
         m = re.match(r"\S*bwd_kernelINS1_9BwdTraitsILi(\d+)ELi(\d+)EN7cutlass(\d+)(\w+?)_tE", block)
         if m:
-            out[(int(m.group(1)), m.group(4))] = block
+            out[(int(m.group(1)), int(m.group(2)), m.group(4))] = block
     return out
+
+
+def _functions(sass):
+    """Keyed by (d, dtype): the kernels here have d = d_v."""
+    return {(d, t): block for (d, _, t), block in kernels_by_dims(sass).items()}
 
 
 @pytest.fixture(scope="module")
@@ -134,12 +139,18 @@ def test_setmaxnreg_follows_the_register_table(hd96):
 
 
 def test_head_dim_dispatch():
-    """hd 64 and 96 run the 1-CTA kernel, hd 128 the 2-CTA kernel; hd >= 192 fits neither TMEM
-    plan (Note [bwd TMEM plan], Note [bwd 2-CTA]) and is not instantiated."""
+    """hd 64 and 96 run the 1-CTA kernel, hd 128 the 2-CTA kernel, hd 192, (192, 128) and 256 the
+    1-CTA kernel with the head dim split over two CTAs (Note [bwd head-dim split]:
+    tests/test_sass_sm100_bwd_split.py)."""
     src = (ROOT / "csrc/bwd_sm100.cu").read_text()
-    assert re.findall(r"bwd::launch_bwd_dtype<(\d+), \d+>", src) == ["64", "96"]
+    assert re.findall(r"bwd::launch_bwd_dtype<(\d+, \d+)>", src) == [
+        "64, 64",
+        "96, 96",
+        "192, 192",
+        "192, 128",
+        "256, 256",
+    ]
     assert re.findall(r"bwd2::launch_bwd_dtype<(\d+), \d+>", src) == ["128"]
-    assert "kHeadDim <= 128" in KERNEL.read_text()
 
 
 def test_sm90a_pass_compiles_an_empty_body(tmp_path_factory):

@@ -92,44 +92,64 @@ def test_probe_uses_no_local_memory(probe_sass):
     assert len(frames) == 4 and all(f == ("0", "0") for f in frames), probe_sass[0]
 
 
-# ---- Backward (Note [bwd TMEM plan]) ---------------------------------------------------------
+# ---- Backward (Note [bwd TMEM plan], Note [bwd head-dim split]) -------------------------------
+BWD_KEYS = "d hdv block_m slice_d slice_dv s dp dq dk dv end alloc".split()
+
+
+def parse_bwd_plans(out):
+    plans = []
+    for line in out.splitlines():
+        v = list(map(int, line.split()))
+        n = len(BWD_KEYS)
+        plans.append({**dict(zip(BWD_KEYS, v[:n], strict=True)), "slices": v[n:]})
+    return plans
+
+
 @pytest.fixture(scope="module")
 def bwd_plans(tmp_path_factory):
     src = ROOT / "tests/cpp/bwd_tmem_plan_harness.cpp"
     exe = build_gxx(src, tmp_path_factory.mktemp("tmb") / "p")
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    plans = []
-    for line in out.splitlines():
-        v = list(map(int, line.split()))
-        keys = "d block_m s dp dq dk dv end alloc".split()
-        plans.append({**dict(zip(keys, v[:9], strict=True)), "slices": v[9:]})
-    return plans
+    return parse_bwd_plans(out)
 
 
 def test_bwd_plan_head_dims_and_regions(bwd_plans):
-    assert [p["d"] for p in bwd_plans] == [64, 96, 128]
+    assert [(p["d"], p["hdv"]) for p in bwd_plans] == [
+        (64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)
+    ]  # fmt: skip
     for p in bwd_plans:
-        m, d = p["block_m"], p["d"]
+        m, d, dv = p["block_m"], p["slice_d"], p["slice_dv"]
         spans = sorted(
             [(p["s"], p["s"] + m, "S/P"), (p["dp"], p["dp"] + max(m, d), "dP/dS/dQ"),
-             (p["dk"], p["dk"] + d, "dK"), (p["dv"], p["dv"] + d, "dV")]
+             (p["dk"], p["dk"] + d, "dK"), (p["dv"], p["dv"] + dv, "dV")]
         )  # fmt: skip
         for (a0, a1, an), (b0, b1, bn) in itertools.pairwise(spans):
-            assert a1 <= b0, f"d={d}: {an} [{a0},{a1}) overlaps {bn} [{b0},{b1})"
+            assert a1 <= b0, f"{p['d'], p['hdv']}: {an} [{a0},{a1}) overlaps {bn} [{b0},{b1})"
         assert spans[0][0] == 0 and spans[-1][1] == p["end"] <= p["alloc"] <= 512, p
         assert p["dq"] == p["dp"], "dQ shares dP's columns (Note [bwd MMA order])"
-    assert bwd_plans[-1]["end"] == 512  # d = 128 uses all of TMEM
-    # d = 192 would need 128 + 192 + 192 + 192 = 704 columns: the 2-CTA variant's problem
+    assert bwd_plans[2]["end"] == 512  # d = 128 uses all of TMEM
+    # Unsplit, d = 192 would need 128 + 192 + 192 + 192 = 704 columns.
     assert 128 + 3 * 192 > 512
 
 
+def test_bwd_split_halves_the_accumulators(bwd_plans):
+    """Note [bwd head-dim split]: above 128, each of two CTAs owns half of dK / dQ (slice_d) and of
+    dV (slice_dv), with 64-row Q blocks; at or below 128 one CTA owns all of it."""
+    for p in bwd_plans:
+        split = 2 if max(p["d"], p["hdv"]) > 128 else 1
+        assert (p["slice_d"], p["slice_dv"]) == (p["d"] // split, p["hdv"] // split), p
+        assert p["block_m"] == (128 if split == 1 else 64), p
+        assert p["slice_d"] % 32 == 0 and p["slice_dv"] % 32 == 0, "32-column TMEM loads"
+
+
 def test_bwd_p_slices_stay_in_the_writers_loaded_half(bwd_plans):
-    """Each compute warpgroup w loads S columns [64 w, 64 w + 64) in two 32-column chunks and
-    writes its P (16-bit, 8 columns per 16-element K slice) over the first chunk only, so neither
+    """Each compute warpgroup w loads S columns [w·m/2, (w+1)·m/2) in 32-column chunks and writes
+    its P (16-bit, 8 columns per 16-element K slice) over the first chunk only, so neither
     warpgroup overwrites S the other (or its own second chunk load) still needs."""
     for p in bwd_plans:
         half = p["block_m"] // 2
         per_wg = half // 16
+        assert len(p["slices"]) == p["block_m"] // 16
         for k, col in enumerate(p["slices"]):
             w = k // per_wg
             assert p["s"] + w * half <= col and col + 8 <= p["s"] + w * half + 32, (p["d"], k)

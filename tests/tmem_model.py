@@ -27,6 +27,12 @@ class Tmem:
     def read32(self, col, n):
         return self.f32[:, col : col + n].clone()
 
+    def write32_lanes(self, col, x, lanes):  # x: (len(lanes), n) into those lanes only
+        n = x.shape[1]
+        self.f32[lanes, col : col + n] = x
+        self.lo[lanes, col : col + n] = math.nan
+        self.hi[lanes, col : col + n] = math.nan
+
     def write16(self, col, x):  # x: (128, 2n) 16-bit values into columns [col, col + n)
         n = x.shape[1] // 2
         self.lo[:, col : col + n] = x[:, 0::2]

@@ -2,13 +2,13 @@
 """Protocol model of the SM100 backward kernel's mbarrier pipeline (docs/sm100.md).
 
 The barrier list, copies (BarCopies kOnce / kPerQStage / kPerDoStage) and arrival counts, and
-BwdTraits::kStagesQ / kStagesDo are parsed from csrc/bwd_sm100_kernel.cuh (enum Bar with its
-"from X to Y, protects Z:" comments, table kBarriers). Each role of one CTA is a straight-line
-program mirroring csrc/bwd_sm100_roles.cuh (load_role, mma_role, compute_role for warpgroups 0
-and 1, reduce_role) for a CTA of I iterations (Q blocks); the explorer, steps and checks are the
-forward's (tools/protocol_model.py): deadlock, overwrite, stale read, phase, arrivals, with the
-MMA thread's tcgen05 operations executed in issue order (`mma_in_order=False`: any order, a
-commit still waiting for everything issued before it).
+the Q and dO stage counts per head dim (kStageTable) are parsed from csrc/bwd_sm100_kernel.cuh
+(enum Bar with its "from X to Y, protects Z:" comments, table kBarriers). Each role of one CTA
+is a straight-line program mirroring csrc/bwd_sm100_roles.cuh (load_role, mma_role, compute_role
+for warpgroups 0 and 1, reduce_role) for a CTA of I iterations (Q blocks); the explorer, steps
+and checks are the forward's (tools/protocol_model.py): deadlock, overwrite, stale read, phase,
+arrivals, with the MMA thread's tcgen05 operations executed in issue order
+(`mma_in_order=False`: any order, a commit still waiting for everything issued before it).
 
 Buffers (a value's tag names what it is; its read count is how many reads it expects before it
 may be overwritten):
@@ -25,11 +25,14 @@ may be overwritten):
   sDS_0, sDS_1  dS(i) in shared memory, halves per warpgroup, read by dQ(i)
   dK, dV        the TMEM accumulators: dK(i) / dV(i) read by the next dK / dV MMA, the last ones
                 by compute0 (dK) and compute1 (dV) after kDkvFull
+The head-dim split (d > 128, Note [bwd head-dim split]) runs these programs in each of a tile's
+two CTAs, which share no barrier or buffer (only the deterministic turn counter in global
+memory, outside this model); its one-Q-stage row (d = 256) issues S(i+1) after dQ(i).
 The reduce warpgroup's TMA reduce-adds read its own dQ staging buffers, ordered by its named
 barrier and bulk-group waits (tma_store_wait), not by an mbarrier: not part of this model.
 
-Usage: python tools/protocol_model_bwd.py [I] [d]   (Q blocks of the CTA, default 3; head dim,
-default both 64 and 128, which select kStagesDo).
+Usage: python tools/protocol_model_bwd.py [I] [d]   (Q blocks of the CTA, default 3; head dim
+d = d_v, default every row of kStageTable).
 """
 
 from __future__ import annotations
@@ -84,13 +87,16 @@ class BarSpec:
 @dataclass(frozen=True)
 class Table:
     bars: dict[str, BarSpec]
-    stages_q: int
-    do_max_dim: int  # kStagesDo = kHeadDim <= do_max_dim ? do_small : do_large
-    do_small: int
-    do_large: int
+    stages: dict[tuple[int, int], tuple[int, int]]  # kStageTable: (d, d_v) -> (Q, dO stages)
+
+    def stages_of(self, head_dim: int, head_dim_v: int | None = None) -> tuple[int, int]:
+        key = (head_dim, head_dim if head_dim_v is None else head_dim_v)
+        if key not in self.stages:
+            raise ValueError(f"head dims {key} missing from kStageTable")
+        return self.stages[key]
 
     def stages_do(self, head_dim: int) -> int:
-        return self.do_small if head_dim <= self.do_max_dim else self.do_large
+        return self.stages_of(head_dim)[1]
 
     def copies(self, bar: str, stages_q: int, stages_do: int) -> int:
         c = self.bars[bar].copies
@@ -130,24 +136,20 @@ def parse_kernel(text: str | None = None) -> Table:
     bad = [r[0] for r in rows if r[1] not in COPIES]
     if bad:
         raise ValueError(f"kBarriers rows with an unknown BarCopies: {bad}")
-    stages_q = re.search(r"static constexpr int kStagesQ = (\d+);", text)
-    if not stages_q:
-        raise ValueError("kStagesQ not found")
-    stages_do = re.search(
-        r"static constexpr int kStagesDo = kHeadDim <= (\d+) \? (\d+) : (\d+);", text
-    )
-    if stages_do:
-        do = tuple(int(g) for g in stages_do.groups())
-    else:
-        const = re.search(r"static constexpr int kStagesDo = (\d+);", text)
-        if not const:
-            raise ValueError("kStagesDo not found")
-        do = (0, int(const.group(1)), int(const.group(1)))
+    stage_table = re.search(r"kStageTable\[\] = \{(.*?)\};", text, re.S)
+    if not stage_table:
+        raise ValueError("kStageTable not found")
+    stage_rows = re.findall(r"\{\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+)\}", stage_table.group(1))
+    if not stage_rows:
+        raise ValueError("kStageTable has no rows")
+    stages = {(int(d), int(dv)): (int(q), int(do)) for d, dv, q, do in stage_rows}
+    if any(min(v) < 1 for v in stages.values()):
+        raise ValueError(f"kStageTable with a stage count below 1: {stages}")
     bars = {}
     for name, copies, arrivals in rows:
         src, dst, protects = comments[name]
         bars[name] = BarSpec(name, src, dst, protects, copies, int(arrivals))
-    return Table(bars, int(stages_q.group(1)), *do)
+    return Table(bars, stages)
 
 
 # ---- Role programs -------------------------------------------------------------------------
@@ -156,10 +158,12 @@ class Config:
     """What a mutation test may change; the defaults are the kernel."""
 
     iters: int = 3  # Q blocks of the CTA (t.iters)
-    head_dim: int = 128  # selects kStagesDo
-    stages_q: int | None = None  # None: the parsed kStagesQ
-    stages_do: int | None = None  # None: the parsed kStagesDo of head_dim
+    head_dim: int = 128  # with head_dim_v, selects the kStageTable row
+    head_dim_v: int | None = None  # None: head_dim
+    stages_q: int | None = None  # None: the table's
+    stages_do: int | None = None  # None: the table's
     mma_in_order: bool = True
+    s_early: bool | None = None  # mma_program's MMA order; None: the kernel's for the stages
     drop: set = field(default_factory=set)  # (role, step kind, bar, occurrence) to remove
     flip: set = field(default_factory=set)  # (role, bar, occurrence): wait parity ^ 1
 
@@ -185,7 +189,11 @@ def _halves(region, tag):
     return dict(buf=f"{region}_0", tag=tag, reads_of_result=1, more=((f"{region}_1", tag, 1),))
 
 
-def mma_program(iters, SQ, SD):
+def mma_program(iters, SQ, SD, s_early=None):
+    """s_early: S(i+1) right after dV(i) (the kernel's order at kStagesQ > 1) or after dQ(i)
+    (at kStagesQ == 1); None: the kernel's choice."""
+    if s_early is None:
+        s_early = SQ > 1
     p = []
     q_ready, do_ready, p_ready, ds_ready, dq_free = Ring(), Ring(), Ring(), Ring(), Ring()
 
@@ -226,7 +234,7 @@ def mma_program(iters, SQ, SD):
         p.append(Mma(reads, "dV", ("dV", i), 1))
         p.append(Commit("kDoEmpty", ds))
         qs_i = qs
-        if nxt:
+        if nxt and s_early:
             qs = wait_q()
             issue_s(i + 1, qs)  # over P(i), after dV(i) in issue order
         p.append(Wait("kDsFull", 0, ds_ready.parity(1)))
@@ -245,6 +253,9 @@ def mma_program(iters, SQ, SD):
         )
         p.append(Commit("kDsEmpty", 0))
         p.append(Commit("kDqFull", 0))
+        if nxt and not s_early:
+            qs = wait_q()  # the one stage, refilled once dK(i) read it (kQEmpty)
+            issue_s(i + 1, qs)
         if nxt:
             ds = wait_do()
             p.append(Wait("kDqEmpty", 0, dq_free.parity(1)))
@@ -297,10 +308,10 @@ def reduce_program(iters):
     return p
 
 
-def raw_programs(iters, SQ, SD) -> dict[str, list]:
+def raw_programs(iters, SQ, SD, s_early=None) -> dict[str, list]:
     return {
         "load": load_program(iters, SQ, SD),
-        "mma": mma_program(iters, SQ, SD),
+        "mma": mma_program(iters, SQ, SD, s_early),
         "compute0": compute_program(iters, SQ, 0),
         "compute1": compute_program(iters, SQ, 1),
         "reduce": reduce_program(iters),
@@ -308,7 +319,7 @@ def raw_programs(iters, SQ, SD) -> dict[str, list]:
 
 
 def programs(cfg: Config, SQ: int, SD: int) -> dict[str, list]:
-    progs = raw_programs(cfg.iters, SQ, SD)
+    progs = raw_programs(cfg.iters, SQ, SD, cfg.s_early)
     return {
         r: mutate(r, annotate(prog, FREE_AT_START), cfg.drop, cfg.flip) for r, prog in progs.items()
     }
@@ -335,8 +346,9 @@ class Model(Machine):
 
     def __init__(self, table: Table, cfg: Config):
         self.cfg = cfg
-        self.SQ = cfg.stages_q if cfg.stages_q is not None else table.stages_q
-        self.SD = cfg.stages_do if cfg.stages_do is not None else table.stages_do(cfg.head_dim)
+        sq, sd = table.stages_of(cfg.head_dim, cfg.head_dim_v)
+        self.SQ = cfg.stages_q if cfg.stages_q is not None else sq
+        self.SD = cfg.stages_do if cfg.stages_do is not None else sd
         # Table against the unmutated programs of a CTA long enough to use every barrier
         # (kDsEmpty and kDqEmpty are waited on from the second Q block) and every stage.
         ref = raw_programs(max(cfg.iters, self.SQ, self.SD, 2), self.SQ, self.SD)
@@ -357,14 +369,15 @@ def explore(table: Table, cfg: Config, stop_on: set | None = None) -> Result:
 
 def main(argv):
     iters = int(argv[0]) if argv else 3
-    dims = [int(argv[1])] if len(argv) > 1 else [64, 128]
     table = parse_kernel()
+    dims = [(int(argv[1]), int(argv[1]))] if len(argv) > 1 else sorted(table.stages)
     failed = 0
-    for d in dims:
+    for d, dv in dims:
         t0 = time.perf_counter()
-        res = explore(table, Config(iters=iters, head_dim=d))
+        res = explore(table, Config(iters=iters, head_dim=d, head_dim_v=dv))
+        sq, sd = table.stages_of(d, dv)
         print(
-            f"d {d}: kStagesQ {table.stages_q}, kStagesDo {table.stages_do(d)}, I {iters}: "
+            f"d ({d}, {dv}): kStagesQ {sq}, kStagesDo {sd}, I {iters}: "
             f"{res.states} states, {len(res.violations)} violations "
             f"({time.perf_counter() - t0:.1f} s)"
         )
