@@ -1,0 +1,79 @@
+#!/bin/bash
+# A/B of one compile-time switch of the SM90 forward in one device call (docs/perf-notes.md):
+# builds "base" and "var" (forward only, sm_90a), runs tests/test_fwd_sm90.py on var, then
+# benches base, var with the peers at the peer head dims, base and var again (the spread of the
+# same build within the call), and both at the other head dims. Run from the repo root on the
+# device machine, with the nvidia-cutlass wheel on PYTHONPATH and, for the peers, flash-attn-4
+# installed (.peer-b/install.sh); the arguments are FA4_NVCC_EXTRA of base and var, e.g.
+#
+#   bash bench/ab_sm90_fwd.sh "-DFA4_SM90_PINGPONG=0" "-DFA4_SM90_PINGPONG=1"
+#
+# (perf-notes forward step 9 ran it with a switch since removed). Prints a table of every run last.
+# Environment: HDIMS (built and benched, default 64,128,256), PEER_HDIMS (default 128),
+# SEQLENS (default 1k,2k,16k), OUT (CSVs and logs, default /tmp/ab).
+set -o pipefail
+base_flags=$1
+var_flags=$2
+hdims=${HDIMS:-64,128,256}
+peer_hdims=${PEER_HDIMS:-128}
+seqlens=${SEQLENS:-1k,2k,16k}
+out=${OUT:-/tmp/ab}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+
+build() {  # name, flags: builds in place, keeps a copy of the extension in /tmp/ab_so_<name>
+  local t0=$SECONDS
+  FA4_CUDA_ARCHS=90a FA4_HDIMS=$hdims FA4_DISABLE_BWD=1 FA4_NVCC_EXTRA="$2" MAX_JOBS=16 \
+    python3 -m pip install --no-build-isolation --no-deps --no-index -e . >"/tmp/ab_build_$1.log" 2>&1 ||
+    { tail -40 "/tmp/ab_build_$1.log"; return 1; }
+  local so
+  so=$(python3 -c "import fa4._C as c; print(c.__file__)") || return 1
+  mkdir -p "/tmp/ab_so_$1" && cp "$so" fa4/_build_config.py "/tmp/ab_so_$1/" || return 1
+  echo "built $1 ($2) in $((SECONDS - t0)) s: $so"
+}
+
+use() {  # name: puts that build's extension in place
+  cp /tmp/ab_so_"$1"/_C*.so "$(dirname "$(python3 -c 'import fa4; print(fa4.__file__)')")/" &&
+    cp /tmp/ab_so_"$1"/_build_config.py fa4/
+}
+
+bench() {  # name, csv name, hdims, impls
+  use "$1" || return 1
+  local t0=$SECONDS
+  python3 bench/bench.py --dirs fwd --hdims "$3" --seqlens "$seqlens" --impls "$4" \
+    --out "/tmp/ab_bench_$2" || return 1
+  cp "/tmp/ab_bench_$2/results.csv" "$out/$2.csv"
+  echo "bench $2 ($1, hd $3, $4) in $((SECONDS - t0)) s"
+}
+
+other=$(python3 -c "import sys; a, b = sys.argv[1:]; print(','.join(h for h in a.split(',') if h not in b.split(',')))" "$hdims" "$peer_hdims")
+build base "$base_flags" || exit 1
+build var "$var_flags" || exit 1
+# The variant's correctness; the timings run either way (a failure is in the log).
+use var && python3 -m pytest tests/test_fwd_sm90.py -q -rs 2>&1 | tail -15
+bench base base "$peer_hdims" fa4 || exit 1
+bench var var_peers "$peer_hdims" fa4,sdpa-cudnn,flash-attn-4 || exit 1
+bench base base2 "$peer_hdims" fa4 || exit 1
+bench var var2 "$peer_hdims" fa4 || exit 1
+if [ -n "$other" ]; then
+  bench base base_other "$other" fa4 || exit 1
+  bench var var_other "$other" fa4 || exit 1
+fi
+python3 - "$out" <<'PY'
+import csv, sys
+from pathlib import Path
+runs = ["base", "base2", "var", "var2", "var_peers", "base_other", "var_other"]
+t = {}
+for r in runs:
+    f = Path(sys.argv[1]) / f"{r}.csv"
+    for row in csv.DictReader(open(f)) if f.exists() else []:
+        run = "var" if r == "var_peers" and row["impl"] == "fa4" else r
+        run = {"base_other": "base", "var_other": "var"}.get(run, run)
+        key = (int(row["hdim"]), int(row["causal"]), int(row["seqlen"]))
+        name = run if row["impl"] == "fa4" else row["impl"]
+        t.setdefault(key, {})[name] = row["tflops"] if row["status"].startswith("ok") else row["status"]
+cols = ["base", "base2", "var", "var2", "sdpa-cudnn", "flash-attn-4"]
+print("| hd | causal | seqlen | " + " | ".join(cols) + " |")
+for key in sorted(t):
+    print("| %d | %d | %d | " % key + " | ".join(t[key].get(c, "") for c in cols) + " |")
+PY
