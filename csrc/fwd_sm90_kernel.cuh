@@ -434,6 +434,9 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       // n + 1 right after, the softmax of block n runs on the CUDA cores while the tensor cores
       // finish P·V; wgmma groups retire in order, so wait<1> is "S done, P·V may still run".
       // P (tOrP) is rewritten only after wait<0>, when the P·V that reads it has finished.
+      // In the SASS, ptxas moves that wait<0> (and the V release) up to the start of the row
+      // max, so only the mask and softcap code overlap this warpgroup's P·V; a loop that kept it
+      // behind the softmax measured no gain (docs/perf-notes.md, forward step 9).
       auto issue_s = [&]() {
         pipe_k.consumer_wait(k_state);
         warpgroup_fence_operand(tSrS);
