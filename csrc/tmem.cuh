@@ -142,7 +142,11 @@ __host__ __device__ constexpr uint32_t tmem_addr(uint32_t base, uint32_t lane, u
   return base + (lane << 16) + column;
 }
 
-#if defined(__CUDA_ARCH__)
+// Declared in both of nvcc's passes: the kernels' templates name these helpers with
+// non-dependent arguments, which the host pass looks up too (with __CUDA_ARCH__ here, a default
+// build, whose host pass compiles fwd_sm100.cu and bwd_sm100.cu, failed with "identifier
+// undefined"). g++ (the host harnesses of tests/cpp) sees only the plan above.
+#if defined(__CUDACC__)
 
 // Allocation by one full warp, which must also free it (the same warp, at the end); the
 // address is written to shared memory, read by the other roles after a barrier.
@@ -237,6 +241,6 @@ __device__ __forceinline__ void tmem_store_32(uint32_t taddr, const uint32_t (&r
       "r"(r[30]), "r"(r[31]));
 }
 
-#endif  // __CUDA_ARCH__
+#endif  // __CUDACC__
 
 }  // namespace fa4::sm100
