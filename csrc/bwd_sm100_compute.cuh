@@ -29,7 +29,7 @@ __device__ __forceinline__ void compute_p(const ScoreScale& score, uint32_t tmem
       for (int j = 0; j < 32; ++j) {
         const int e = 32 * c + j;
         float x = __uint_as_float(r[j]);
-        if constexpr (kSoftcap) x = tanhf(x * score.pre);
+        if constexpr (kSoftcap) x = softcap_tanh(x * score.pre);
         float pv = exp2_hw(fmaf(x, score.scale_log2, -lse2[e]));
         if constexpr (kMasked) pv = seen.contains(q0 + e) ? pv : 0.0f;
         dsf[e] = kSoftcap ? pv * (1.0f - x * x) : pv;

@@ -443,7 +443,7 @@ __device__ __forceinline__ void p_and_ds(const Score& score, const Mask& mask, b
       for (int h = 0; h < 2; ++h) {
         float p1 = acc_s(e + h), dpv = p1;  // dS = dpv · (dP − D): P, or P·(1 − x²) with softcap
         if constexpr (kSoftcap) {
-          const float x = tanhf(acc_s(e + h) * score.pre);
+          const float x = softcap_tanh(acc_s(e + h) * score.pre);
           p1 = prob(e + h, x);
           dpv = p1 * (1.0f - x * x);
         }

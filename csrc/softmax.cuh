@@ -80,13 +80,32 @@ struct ScoreScale {
   }
 };
 
-// x = tanh(qk · pre) in place; call before masking (tanh(-inf) would be -1, not -inf). tanhf,
-// not tanh.approx.f32: the latter's absolute error 2^-10.99 times a softcap of 30 is 0.015 in
-// the score, 1.5 % in P, four times a bf16 step.
+// Note [softcap tanh]: tanh.approx.f32 (MUFU.TANH), absolute error up to ~2^-11, which a softcap
+// of 30 turns into 0.015 in the score, 1.5 % in P (four bf16 steps). Chosen by measurement, not
+// by default: an accurate tanh from ex2.approx and a reciprocal (error ~2^-23) measured on the
+// H200 (docs/perf-notes.md, 2026-12-01) at softcap 30: forward hd128 16k 481 -> 380 TFLOP/s
+// (-21 %), hd64 -30 %, forward + backward hd128 -13 %, because it adds two MUFU operations per
+// score where the softmax's exp2 already loads the unit (and SM90 has no FMA-pipe slack for a
+// polynomial, perf-notes forward step 4); FA2, FA3 and flash-attn-4 use tanh.approx too. Written
+// as PTX so that it does not depend on --use_fast_math (under which tanhf compiled to the same
+// instruction, while this comment claimed tanhf's accuracy until 2026-12-01). The host (g++
+// harnesses) uses tanhf; tests/test_softcap_tanh.py measures the device error.
+__host__ __device__ __forceinline__ float softcap_tanh(float y) {
+#ifdef __CUDA_ARCH__
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(y));
+  return t;
+#else
+  return tanhf(y);
+#endif
+}
+
+// x = tanh(qk · pre) in place (Note [softcap tanh]); call before masking (tanh(-inf) would be
+// -1, not -inf).
 template <class Frag>
 __host__ __device__ __forceinline__ void apply_softcap(float (&s)[Frag::kSize], float pre) {
   FA4_UNROLL
-  for (int i = 0; i < Frag::kSize; ++i) s[i] = tanhf(s[i] * pre);
+  for (int i = 0; i < Frag::kSize; ++i) s[i] = softcap_tanh(s[i] * pre);
 }
 
 namespace detail {
