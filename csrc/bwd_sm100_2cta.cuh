@@ -56,11 +56,16 @@ __host__ __device__ constexpr Role warp_role(int warp) {
 }
 static_assert(roles_match(kWarpRole, warp_role), "warp_role() must follow kWarpRole");
 
-// Registers: the 1-CTA kernel's table (bwd_sm100_kernel.cuh): the compute and reduce work per
-// CTA is the same; the MMA warp issues the pair's MMAs (even CTA) or only allocates TMEM (odd).
+// Registers per thread after setmaxnreg, per warpgroup: (160 + 160 + 128 + 64) · 128 = 65536.
+// The compute warpgroups' work is the 1-CTA kernel's; the reduce thread holds half a dQ row (64
+// fp32, the 2 × 2 layout), so 16 of its registers go to the MMA warp, which issues the pair's
+// MMAs over the descriptors of eight operand buffers: spills 144 bytes at the 1-CTA table's
+// (152, 40), 112 at (144, 48), 60 here.
 using bwd::kRegsCompute;
-using bwd::kRegsOther;
-using bwd::kRegsReduce;
+constexpr int kRegsReduce = 128;
+constexpr int kRegsOther = 64;
+static_assert((2 * kRegsCompute + kRegsReduce + kRegsOther) * 128 == 65536,
+              "the per-warpgroup budgets must add up to the 64 K register file");
 
 // ---- Barriers ----------------------------------------------------------------------------
 // Every mbarrier of the kernel, one row per connection, in each CTA's shared memory; "(even)":

@@ -83,14 +83,16 @@ __host__ __device__ constexpr Role warp_role(int warp) {
 }
 static_assert(roles_match(kWarpRole, warp_role), "warp_role() must follow kWarpRole");
 
-// Registers per thread after setmaxnreg, per warpgroup. (160 + 160 + 152 + 40) · 128 = 65536.
+// Registers per thread after setmaxnreg, per warpgroup. (160 + 160 + 144 + 48) · 128 = 65536.
 //   compute 160: S (64 fp32), P or P·(1 − x²) kept for dS (64), dP (64, loaded after S died)
-//   reduce 152: a 128-row dQ at d = 128 is 128 fp32 per thread, all loaded before kDqEmpty so
-//               that the next dP may start, plus the staging addresses
-//   mma / load 40: descriptors, barrier counters (the SM90 producer runs at 40)
+//   reduce 144: a dQ row of 128 columns (d = 128, or the split's d / 2 = 128 at d = 256) is 128
+//               fp32 per thread, all loaded before kDqEmpty so that the next dP may start, plus
+//               the staging addresses (no spill at 144; at 136 the hd 256 reduce spills)
+//   mma / load 48: descriptors and barrier counters; at 40 the hd 256 split's MMA warp, which
+//               walks 16 K slices of S and dP, spilled 28 bytes (4 at 48)
 constexpr int kRegsCompute = 160;
-constexpr int kRegsReduce = 152;
-constexpr int kRegsOther = 40;
+constexpr int kRegsReduce = 144;
+constexpr int kRegsOther = 48;
 static_assert((2 * kRegsCompute + kRegsReduce + kRegsOther) * 128 == 65536,
               "the per-warpgroup budgets must add up to the 64 K register file");
 

@@ -97,9 +97,10 @@ def test_barrier_table():
 
 
 def test_spills_bounded(compiled):
-    """144 bytes of spill stores: the 40-register MMA warp holds the descriptors of eight operand
-    buffers (the dQ MMA alone walks 16 K slices of two), and the reduce and compute warpgroups
-    a few addresses each; none of them S, P, dP, dS or dQ elements."""
+    """60 bytes of spill stores: the MMA warp holds the descriptors of eight operand buffers (the
+    dQ MMA alone walks 16 K slices of two); 144 with the 1-CTA kernel's register table (MMA warp
+    at 40), hence the kernel's own (reduce 128, others 64: a reduce thread holds half a dQ
+    row). None of them S, P, dP, dS or dQ elements."""
     ptxas, _ = compiled
     main = re.findall(
         r"Compiling entry function '\w*bwd_kernel_2cta\w*'.*?\n.*?\n\s*\d+ bytes stack frame, "
@@ -107,4 +108,25 @@ def test_spills_bounded(compiled):
         ptxas,
     )
     assert len(main) == 2, ptxas
-    assert max(int(s) for s in main) <= 144, ptxas
+    assert max(int(s) for s in main) <= 60, ptxas
+
+
+def test_setmaxnreg_follows_its_register_table(kernel):
+    """The 2-CTA kernel's own reduce and MMA/load budgets, the compute warpgroups' shared."""
+    src = (ROOT / "csrc/bwd_sm100_2cta.cuh").read_text()
+    regs = {
+        n: int(re.search(rf"constexpr int {n} = (\d+);", src).group(1))
+        for n in ("kRegsReduce", "kRegsOther")
+    }
+    compute = int(
+        re.search(
+            r"constexpr int kRegsCompute = (\d+);", (ROOT / "csrc/bwd_sm100_kernel.cuh").read_text()
+        ).group(1)
+    )
+    got = set(re.findall(r"USETMAXREG\.(\w+)\.CTAPOOL (?:UP\d+, )?(0x[0-9a-f]+)", kernel))
+    want = {
+        ("DEALLOC", hex(regs["kRegsOther"])),
+        ("TRY_ALLOC", hex(regs["kRegsReduce"])),
+        ("TRY_ALLOC", hex(compute)),
+    }
+    assert got == want, got

@@ -52,27 +52,18 @@ def test_one_kernel_per_head_dim_and_dtype(compiled):
 
 
 def test_spills_bounded(compiled):
-    """hd 192 and (192, 128): 4 bytes of spill stores (a scalar saved at entry, as the unsplit
-    kernel). hd 256: 32 bytes, that scalar and 28 in the 40-register MMA and load warps (the S
-    and dP MMAs walk 16 K slices each); the compute and reduce warpgroups store nothing to local
-    memory. The bounds fail on any growth."""
+    """4 bytes of spill stores in each (a scalar saved at entry, as the unsplit kernel). hd 256
+    spilled 32 with the MMA and load warps at 40 registers (the S and dP MMAs walk 16 K slices
+    each); the register table's 48 for them (reduce 144) removed it. The bound fails on any
+    growth."""
     ptxas, _ = compiled
-    main = dict(
-        re.findall(
-            r"Compiling entry function '\w*bwd_kernelINS1_9BwdTraitsILi(\d+)ELi\d+E\w*'.*?\n.*?\n"
-            r"\s*\d+ bytes stack frame, (\d+) bytes spill stores",
-            ptxas,
-        )
-    )
-    assert set(main) == {"192", "256"}, ptxas
-    assert max(int(s) for d, s in main.items() if d == "192") <= 4, ptxas
-    assert int(main["256"]) <= 32, ptxas
     every = re.findall(
         r"Compiling entry function '\w*bwd_kernel\w*'.*?\n.*?\n\s*\d+ bytes stack frame, "
         r"(\d+) bytes spill stores",
         ptxas,
     )
-    assert len(every) == 2 * len(SPLIT)
+    assert len(every) == 2 * len(SPLIT), ptxas
+    assert max(int(s) for s in every) <= 4, ptxas
 
 
 @pytest.mark.parametrize("dims", SPLIT, ids=lambda p: f"d{p[0]}x{p[1]}")
