@@ -61,22 +61,14 @@ __device__ __forceinline__ int dq_turn(const BlockRange& br, int n) {
   return br.n_end - 1 - n;
 }
 
-__device__ __forceinline__ int dq_turn_load(const int* sem) {
-  int seen;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
-  return seen;
-}
-
+// Until the counter has reached `turn`. It then equals turn (no tile before it in the order has
+// passed), except in the SM100 head-dim split, whose two CTAs of a tile pass in either order
+// (Note [sm100 dQ]): waiting for "at least" serves both.
 __device__ __forceinline__ void dq_turn_wait(const int* sem, int turn) {
-  while (dq_turn_load(sem) != turn) {
-  }
-}
-
-// The SM100 1-CTA kernel's wait: until the counter has reached `turn` (the CTAs of one tile in
-// the head-dim split pass in either order, Note [sm100 dQ]; unsplit, the same as dq_turn_wait).
-__device__ __forceinline__ void dq_turn_wait_at_least(const int* sem, int turn) {
-  while (dq_turn_load(sem) < turn) {
-  }
+  int seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
+  } while (seen < turn);
 }
 
 __device__ __forceinline__ void dq_turn_pass(int* sem) {

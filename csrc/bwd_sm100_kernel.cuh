@@ -145,7 +145,7 @@ static_assert(sizeof(kBarriers) / sizeof(BarSpec) == int(Bar::kCount), "one row 
 static_assert(rows_in_enum_order(kBarriers), "kBarriers rows in the order of enum Bar");
 
 // ---- Traits ------------------------------------------------------------------------------
-// Note [bwd head-dim split] (the TMEM side and BwdShape: tmem.cuh): at d or d_v > 128 a kv tile
+// Note [bwd head-dim split] (the TMEM plans: BwdShape in tmem.cuh): at d or d_v > 128 a kv tile
 // is done by kSplit = 2 CTAs, adjacent in the grid so that they share K, V, Q and dO through
 // L2, CTA h owning columns [h·d/2, (h+1)·d/2) of dK and dQ and [h·d_v/2, (h+1)·d_v/2) of dV.
 // Both compute the whole of S, dP, P and dS (the reductions of S and dP run over all of d and

@@ -302,8 +302,7 @@ __device__ void reduce_role(const KernelParams<T>& kp, typename T::SharedStorage
     bar_arrive(bar_ptr<T, Bar::kDqEmpty>(ss));
     int* sem = kp.p.fwd.deterministic ? kp.ws.sem(head, wrow) : nullptr;
     if (leader && sem != nullptr) {
-      dq_turn_wait_at_least(
-          sem, T::kSplit * dq_turn(block_range<T::kBlockM, T::kBlockN>(t.mask, m), t.n));
+      dq_turn_wait(sem, T::kSplit * dq_turn(block_range<T::kBlockM, T::kBlockN>(t.mask, m), t.n));
     }
     Tensor gDQ = local_tile(mDQ(_, _, head), Shape<Int<T::kBlockM>, Int<T::kDqCols>>{},
                             make_coord(int(wrow / T::kBlockM), _));

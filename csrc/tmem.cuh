@@ -112,11 +112,10 @@ struct BwdTmemPlan {
     return region + uint32_t(k / kSlicesPerWg) * (kBlockM / 2) + uint32_t(k % kSlicesPerWg) * 8;
   }
 };
-// Note [bwd head-dim split]: at d or d_v > 128 no plan above fits (dK and dV alone take 2·d
-// columns next to S and dP), so a kv tile is done by kSplit = 2 CTAs, CTA h owning columns
-// [h·d/2, (h+1)·d/2) of dK and dQ and [h·d_v/2, (h+1)·d_v/2) of dV; each has the plan of the
-// halves. Shared memory (K and V resident take 96-128 KB there; bwd_sm100_kernel.cuh) sets
-// 64-row Q blocks for them:
+// BwdShape: at d or d_v > 128 no plan above fits (dK and dV alone take 2·d columns next to S
+// and dP), so each of kSplit = 2 CTAs per kv tile owns half of the dK, dQ and dV columns (Note
+// [bwd head-dim split] in bwd_sm100_kernel.cuh) and has the plan of the halves, with 64-row Q
+// blocks (set by shared memory):
 //   d = 192:     S 64 | dP, dQ 96 | dK 96 | dV 96 = 352 columns
 //   (192, 128):  S 64 | dP, dQ 96 | dK 96 | dV 64 = 320
 //   d = 256:     S 64 | dP, dQ 128 | dK 128 | dV 128 = 448

@@ -39,6 +39,18 @@ def kernels_by_dims(sass):
     return out
 
 
+def spill_stores(ptxas, kernel=r"bwd_kernel\w*"):
+    """Bytes of spill stores ptxas reports for each entry function whose name matches."""
+    return [
+        int(n)
+        for n in re.findall(
+            rf"Compiling entry function '\w*{kernel}'.*?\n.*?\n\s*\d+ bytes stack frame, "
+            r"(\d+) bytes spill stores",
+            ptxas,
+        )
+    ]
+
+
 def _functions(sass):
     """Keyed by (d, dtype): the kernels here have d = d_v."""
     return {(d, t): block for (d, _, t), block in kernels_by_dims(sass).items()}
@@ -69,13 +81,9 @@ def test_spills_bounded(compiled):
     descriptors left the uniform registers. Run by the whole warp, with one elected lane issuing,
     the role's values stay uniform."""
     ptxas, _ = compiled
-    main = re.findall(
-        r"Compiling entry function '\w*bwd_kernel\w*'.*?\n.*?\n\s*\d+ bytes stack frame, "
-        r"(\d+) bytes spill stores",
-        ptxas,
-    )
+    main = spill_stores(ptxas)
     assert len(main) == 2 * len(HEAD_DIMS), ptxas
-    assert max(int(s) for s in main) <= 8, ptxas
+    assert max(main) <= 8, ptxas
 
 
 def test_mma_role_run_by_the_whole_warp():

@@ -42,13 +42,14 @@ def _cutlass_include():
     return str(Path(cutlass_library.source_path) / "include")
 
 
-def _compile(tmp_path_factory, source, *defines, arch="90a"):
+def _compile(tmp_path_factory, source, *defines, arch="90a", fast_math=True):
     nvcc, cuobjdump, nvdisasm = _tool("nvcc"), _tool("cuobjdump"), _tool("nvdisasm")
     if None in (nvcc, cuobjdump, nvdisasm):
         pytest.skip(f"needs nvcc, cuobjdump, nvdisasm (found {nvcc}, {cuobjdump}, {nvdisasm})")
     cubin = tmp_path_factory.mktemp("sass") / (Path(source).stem + ".cubin")
     cmd = [nvcc, "-cubin", str(ROOT / source), "-o", str(cubin),
-           "-std=c++17", "--expt-relaxed-constexpr", "-O3", "--use_fast_math", "-DNDEBUG",
+           "-std=c++17", "--expt-relaxed-constexpr", "-O3", "-DNDEBUG",
+           *(["--use_fast_math"] if fast_math else []),
            f"-gencode=arch=compute_{arch},code=sm_{arch}", f"-I{ROOT / 'csrc'}",
            f"-I{_cutlass_include()}", *defines, "-Xptxas=-v"]  # fmt: skip
     build = subprocess.run(cmd, capture_output=True, text=True)
