@@ -176,6 +176,45 @@ def test_static_and_dynamic_schedules_agree(monkeypatch, kw):
     assert torch.equal(dynamic[0], static[0]) and torch.equal(dynamic[1], static[1])
 
 
+@pytest.mark.parametrize("kw", [{"causal": True}, {}])
+@pytest.mark.parametrize(
+    "hdims", [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
+)
+def test_tile_boundaries(monkeypatch, hdims, kw):
+    """Note [tile overlap]: a tile's epilogue runs beside the next tile's first block, which
+    reads the other Q buffer. Each CTA walks ~10 tiles: varlen sequences of 0 to 700 rows (empty
+    tiles between full ones, one-block tiles, rows past the end), GQA, under the static stride
+    (CTA c: items c, c + grid, ...) and the run-time counter; both against the reference and
+    bit-equal to each other; then a dense problem under the static stride."""
+    if hdims not in _sm90_hdims():
+        pytest.skip(f"head dims {hdims} not compiled (FA4_HDIMS)")
+    d, d_v = hdims
+    g = torch.Generator().manual_seed(d + d_v)
+    choices = torch.tensor([0, 1, 63, 64, 65, 128, 129, 200, 700])
+    lens = choices[torch.randint(len(choices), (60,), generator=g)].tolist()
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    q, k, v = make((sum(lens), 4, d), (sum(lens), 2, d), d_v, torch.bfloat16, seed=d)
+
+    def call():
+        poison()
+        return fa4.attention_varlen(
+            q, k, v, cu, cu, max(lens), max(lens), return_lse=True, backend="sm90", **kw
+        )
+
+    dynamic = call()
+    monkeypatch.setenv("FA4_STATIC_SCHEDULE", "1")
+    static = call()
+    ref, ref_lse = reference.attention_varlen_ref(q, k, v, cu, cu, **kw)
+    pt, pt_lse = reference.attention_varlen_ref(q, k, v, cu, cu, upcast=False, **kw)
+    assert_tolerance("out", static[0], ref, pt, q.dtype)
+    assert_tolerance("lse", static[1], ref_lse, pt_lse, torch.float32)
+    assert torch.equal(dynamic[0], static[0]) and torch.equal(dynamic[1], static[1])
+    # Dense problems store O by TMA (Note [TMA-store epilogue]): 33 x 8 heads x 2 Q tiles of
+    # 129 rows (the second with one row), ~4 per CTA.
+    qd, kd, vd = make((33, 129, 8, d), (33, 129, 8, d), d_v, torch.bfloat16, seed=d + 1)
+    check(qd, kd, vd, *run(qd, kd, vd, **kw), **kw)
+
+
 def test_over_2_31_elements():
     """int64 offsets: q, k, v, out of 2^31 + 2^21 elements each (batch 8320 x 128 x 16 x 128,
     4 GB per tensor). Only the last batch entries, whose offsets are past 2^31 elements, are

@@ -89,17 +89,52 @@ def test_one_kernel_per_dtype_and_no_spills(compiled):
     assert spills and all(s == ("0", "0") for s in spills), ptxas
 
 
+def _block_loop_ops(sass, kernel="fwd_kernel"):
+    """Opcodes of the bf16 instance's KV-block loop: the shortest range that a backward branch
+    closes and that holds both an HGMMA and a MUFU.EX2 (the tile loop around it is longer)."""
+    for body in re.split(r"\n\s*Function : ", sass):
+        head = body.split("\n", 1)[0]
+        if kernel not in head or "bfloat16" not in head:
+            continue
+        ins = re.findall(
+            r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)([^;]*);", body
+        )
+        ins = [(int(a, 16), op, rest) for a, op, rest in ins]
+        loops = []
+        for a, op, rest in ins:
+            target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+            if target and int(target.group(1), 16) < a:
+                ops = [o for x, o, _ in ins if int(target.group(1), 16) <= x <= a]
+                if any(o.startswith("HGMMA") for o in ops) and "MUFU.EX2" in ops:
+                    loops.append(ops)
+        assert loops, f"no KV-block loop in {head}"
+        return min(loops, key=len)
+    raise AssertionError(f"no bf16 {kernel} in the SASS")
+
+
 def test_hd64_three_consumers_and_bounded_spills(compiled_hd64):
     """Note [three consumers at hd64]: 512 threads, consumers raised to 160 registers, the
-    producer lowered to 32. At 160 the consumer keeps one shared-memory address (the epilogue's
-    stmatrix base) in local memory: stored once per CTA, loaded once per tile; the producer's
-    32 registers spill a few scheduler values around its per-tile atomic and loads (one thread).
-    Together 32 bytes; more would mean the consumer loop spills."""
+    producer lowered to 32. At 160 the consumer keeps per-tile values in local memory: the
+    epilogue's stmatrix addresses (loaded once per tile) and, since Note [tile overlap], the next
+    tile's coordinates while the current one's epilogue waits; the producer's 32 registers spill
+    a few scheduler values around its per-tile atomic (one thread). None of it is inside the
+    KV-block loop, which would cost every block; the total is bounded so that growth shows."""
     ptxas, sass = compiled_hd64
     assert "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xa0" in sass, "consumers at 160 registers"
     assert "USETMAXREG.DEALLOC.CTAPOOL 0x20" in sass, "producer at 32 registers"
     spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", ptxas)]
-    assert spills and max(spills) <= 32, ptxas
+    assert spills and max(spills) <= 168, ptxas
+    loop = _block_loop_ops(sass)
+    assert not [o for o in loop if o.startswith(("LDL", "STL"))], "local memory in the block loop"
+
+
+def test_block_loop_shape(compiled, compiled_hd64):
+    """The KV-block loop holds one block's S and P·V GEMMs (hd128: 8 + 8 HGMMA, hd64: 4 + 8)
+    and its exponentials, so the tile-boundary code of Note [tile overlap] stays out of it."""
+    for (_, sass), hgmma in ((compiled, 16), (compiled_hd64, 12)):
+        loop = _block_loop_ops(sass)
+        assert sum(o.startswith("HGMMA") for o in loop) == hgmma
+        assert loop.count("MUFU.EX2") >= 64
 
 
 @pytest.mark.parametrize(
