@@ -472,7 +472,10 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
     pipe_k.consumer_wait(k_state);
     warpgroup_fence_operand(tSrS);
     warpgroup_arrive();
-    gemm_zero_acc(mma_qk, tSrQ(_, _, _, c.qs), tSrK(_, _, _, k_state.index()), tSrS);
+    // The Q buffer's index broadcast from lane 0, so that its descriptors stay uniform (Note
+    // [uniform descriptors]; from the per-thread count they took 16 R2UR per block).
+    const int qs = T::kQStages == 1 ? 0 : __shfl_sync(0xffffffff, c.qs, 0);
+    gemm_zero_acc(mma_qk, tSrQ(_, _, _, qs), tSrK(_, _, _, k_state.index()), tSrS);
     warpgroup_commit_batch();
   };
   auto issue_pv = [&]() {
@@ -524,20 +527,23 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
   // S with the tile's last P·V, and the tile's epilogue runs after the next tile's first softmax
   // (started = that S is done, its softmax applied and P converted). Otherwise, and before an
   // empty tile or the end, the tile drains first: its last P·V alone, then the epilogue.
-  // w_next: the item taken at the previous tile's end (have_next; Note [tile overlap]), started
-  // if its first block was computed there. A tile is rebuilt from its item at the top, so that
-  // the loop carries nothing else across its back edge (tile coordinates carried there spilled
-  // at hd 256).
+  // w_next: the item taken at the previous tile's end (have_next), started if its first block
+  // was computed there; then cur is that tile, carried over. Otherwise a tile is built from its
+  // item at the top, so that the loop carries nothing else across its back edge (without
+  // overlap, tile coordinates carried there spilled at hd 256; with it, rebuilding a started
+  // tile put a second tile_work, int64 divisions, before the next turn).
   int n_items = 0;
   int64_t w_next = 0;
-  int qs_next = 0;
   bool have_next = false, started = false;
   float o_scale[2];
+  Tile cur;
   for (;;) {
-    const int64_t w = have_next ? w_next : ss.tiles.take(n_items++);
-    have_next = false;
-    if (w >= total) break;
-    Tile cur = make_tile(w);
+    if (!started) {
+      const int64_t w = have_next ? w_next : ss.tiles.take(n_items++);
+      have_next = false;
+      if (w >= total) break;
+      cur = make_tile(w);
+    }
     if (cur.br.empty()) {  // no key visible: zeros, and the LSE of no key (never started)
       float inv_l[2], lse[2];
       softmax.init();
@@ -546,9 +552,7 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       store(cur, inv_l, lse);
       continue;
     }
-    if (started) {
-      cur.qs = qs_next;
-    } else {
+    if (!started) {
       softmax.init();
       clear(tOrO);
       wait_q(cur);
@@ -583,7 +587,6 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
         started = !nxt.br.empty();
         if (started) {
           wait_q(nxt);
-          qs_next = nxt.qs;
           turn_begin();
           issue_s(nxt);
           issue_pv();  // the last P·V of cur
@@ -598,6 +601,8 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
           store(cur, inv_l, lse);
           clear(tOrO);
           convert_p();
+          have_next = false;
+          cur = nxt;
           continue;
         }
       }
