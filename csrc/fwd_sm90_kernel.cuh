@@ -250,11 +250,23 @@ __device__ __forceinline__ void producer(const KernelParams<T>& kp, typename T::
   auto v_state = k_state;
   int tiles_loaded = 0;
   int n_items = 0;
-  for (int64_t w = blockIdx.x; w < kp.sched.total(); w = next_item(kp.p.tile_counter, w)) {
-    ss.tiles.publish(n_items++, w);
+  // Note [early claim]: the item after w is claimed when w starts and published after w's first
+  // K/V loads, so that the atomic's latency (~1 µs) passes while those wait for their stages and
+  // the consumers find it at w's end, where Note [tile overlap] takes it; claimed after w's last
+  // loads, it arrived about one block too late for that. The last item published is >= total,
+  // the end marker.
+  const int64_t total = kp.sched.total();
+  int64_t w = blockIdx.x;
+  ss.tiles.publish(n_items++, w);
+  while (w < total) {
+    const int64_t w_after = next_item(kp.p.tile_counter, w);
     const TileWork t = tile_work(kp, w);
     const BlockRange br = block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block);
-    if (br.empty()) continue;  // consumers write zeros; nothing to load
+    if (br.empty()) {  // consumers write zeros; nothing to load
+      ss.tiles.publish(n_items++, w_after);
+      w = w_after;
+      continue;
+    }
     const int head_kv = t.tile.head / kp.group;
     Tensor gQ = local_tile(
         domain_offset(make_coord(t.seq.offset_q, _0{}), mQ(_, _, t.tile.head, t.bidb_gmem)),
@@ -282,9 +294,10 @@ __device__ __forceinline__ void producer(const KernelParams<T>& kp, typename T::
     for (int n = br.n_end - 1; n >= br.n_begin; --n) {
       pipelined_tma_load(pipe_k, k_state, kp.tma_k, tKgK(_, n), tKsK);
       pipelined_tma_load(pipe_v, v_state, kp.tma_v, tVgV(_, n), tVsV);
+      if (n == br.n_end - 1) ss.tiles.publish(n_items++, w_after);
     }
+    w = w_after;
   }
-  ss.tiles.publish(n_items, kp.sched.total());  // the end marker
   // Keep the CTA alive until the consumers released every buffer the TMA may still write.
   pipe_k.producer_tail(k_state);
   pipe_v.producer_tail(v_state);
