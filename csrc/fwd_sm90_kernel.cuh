@@ -56,10 +56,6 @@
 #ifndef FA4_SM90_PINGPONG
 #define FA4_SM90_PINGPONG 1
 #endif
-// Note [tile overlap]; 0 drains every tile before the next one starts (one Q buffer).
-#ifndef FA4_SM90_TILE_OVERLAP
-#define FA4_SM90_TILE_OVERLAP 1
-#endif
 // Note [three consumers at hd64]; 0 keeps two consumer warpgroups at every head dim.
 #ifndef FA4_SM90_THREE_CONSUMERS
 #define FA4_SM90_THREE_CONSUMERS 1
@@ -137,23 +133,8 @@ struct FwdTraits {
                            GMMA::Major::K, GMMA::Major::MN>(),
       AtomLayout{}));
 
-  // One Q tile's bytes, and those of K, V and O's staging: what decides kQStages and kTmaStoreO.
-  static constexpr int kQTileBytes = kBlockM * kHeadDim * int(sizeof(Element));
-  static constexpr int kKVBytes = kStages * kBlockN * (kHeadDim + kHeadDimV) * int(sizeof(Element));
-  static constexpr int kOBytes = kBlockM * kHeadDimV * int(sizeof(Element));
-  static constexpr int kSmemLimit = 227 * 1024 - 1024;  // barriers and alignment
-  // Note [TMA-store epilogue]: O's staging where it fits next to one Q tile, K and V.
-  static constexpr bool kTmaStoreO = kQTileBytes + kKVBytes + kOBytes <= kSmemLimit;
-  // Note [tile overlap]: a second Q buffer where it fits next to those.
-  static constexpr int kQStages =
-      FA4_SM90_TILE_OVERLAP &&
-              2 * kQTileBytes + kKVBytes + (kTmaStoreO ? kOBytes : 0) <= kSmemLimit
-          ? 2
-          : 1;
-  static constexpr bool kOverlapTiles = kQStages == 2;
-  using SmemLayoutQ =
-      decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
-                             Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQStages>>{}));
+  using SmemLayoutQ = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
+                                             Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutK = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
                                              Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutV = decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(),
@@ -173,6 +154,11 @@ struct FwdTraits {
   // 64 w + 64) are a contiguous block with this layout.
   using SmemLayoutOHalf = decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(),
                                                  Shape<_64, Int<kHeadDimV>>{}, Step<_2, _1>{}));
+  static constexpr int kQKVBytes =
+      int(cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV>) *
+      int(sizeof(Element));
+  static constexpr bool kTmaStoreO =
+      kQKVBytes + kBlockM * kHeadDimV * int(sizeof(Element)) + 1024 <= 227 * 1024;
   static_assert(cosize_v<SmemLayoutOHalf> * kConsumerWGs == cosize_v<SmemLayoutO>,
                 "one contiguous block of rows per warpgroup");
 
@@ -184,8 +170,8 @@ struct FwdTraits {
     alignas(1024) cute::array_aligned<Element, kTmaStoreO ? cosize_v<SmemLayoutO> : 8> o;
     alignas(16) typename PipelineKV::SharedStorage pipe_k;
     typename PipelineKV::SharedStorage pipe_v;
-    cutlass::arch::ClusterTransactionBarrier q_full[kQStages];
-    cutlass::arch::ClusterBarrier q_empty[kQStages];
+    cutlass::arch::ClusterTransactionBarrier q_full;
+    cutlass::arch::ClusterBarrier q_empty;
     alignas(8) TileRing tiles;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
@@ -250,23 +236,11 @@ __device__ __forceinline__ void producer(const KernelParams<T>& kp, typename T::
   auto v_state = k_state;
   int tiles_loaded = 0;
   int n_items = 0;
-  // Note [early claim]: the item after w is claimed when w starts and published after w's first
-  // K/V loads, so that the atomic's latency (~1 µs) passes while those wait for their stages and
-  // the consumers find it at w's end, where Note [tile overlap] takes it; claimed after w's last
-  // loads, it arrived about one block too late for that. The last item published is >= total,
-  // the end marker.
-  const int64_t total = kp.sched.total();
-  int64_t w = blockIdx.x;
-  ss.tiles.publish(n_items++, w);
-  while (w < total) {
-    const int64_t w_after = next_item(kp.p.tile_counter, w);
+  for (int64_t w = blockIdx.x; w < kp.sched.total(); w = next_item(kp.p.tile_counter, w)) {
+    ss.tiles.publish(n_items++, w);
     const TileWork t = tile_work(kp, w);
     const BlockRange br = block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block);
-    if (br.empty()) {  // consumers write zeros; nothing to load
-      ss.tiles.publish(n_items++, w_after);
-      w = w_after;
-      continue;
-    }
+    if (br.empty()) continue;  // consumers write zeros; nothing to load
     const int head_kv = t.tile.head / kp.group;
     Tensor gQ = local_tile(
         domain_offset(make_coord(t.seq.offset_q, _0{}), mQ(_, _, t.tile.head, t.bidb_gmem)),
@@ -283,21 +257,18 @@ __device__ __forceinline__ void producer(const KernelParams<T>& kp, typename T::
         tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     auto [tVgV, tVsV] =
         tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-    // Q buffer qs is free once the consumers finished the last S = Q·Kᵀ of the tile before
-    // that used it (kQStages tiles ago).
-    const int qs = tiles_loaded % T::kQStages, q_use = tiles_loaded / T::kQStages;
-    if (q_use > 0) ss.q_empty[qs].wait((q_use - 1) & 1);
-    ss.q_full[qs].arrive_and_expect_tx(T::kQBytes);
-    copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.q_full[qs]), 0), tQgQ, tQsQ(_, qs));
+    // sQ is free once the consumers finished the previous tile's last S = Q·Kᵀ.
+    if (tiles_loaded > 0) ss.q_empty.wait((tiles_loaded - 1) & 1);
+    ss.q_full.arrive_and_expect_tx(T::kQBytes);
+    copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.q_full), 0), tQgQ, tQsQ);
     ++tiles_loaded;
     // Blocks from last to first: the masked diagonal block first, like the consumers.
     for (int n = br.n_end - 1; n >= br.n_begin; --n) {
       pipelined_tma_load(pipe_k, k_state, kp.tma_k, tKgK(_, n), tKsK);
       pipelined_tma_load(pipe_v, v_state, kp.tma_v, tVgV(_, n), tVsV);
-      if (n == br.n_end - 1) ss.tiles.publish(n_items++, w_after);
     }
-    w = w_after;
   }
+  ss.tiles.publish(n_items, kp.sched.total());  // the end marker
   // Keep the CTA alive until the consumers released every buffer the TMA may still write.
   pipe_k.producer_tail(k_state);
   pipe_v.producer_tail(v_state);
@@ -435,200 +406,114 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
   // opens the next one's (g + 1 mod kConsumerWGs); all take the same number of turns (same
   // tiles, same blocks). The last warpgroup opens warpgroup 0's first turn; the last turn's
   // arrival is left over at exit.
-  // The turns' barrier ids come from a fresh %tid.x (Note [fresh tid]): at 160 registers (hd 64)
-  // ptxas kept them in local memory and reloaded both every block.
   const int wg = tid / 128;
   constexpr uint32_t kTurnThreads = 256;  // the waiting warpgroup and the one before it
   const int next_wg = wg + 1 == T::kConsumerWGs ? 0 : wg + 1;
   auto turn_begin = [&]() {
-    if constexpr (T::kPingPong) {
-      cutlass::arch::NamedBarrier::sync(kTurnThreads, fresh_thread_index() / 128 - 1);
-    }
+    if constexpr (T::kPingPong) cutlass::arch::NamedBarrier::sync(kTurnThreads, wg);
   };
   auto turn_end = [&]() {
-    if constexpr (T::kPingPong) {
-      const int g = fresh_thread_index() / 128;  // this warpgroup's number + 1
-      cutlass::arch::NamedBarrier::arrive(kTurnThreads, g == T::kConsumerWGs ? 0 : g);
-    }
+    if constexpr (T::kPingPong) cutlass::arch::NamedBarrier::arrive(kTurnThreads, next_wg);
   };
   if (T::kPingPong && next_wg == 0) cutlass::arch::NamedBarrier::arrive(kTurnThreads, 0);
 
-  // One Q tile as this consumer sees it.
-  struct Tile {
-    TileWork t;
-    BlockRange br;
-    int row_base;  // this thread's first row in the sequence
-    int qs;        // its Q buffer
-  };
   const int64_t total = kp.sched.total();
-  auto make_tile = [&](int64_t w) {
-    Tile c;
-    c.t = tile_work(kp, w);
-    c.br = block_range<T::kBlockM, T::kBlockN>(c.t.mask, c.t.tile.m_block);
-    c.row_base = c.t.tile.m_block * T::kBlockM + row_in_tile0;
-    c.qs = 0;
-    return c;
-  };
-  auto wait_q = [&](Tile& c) {  // the producer loads Q in tile order, skipping empty tiles
-    c.qs = tiles_loaded % T::kQStages;
-    ss.q_full[c.qs].wait((tiles_loaded / T::kQStages) & 1);
-    ++tiles_loaded;
-  };
-  // Note [intra-warpgroup overlap]: S of block n is issued before, and O += P·V of block n + 1
-  // right after, the softmax of block n runs on the CUDA cores while the tensor cores finish
-  // P·V; wgmma groups retire in order, so wait<1> is "S done, P·V may still run". P (tOrP) is
-  // rewritten only after wait<0>, when the P·V that reads it has finished. In the SASS, ptxas
-  // moves that wait<0> (and the V release) up to the start of the row max, so only the mask and
-  // softcap code overlap this warpgroup's P·V; a loop that kept it behind the softmax measured
-  // no gain (docs/perf-notes.md, forward step 9).
-  auto issue_s = [&](const Tile& c) {
-    pipe_k.consumer_wait(k_state);
-    warpgroup_fence_operand(tSrS);
-    warpgroup_arrive();
-    // The Q buffer's index broadcast from lane 0, so that its descriptors stay uniform (Note
-    // [uniform descriptors]; from the per-thread count they took 16 R2UR per block).
-    const int qs = T::kQStages == 1 ? 0 : __shfl_sync(0xffffffff, c.qs, 0);
-    gemm_zero_acc(mma_qk, tSrQ(_, _, _, qs), tSrK(_, _, _, k_state.index()), tSrS);
-    warpgroup_commit_batch();
-  };
-  auto issue_pv = [&]() {
-    pipe_v.consumer_wait(v_state);
-    warpgroup_fence_operand(tOrO);
-    warpgroup_arrive();
-    gemm(mma_pv, tOrP, tOrVt(_, _, _, v_state.index()), tOrO);
-    warpgroup_commit_batch();
-  };
-  auto s_done = [&](const Tile& c, int n) {
-    warpgroup_fence_operand(tSrS);
-    pipe_k.consumer_release(k_state);
-    ++k_state;
-    if (n == c.br.n_begin) ss.q_empty[c.qs].arrive();  // last use of its Q buffer
-  };
-  auto pv_done = [&]() {
-    warpgroup_fence_operand(tOrO);
-    pipe_v.consumer_release(v_state);
-    ++v_state;
-  };
-  OnlineSoftmax<SFrag> softmax;
-  // Scores of block n of tile c -> P in fp32 (in tSrS); returns the rows' O factors.
-  auto softmax_block = [&](const Tile& c, int n, float (&o_scale)[2]) {
-    if (kp.score.softcap) apply_softcap<SFrag>(s_arr, kp.score.pre);
-    if (c.br.needs_mask(n)) {
-      apply_mask<SFrag>(
-          s_arr, c.t.mask, [&](int r) { return c.row_base + 8 * r; },
-          [&](int e) { return n * T::kBlockN + 8 * (e / 2) + 2 * quad_lane + e % 2; });
-    }
-    const RowDecisions d = softmax.update_max(s_arr, kp.score.scale_log2, T::kTau, o_scale);
-    softmax.template exp2_and_sum<T::kEmuSixteenths>(s_arr, kp.score.scale_log2);
-    return d;
-  };
-  auto convert_p = [&]() {
-    FA4_UNROLL
-    for (int i = 0; i < SFrag::kSize; ++i) tOrP(i) = Element(s[i]);
-  };
-  // O of tile c, scaled by 1/l, and its LSE (softmax.finalize's).
-  auto store = [&](const Tile& c, const float (&inv_l)[2], const float (&lse)[2]) {
-    scale_rows<OFrag>(o_arr, inv_l);
-    if (T::kTmaStoreO && kp.p.cu_seqlens_q == nullptr) {
-      store_tile_tma<T>(kp, ss, c.t, mma_pv, tOrO, lse, row_in_tile0, quad_lane, wg, tid);
-    } else {
-      store_tile<T, OFrag>(kp, c.t, o, lse, row_in_tile0, quad_lane);
-    }
-  };
+  for (int n_items = 0;; ++n_items) {
+    const int64_t w = ss.tiles.take(n_items);
+    if (w >= total) break;
+    const TileWork t = tile_work(kp, w);
+    const BlockRange br = block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block);
+    OnlineSoftmax<SFrag> softmax;
+    softmax.init();
+    clear(tOrO);
+    if (!br.empty()) {
+      ss.q_full.wait(tiles_loaded & 1);
+      ++tiles_loaded;
+      const int row_base = t.tile.m_block * T::kBlockM + row_in_tile0;
+      // Note [intra-warpgroup overlap]: S of block n is issued before, and O += P·V of block
+      // n + 1 right after, the softmax of block n runs on the CUDA cores while the tensor cores
+      // finish P·V; wgmma groups retire in order, so wait<1> is "S done, P·V may still run".
+      // P (tOrP) is rewritten only after wait<0>, when the P·V that reads it has finished.
+      // In the SASS, ptxas moves that wait<0> (and the V release) up to the start of the row
+      // max, so only the mask and softcap code overlap this warpgroup's P·V; a loop that kept it
+      // behind the softmax measured no gain (docs/perf-notes.md, forward step 9).
+      auto issue_s = [&]() {
+        pipe_k.consumer_wait(k_state);
+        warpgroup_fence_operand(tSrS);
+        warpgroup_arrive();
+        gemm_zero_acc(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
+        warpgroup_commit_batch();
+      };
+      auto issue_pv = [&]() {
+        pipe_v.consumer_wait(v_state);
+        warpgroup_fence_operand(tOrO);
+        warpgroup_arrive();
+        gemm(mma_pv, tOrP, tOrVt(_, _, _, v_state.index()), tOrO);
+        warpgroup_commit_batch();
+      };
+      auto s_done = [&](int n) {
+        warpgroup_fence_operand(tSrS);
+        pipe_k.consumer_release(k_state);
+        ++k_state;
+        if (n == br.n_begin) ss.q_empty.arrive();  // last use of sQ in this tile
+      };
+      auto pv_done = [&]() {
+        warpgroup_fence_operand(tOrO);
+        pipe_v.consumer_release(v_state);
+        ++v_state;
+      };
+      // Scores of block n -> P in fp32 (in tSrS); returns the rows' O factors.
+      auto softmax_block = [&](int n, float (&o_scale)[2]) {
+        if (kp.score.softcap) apply_softcap<SFrag>(s_arr, kp.score.pre);
+        if (br.needs_mask(n)) {
+          apply_mask<SFrag>(
+              s_arr, t.mask, [&](int r) { return row_base + 8 * r; },
+              [&](int e) { return n * T::kBlockN + 8 * (e / 2) + 2 * quad_lane + e % 2; });
+        }
+        const RowDecisions d = softmax.update_max(s_arr, kp.score.scale_log2, T::kTau, o_scale);
+        softmax.template exp2_and_sum<T::kEmuSixteenths>(s_arr, kp.score.scale_log2);
+        return d;
+      };
+      auto convert_p = [&]() {
+        FA4_UNROLL
+        for (int i = 0; i < SFrag::kSize; ++i) tOrP(i) = Element(s[i]);
+      };
 
-  // Note [tile overlap]: with two Q buffers the last turn of a tile issues the next tile's first
-  // S with the tile's last P·V, and the tile's epilogue runs after the next tile's first softmax
-  // (started = that S is done, its softmax applied and P converted). Otherwise, and before an
-  // empty tile or the end, the tile drains first: its last P·V alone, then the epilogue.
-  // w_next: the item taken at the previous tile's end (have_next), started if its first block
-  // was computed there; then cur is that tile, carried over. Otherwise a tile is built from its
-  // item at the top, so that the loop carries nothing else across its back edge (without
-  // overlap, tile coordinates carried there spilled at hd 256; with it, rebuilding a started
-  // tile put a second tile_work, int64 divisions, before the next turn).
-  int n_items = 0;
-  int64_t w_next = 0;
-  bool have_next = false, started = false;
-  float o_scale[2];
-  Tile cur;
-  for (;;) {
-    if (!started) {
-      const int64_t w = have_next ? w_next : ss.tiles.take(n_items++);
-      have_next = false;
-      if (w >= total) break;
-      cur = make_tile(w);
-    }
-    if (cur.br.empty()) {  // no key visible: zeros, and the LSE of no key (never started)
-      float inv_l[2], lse[2];
-      softmax.init();
-      softmax.finalize(inv_l, lse);
-      clear(tOrO);
-      store(cur, inv_l, lse);
-      continue;
-    }
-    if (!started) {
-      softmax.init();
-      clear(tOrO);
-      wait_q(cur);
+      float o_scale[2];
       turn_begin();
-      issue_s(cur);
+      issue_s();
       turn_end();
       warpgroup_wait<0>();
-      s_done(cur, cur.br.n_end - 1);
-      softmax_block(cur, cur.br.n_end - 1, o_scale);  // O is still 0: nothing to rescale
+      s_done(br.n_end - 1);
+      softmax_block(br.n_end - 1, o_scale);  // O is still 0: nothing to rescale
       convert_p();
-    }
-    for (int n = cur.br.n_end - 2; n >= cur.br.n_begin; --n) {
+      for (int n = br.n_end - 2; n >= br.n_begin; --n) {
+        turn_begin();
+        issue_s();
+        issue_pv();  // P and V of block n + 1
+        turn_end();
+        warpgroup_wait<1>();
+        s_done(n);
+        const RowDecisions d = softmax_block(n, o_scale);
+        warpgroup_wait<0>();
+        pv_done();
+        if (d.any_rescaled()) scale_rows<OFrag>(o_arr, o_scale);
+        convert_p();
+      }
       turn_begin();
-      issue_s(cur);
-      issue_pv();  // P and V of block n + 1
+      issue_pv();
       turn_end();
-      warpgroup_wait<1>();
-      s_done(cur, n);
-      const RowDecisions d = softmax_block(cur, n, o_scale);
       warpgroup_wait<0>();
       pv_done();
-      if (d.any_rescaled()) scale_rows<OFrag>(o_arr, o_scale);
-      convert_p();
     }
     float inv_l[2], lse[2];
-    started = false;
-    if constexpr (T::kOverlapTiles) {
-      w_next = ss.tiles.take(n_items++);
-      have_next = true;
-      if (w_next < total) {
-        Tile nxt = make_tile(w_next);
-        started = !nxt.br.empty();
-        if (started) {
-          wait_q(nxt);
-          turn_begin();
-          issue_s(nxt);
-          issue_pv();  // the last P·V of cur
-          turn_end();
-          warpgroup_wait<1>();
-          s_done(nxt, nxt.br.n_end - 1);
-          softmax.finalize(inv_l, lse);
-          softmax.init();
-          softmax_block(nxt, nxt.br.n_end - 1, o_scale);  // nxt's O is 0: nothing to rescale
-          warpgroup_wait<0>();
-          pv_done();
-          store(cur, inv_l, lse);
-          clear(tOrO);
-          convert_p();
-          have_next = false;
-          cur = nxt;
-          continue;
-        }
-      }
-      // Not started (an empty tile or the end marker): the loop's top takes w_next after the
-      // drain.
-    }
-    turn_begin();  // drain: the tile's last P·V alone, then its epilogue
-    issue_pv();
-    turn_end();
-    warpgroup_wait<0>();
-    pv_done();
     softmax.finalize(inv_l, lse);
-    store(cur, inv_l, lse);
+    scale_rows<OFrag>(o_arr, inv_l);
+    if (T::kTmaStoreO && kp.p.cu_seqlens_q == nullptr) {
+      store_tile_tma<T>(kp, ss, t, mma_pv, tOrO, lse, row_in_tile0, quad_lane, wg, tid);
+    } else {
+      store_tile<T, OFrag>(kp, t, o, lse, row_in_tile0, quad_lane);
+    }
   }
   // The last TMA store must have read shared memory before the CTA exits.
   if (T::kTmaStoreO && threadIdx.x % 128 == 0) tma_store_wait<0>();
@@ -648,10 +533,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
-    for (int i = 0; i < T::kQStages; ++i) {
-      ss.q_full[i].init(1);
-      ss.q_empty[i].init(T::kConsumerThreads);
-    }
+    ss.q_full.init(1);
+    ss.q_empty.init(T::kConsumerThreads);
     ss.tiles.init(T::kConsumerThreads);
   }
   using Pipe = typename T::PipelineKV;

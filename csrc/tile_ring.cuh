@@ -6,9 +6,8 @@
 // 1.8x at hd256 16k (one head per section, 128 tiles per round of 132 CTAs) and 1.2x at hd128
 // (simulated with per-tile costs m_block + 2.5 blocks; docs/perf-notes.md). With
 // FwdParams::tile_counter set, the producer (the thread that issues the TMA loads) claims each
-// next item with one atomicAdd: the SM100 kernel when it has issued the current tile's loads
-// (the consumers still have the pipeline's blocks of that tile to compute, which hides the
-// atomic's latency), the SM90 kernel when the current tile starts (Note [early claim]), so
+// next item with one atomicAdd when it has issued the current tile's loads (the consumers still
+// have the pipeline's blocks of that tile to compute, which hides the atomic's latency), so
 // tiles go to whichever CTA frees up first, in the TileScheduler's order (same L2 reuse). It
 // hands the items to the other roles through a ring of kTileSlots slots in shared memory: they
 // need the item before Q is loaded, and a tile with no KV block loads nothing.

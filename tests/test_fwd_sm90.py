@@ -181,8 +181,8 @@ def test_static_and_dynamic_schedules_agree(monkeypatch, kw):
     "hdims", [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
 )
 def test_tile_boundaries(monkeypatch, hdims, kw):
-    """Note [tile overlap]: a tile's epilogue runs beside the next tile's first block, which
-    reads the other Q buffer. Each CTA walks ~10 tiles: varlen sequences of 0 to 700 rows (empty
+    """Consecutive tiles of one CTA share the Q buffer, the K/V pipelines' phases, the tile ring
+    and the O staging buffer. Each CTA walks ~10 tiles: varlen sequences of 0 to 700 rows (empty
     tiles between full ones, one-block tiles, rows past the end), GQA, under the static stride
     (CTA c: items c, c + grid, ...) and the run-time counter; both against the reference and
     bit-equal to each other; then a dense problem under the static stride."""

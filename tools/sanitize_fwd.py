@@ -52,9 +52,8 @@ def main():
         run(f"dense d={d},{d_v}", q, k, v)
         run(f"causal d={d},{d_v}", q, k, v, causal=True)
     feature_cases(run, *compiled[0])
-    # More tiles than SMs at every head dim: the CTAs claim tiles from the counter, go around
-    # the tile ring (Note [dynamic tiles]) several times, and alternate their Q buffers where
-    # there are two (Note [tile overlap]).
+    # More tiles than SMs at every head dim: the CTAs claim tiles from the counter and go around
+    # the tile ring (Note [dynamic tiles]) several times.
     for d, d_v in compiled:
         q = torch.randn(4, 600, 16, d, device=dev, dtype=bf)
         k = torch.randn(4, 600, 4, d, device=dev, dtype=bf)
