@@ -8,7 +8,9 @@
 // FwdParams::tile_counter set, the producer (the thread that issues the TMA loads) claims each
 // next item with one atomicAdd when it has issued the current tile's loads (the consumers still
 // have the pipeline's blocks of that tile to compute, which hides the atomic's latency), so
-// tiles go to whichever CTA frees up first, in the TileScheduler's order (same L2 reuse). It
+// tiles go to whichever CTA frees up first, in the TileScheduler's order (same L2 reuse). Not
+// earlier: claimed when the current tile starts, the SM90 forward lost 14 % at hd256 causal 16k
+// (a CTA holding a long tile in reserve; docs/perf-notes.md, forward step 11). It
 // hands the items to the other roles through a ring of kTileSlots slots in shared memory: they
 // need the item before Q is loaded, and a tile with no KV block loads nothing.
 //   full[i]   producer -> every reader, protects items[i] (1 arrival)
