@@ -2,7 +2,7 @@
 # A/B of one compile-time switch of the SM90 forward in one device call (docs/perf-notes.md):
 # builds "base" and "var" (forward only, sm_90a), runs tests/test_fwd_sm90.py on var, then
 # benches base, var with the peers at the peer head dims, base and var again (the spread of the
-# same build within the call), and both at the other head dims. Run from the repo root on the
+# same build within the call), and both twice at the other head dims (base, var, var, base). Run from the repo root on the
 # device machine, with the nvidia-cutlass wheel on PYTHONPATH and, for the peers, flash-attn-4
 # installed (.peer-b/install.sh); the arguments are FA4_NVCC_EXTRA of base and var, e.g.
 #
@@ -55,20 +55,26 @@ bench base base "$peer_hdims" fa4 || exit 1
 bench var var_peers "$peer_hdims" fa4,sdpa-cudnn,flash-attn-4 || exit 1
 bench base base2 "$peer_hdims" fa4 || exit 1
 bench var var2 "$peer_hdims" fa4 || exit 1
+# The other head dims run base, var, var, base: a single base-then-var pair measured var 3-5 %
+# low at 1k with identical code (perf.md, "overlapping tile boundaries", hd 256).
 if [ -n "$other" ]; then
   bench base base_other "$other" fa4 || exit 1
   bench var var_other "$other" fa4 || exit 1
+  bench var var_other2 "$other" fa4 || exit 1
+  bench base base_other2 "$other" fa4 || exit 1
 fi
 python3 - "$out" <<'PY'
 import csv, sys
 from pathlib import Path
-runs = ["base", "base2", "var", "var2", "var_peers", "base_other", "var_other"]
+runs = ["base", "base2", "var", "var2", "var_peers", "base_other", "var_other", "base_other2",
+        "var_other2"]
 t = {}
 for r in runs:
     f = Path(sys.argv[1]) / f"{r}.csv"
     for row in csv.DictReader(open(f)) if f.exists() else []:
         run = "var" if r == "var_peers" and row["impl"] == "fa4" else r
-        run = {"base_other": "base", "var_other": "var"}.get(run, run)
+        run = {"base_other": "base", "var_other": "var", "base_other2": "base2",
+               "var_other2": "var2"}.get(run, run)
         key = (int(row["hdim"]), int(row["causal"]), int(row["seqlen"]))
         name = run if row["impl"] == "fa4" else row["impl"]
         t.setdefault(key, {})[name] = row["tflops"] if row["status"].startswith("ok") else row["status"]
