@@ -2,9 +2,10 @@
 # A/B of one compile-time switch of the SM90 forward in one device call (docs/perf-notes.md):
 # builds "base" and "var" (forward only, sm_90a), runs tests/test_fwd_sm90.py on var, then
 # benches base, var with the peers at the peer head dims, base and var again (the spread of the
-# same build within the call), and both twice at the other head dims (base, var, var, base). Run from the repo root on the
-# device machine, with the nvidia-cutlass wheel on PYTHONPATH and, for the peers, flash-attn-4
-# installed (.peer-b/install.sh); the arguments are FA4_NVCC_EXTRA of base and var, e.g.
+# same build within the call), and both twice at the other head dims (base, var, var, base).
+# Run from the repo root on the device machine, with the nvidia-cutlass wheel on PYTHONPATH and,
+# for the peers, flash-attn-4 installed (.peer-b/install.sh); the arguments are FA4_NVCC_EXTRA
+# of base and var, e.g.
 #
 #   bash bench/ab_sm90_fwd.sh "-DFA4_SM90_PINGPONG=0" "-DFA4_SM90_PINGPONG=1"
 #

@@ -209,8 +209,8 @@ def test_tile_boundaries(monkeypatch, hdims, kw):
     assert_tolerance("out", static[0], ref, pt, q.dtype)
     assert_tolerance("lse", static[1], ref_lse, pt_lse, torch.float32)
     assert torch.equal(dynamic[0], static[0]) and torch.equal(dynamic[1], static[1])
-    # Dense problems store O by TMA (Note [TMA-store epilogue]): 33 x 8 heads x 2 Q tiles of
-    # 129 rows (the second with one row), ~4 per CTA.
+    # Dense problems store O by TMA (Note [TMA-store epilogue]): 33 x 8 heads of 129 rows, one
+    # 192-row tile each at hd64, two 128-row tiles (the second with one row) elsewhere.
     qd, kd, vd = make((33, 129, 8, d), (33, 129, 8, d), d_v, torch.bfloat16, seed=d + 1)
     check(qd, kd, vd, *run(qd, kd, vd, **kw), **kw)
 
