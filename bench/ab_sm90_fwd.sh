@@ -1,6 +1,7 @@
 #!/bin/bash
-# A/B of one compile-time switch of the SM90 forward in one device call (docs/perf-notes.md):
-# builds "base" and "var" (forward only, sm_90a), runs tests/test_fwd_sm90.py on var, then
+# A/B of one compile-time switch of the SM90 forward (or, with DIR=bwd, backward) in one device
+# call (docs/perf-notes.md): builds "base" and "var" (sm_90a; forward only unless DIR=bwd), runs
+# tests/test_<DIR>_sm90.py on var, then
 # benches base, var with the peers at the peer head dims, base and var again (the spread of the
 # same build within the call), and both twice at the other head dims (base, var, var, base).
 # Run from the repo root on the device machine, with the nvidia-cutlass wheel on PYTHONPATH and,
@@ -11,7 +12,8 @@
 #
 # (perf-notes forward step 9 ran it with a switch since removed). Prints a table of every run last.
 # Environment: HDIMS (built and benched, default 64,128,256), PEER_HDIMS (default 128),
-# SEQLENS (default 1k,2k,16k), OUT (CSVs and logs, default /tmp/ab).
+# SEQLENS (default 1k,2k,16k), OUT (CSVs and logs, default /tmp/ab), DIR (fwd, or bwd: builds the
+# backward too, benches it and tests tests/test_bwd_sm90.py), TESTS (0 skips the tests).
 set -o pipefail
 base_flags=$1
 var_flags=$2
@@ -19,12 +21,14 @@ hdims=${HDIMS:-64,128,256}
 peer_hdims=${PEER_HDIMS:-128}
 seqlens=${SEQLENS:-1k,2k,16k}
 out=${OUT:-/tmp/ab}
+dir=${DIR:-fwd}
+[ "$dir" = bwd ] && disable_bwd=0 || disable_bwd=1
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 
 build() {  # name, flags: builds in place, keeps a copy of the extension in /tmp/ab_so_<name>
   local t0=$SECONDS
-  FA4_CUDA_ARCHS=90a FA4_HDIMS=$hdims FA4_DISABLE_BWD=1 FA4_NVCC_EXTRA="$2" MAX_JOBS=16 \
+  FA4_CUDA_ARCHS=90a FA4_HDIMS=$hdims FA4_DISABLE_BWD=$disable_bwd FA4_NVCC_EXTRA="$2" MAX_JOBS=16 \
     python3 -m pip install --no-build-isolation --no-deps --no-index -e . >"/tmp/ab_build_$1.log" 2>&1 ||
     { tail -40 "/tmp/ab_build_$1.log"; return 1; }
   local so
@@ -41,7 +45,7 @@ use() {  # name: puts that build's extension in place
 bench() {  # name, csv name, hdims, impls
   use "$1" || return 1
   local t0=$SECONDS
-  python3 bench/bench.py --dirs fwd --hdims "$3" --seqlens "$seqlens" --impls "$4" \
+  python3 bench/bench.py --dirs "$dir" --hdims "$3" --seqlens "$seqlens" --impls "$4" \
     --out "/tmp/ab_bench_$2" || return 1
   cp "/tmp/ab_bench_$2/results.csv" "$out/$2.csv"
   echo "bench $2 ($1, hd $3, $4) in $((SECONDS - t0)) s"
@@ -51,7 +55,7 @@ other=$(python3 -c "import sys; a, b = sys.argv[1:]; print(','.join(h for h in a
 build base "$base_flags" || exit 1
 build var "$var_flags" || exit 1
 # The variant's correctness; the timings run either way (a failure is in the log).
-use var && python3 -m pytest tests/test_fwd_sm90.py -q -rs 2>&1 | tail -15
+[ "${TESTS:-1}" = 0 ] || { use var && python3 -m pytest "tests/test_${dir}_sm90.py" -q -rs 2>&1 | tail -15; }
 bench base base "$peer_hdims" fa4 || exit 1
 bench var var_peers "$peer_hdims" fa4,sdpa-cudnn,flash-attn-4 || exit 1
 bench base base2 "$peer_hdims" fa4 || exit 1

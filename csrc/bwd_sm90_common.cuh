@@ -17,6 +17,7 @@
 #include "mask.cuh"
 #include "params.h"
 #include "sm90_common.cuh"
+#include "bwd_sm90_trace.cuh"
 #include "softmax.cuh"
 
 namespace fa4::sm90 {
@@ -90,6 +91,7 @@ struct BwdTraits {
     typename Pipeline::SharedStorage pipe_q;
     typename Pipeline::SharedStorage pipe_do;
     cutlass::arch::ClusterTransactionBarrier kv_full;
+    BwdTrace trace;  // Note [bwd trace]
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (227 KB per CTA on SM90)");
@@ -204,7 +206,9 @@ enum BwdBarrier : uint32_t {
   kDqFull = 1,
   kDqEmpty = 2,
   kDqFull1 = 3,
-  kDqEmpty1 = 4
+  kDqEmpty1 = 4,
+  kTraceDump = 5,  // Note [bwd trace]
+  kEpilogue = 6    // consumers, Note [dK/dV epilogue]
 };
 constexpr int kReducerThreads = 32;  // one warp of the producer warpgroup
 
@@ -308,23 +312,6 @@ __device__ __forceinline__ auto fragment_coords(const TiledMma& mma, int tid, Sh
   return mma.get_thread_slice(tid).partition_C(make_identity_tensor(shape));
 }
 
-template <class T, class Frag, class Coord>
-__device__ __forceinline__ void store_rows(typename T::Element* base, int64_t row_stride,
-                                           int rows_valid, float scale, const Frag& acc,
-                                           const Coord& coords) {
-  using Element = typename T::Element;
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < size(acc); i += 2) {
-    const int row = get<0>(coords(i));
-    const int col = get<1>(coords(i));
-    if (row >= rows_valid) continue;
-    cutlass::Array<Element, 2> pair;
-    pair[0] = Element(acc(i) * scale);
-    pair[1] = Element(acc(i + 1) * scale);
-    *reinterpret_cast<cutlass::Array<Element, 2>*>(base + row * row_stride + col) = pair;
-  }
-}
-
 // Note [dQ reduce]: each 64-row Q block's dQ (kBlockM × d fp32, summed over the tile's kv rows
 // by the dQ GEMM) is added to the workspace accumulator by one bulk reduce-add
 // (cp.reduce.async.bulk .add.f32) of the whole block: 1 operation per 64 × d block, where a
@@ -356,6 +343,7 @@ __device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,
     const int64_t row = row0_ws + int64_t(m_begin + i % (m_end - m_begin)) * T::kBlockM;
     cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, kDqFull);
     cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, kDqFull1);
+    ss.trace.mark(leader, 2, i, 0);
     if (leader) {
       int* sem = kp.p.fwd.deterministic ? kp.ws.sem(head, row) : nullptr;
       if (sem != nullptr) {
@@ -371,6 +359,7 @@ __device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,
       if (sem != nullptr) dq_turn_pass(sem);
       tma_store_wait<0>();  // the smem has been read
     }
+    ss.trace.mark(leader, 2, i, 1);
     __syncwarp();
     if (i + 1 < blocks) {
       cutlass::arch::NamedBarrier::arrive(kHalfBarrierThreads, kDqEmpty);
@@ -379,6 +368,8 @@ __device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,
   }
   // The last reduce-add must finish before the CTA (and its shared memory) goes away.
   if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  ss.trace.cta_mark(leader, 6);
+  ss.trace.reducer_done(kTraceDump);
 }
 
 // One GEMM of the backward on the tensor cores as one wgmma batch: k-slices of a and b into c,
@@ -463,29 +454,89 @@ __device__ __forceinline__ void p_and_ds(const Score& score, const Mask& mask, b
   }
 }
 
+// The first row of this CTA's dV tile.
+template <class T>
+__device__ __forceinline__ typename T::Element* dv_tile(const BwdKernelParams<T>& kp,
+                                                        const SeqInfo& seq, int n, int head_kv,
+                                                        int b) {
+  const BwdParams& p = kp.p;
+  const int bidb = p.fwd.cu_seqlens_q != nullptr ? 0 : b;
+  return static_cast<typename T::Element*>(p.dv) + int64_t(bidb) * p.dv_batch_stride +
+         (int64_t(seq.offset_k) + int64_t(n) * T::kBlockN) * p.dv_row_stride +
+         int64_t(head_kv) * p.dv_head_stride;
+}
+
+// Note [dK/dV epilogue]: dK and dV leave through shared memory. Written from the accumulator
+// fragments, each thread's 4-byte pairs hit 8 rows per warp store (16 of a row's 32-byte sectors
+// per instruction); the trace build measured that epilogue at 6.7 us of a 46 us CTA at hd128 1k
+// (docs/perf-notes.md). Once both warpgroups are done with K, V, Q and dO, the tile goes to
+// shared memory in rows (pitch d + 8 elements: a warp's pairs then cover all 32 banks) over those
+// buffers, and the CTA writes whole 16-byte row chunks (dispatch guarantees 16-byte aligned dk,
+// dv and strides). Measured: the hd128 backward +8-9 % at 1k, 0-2 % at 16k (docs/perf.md).
+
+// The fragment, times scale, as rows of `rows` (pitch kD + 8 elements).
+template <class T, int kD, class Frag, class Coord>
+__device__ __forceinline__ void stage_rows(typename T::Element* rows, float scale, const Frag& acc,
+                                           const Coord& coords) {
+  using Element = typename T::Element;
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(acc); i += 2) {
+    cutlass::Array<Element, 2> pair;
+    pair[0] = Element(acc(i) * scale);
+    pair[1] = Element(acc(i + 1) * scale);
+    const int at = get<0>(coords(i)) * (kD + 8) + get<1>(coords(i));
+    *reinterpret_cast<cutlass::Array<Element, 2>*>(rows + at) = pair;
+  }
+}
+
+// Rows [0, rows_valid) of the staged tile to global memory, 16 bytes per store.
+template <class T, int kD>
+__device__ __forceinline__ void write_rows(const typename T::Element* rows,
+                                           typename T::Element* base, int64_t row_stride,
+                                           int rows_valid, int tid) {
+  constexpr int kChunks = kD / 8;
+  for (int c = tid; c < T::kBlockN * kChunks; c += T::kConsumerThreads) {
+    const int row = c / kChunks, col = c % kChunks * 8;
+    if (row >= rows_valid) break;  // rows only grow with c
+    *reinterpret_cast<uint4*>(base + row * row_stride + col) =
+        *reinterpret_cast<const uint4*>(rows + row * (kD + 8) + col);
+  }
+}
+
 // dK and dV of this tile, summed over the group: dK scaled by softmax_scale (dS is the gradient
-// w.r.t. the scaled scores), written as the dtype; rows past seqlen_k skipped.
+// w.r.t. the scaled scores), written as the dtype; rows past seqlen_k skipped. Called by every
+// consumer thread after its last GEMM (Note [dK/dV epilogue]).
 template <class T, class MmaK, class AccK, class MmaV, class AccV>
-__device__ __forceinline__ void store_dk_dv(const BwdKernelParams<T>& kp, const SeqInfo& seq, int n,
-                                            int head_kv, int b, int tid, const MmaK& mma_dk,
+__device__ __forceinline__ void store_dk_dv(const BwdKernelParams<T>& kp,
+                                            typename T::SharedStorage& ss, const SeqInfo& seq,
+                                            int n, int head_kv, int b, int tid, const MmaK& mma_dk,
                                             const AccK& acc_dk, const MmaV& mma_dv,
                                             const AccV& acc_dv) {
   using Element = typename T::Element;
-  constexpr int kN = T::kBlockN;
+  constexpr int kN = T::kBlockN, kD = T::kHeadDim, kDV = T::kHeadDimV;
   const BwdParams& p = kp.p;
   const bool varlen = p.fwd.cu_seqlens_q != nullptr;
   const int bidb = varlen ? 0 : b;
   Element* dk = static_cast<Element*>(p.dk) + int64_t(bidb) * p.dk_batch_stride +
                 (int64_t(seq.offset_k) + int64_t(n) * kN) * p.dk_row_stride +
                 int64_t(head_kv) * p.dk_head_stride;
-  Element* dv = static_cast<Element*>(p.dv) + int64_t(bidb) * p.dv_batch_stride +
-                (int64_t(seq.offset_k) + int64_t(n) * kN) * p.dv_row_stride +
-                int64_t(head_kv) * p.dv_head_stride;
+  Element* dv = dv_tile<T>(kp, seq, n, head_kv, b);
   const int rows_valid = seq.seqlen_k - n * kN;
-  store_rows<T>(dk, p.dk_row_stride, rows_valid, p.fwd.softmax_scale, acc_dk,
-                fragment_coords(mma_dk, tid, Shape<Int<kN>, Int<T::kHeadDim>>{}));
-  store_rows<T>(dv, p.dv_row_stride, rows_valid, 1.0f, acc_dv,
-                fragment_coords(mma_dv, tid, Shape<Int<kN>, Int<T::kHeadDimV>>{}));
+  const auto ck = fragment_coords(mma_dk, tid, Shape<Int<kN>, Int<kD>>{});
+  const auto cv = fragment_coords(mma_dv, tid, Shape<Int<kN>, Int<kDV>>{});
+  // k, v, q and dout are consecutive members: the staged tiles fit in their span.
+  static_assert(kN * (kD + 8 + kDV + 8) <=
+                    cosize_v<typename T::SmemLayoutK> + cosize_v<typename T::SmemLayoutV> +
+                        cosize_v<typename T::SmemLayoutQ> + cosize_v<typename T::SmemLayoutDO>,
+                "staged dK and dV fit over K, V, Q and dO");
+  Element* rows_k = ss.k.data();
+  Element* rows_v = rows_k + kN * (kD + 8);
+  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);  // K, V, Q, dO free
+  stage_rows<T, kD>(rows_k, p.fwd.softmax_scale, acc_dk, ck);
+  stage_rows<T, kDV>(rows_v, 1.0f, acc_dv, cv);
+  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
+  write_rows<T, kD>(rows_k, dk, p.dk_row_stride, rows_valid, tid);
+  write_rows<T, kDV>(rows_v, dv, p.dv_row_stride, rows_valid, tid);
 }
 
 }  // namespace fa4::sm90

@@ -72,6 +72,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   q_blocks_seeing<T>(mask, n, m_begin, m_end);
   const int blocks = kp.group * (m_end - m_begin);
   ss.kv_full.wait(0);
+  ss.trace.cta_mark(tid == 0, 2);
   // Note [bwd issue order]: Sᵀ and dPᵀ go to the tensor cores together; P is computed in place
   // (in acc_s) once Sᵀ is done while dPᵀ still runs. After dPᵀ, one pass turns P and dPᵀ into the
   // 16-bit Pᵀ and dSᵀ operands (the fp32 registers die as the 16-bit ones are made, which keeps
@@ -84,37 +85,48 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   for (int i = 0, m = m_begin; i < blocks; ++i, m = m + 1 == m_end ? m_begin : m + 1) {
     // Note [fresh tid]: the score coordinates and the dSᵀ store addresses per iteration (the
     // consumers are threads 128.., tid = threadIdx.x - 128 as bwd_kernel passes it).
+    const bool leader = tid % 128 == 0;  // Note [bwd trace]
+    const int wg = tid / 128;
+    ss.trace.mark(leader, wg, i, 0);
     const int ltid = fresh_thread_index() - 128;
     const auto c_s = fragment_coords(mma_s, ltid, Shape<Int<kN>, Int<kM>>{});
     Tensor tDSsDSt =
         copy_ds.get_thread_slice(ltid).partition_D(as_position_independent_swizzle_tensor(sDSt));
     pipe_q.consumer_wait(q_state);
     pipe_do.consumer_wait(do_state);
+    ss.trace.mark(leader, wg, i, 1);
+    ss.trace.cta_mark(tid == 0 && i == 0, 3);
     const int sq = q_state.index(), sdo = do_state.index(), sds = i % T::kDsStages;
     issue_gemm(mma_s, tSrK, tSrQ(_, _, _, sq), acc_s, true);
     issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, sdo), acc_dp, true);
     warpgroup_wait<1>();
     warpgroup_fence_operand(acc_s);
+    ss.trace.mark(leader, wg, i, 2);
     p_and_ds(kp.score, mask, block_range<kM, kN>(mask, m).needs_mask(n), n * kN, m * kM, c_s,
              ss.lse2[sq], ss.dpsum[sdo], acc_s, acc_dp, reg_p, reg_ds);
     fence_packed(reg_p);
     fence_packed(reg_ds);
+    ss.trace.mark(leader, wg, i, 3);
     issue_gemm(mma_dv, reg_p, tVrDOt(_, _, _, sdo), acc_dv, false);
     // dSᵀ to shared memory for dQ = dS·K (both warpgroups' kv rows form the K dimension).
     copy(copy_ds, reg_ds_c, tDSsDSt(_, _, _, sds));
     cutlass::arch::fence_view_async_shared();
+    ss.trace.mark(leader, wg, i, 4);
     cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kDsWritten);
+    ss.trace.mark(leader, wg, i, 5);
     // dQ before dK, so that dQ's trip to shared memory overlaps dK on the tensor cores.
     issue_gemm(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);
     issue_gemm(mma_dk, reg_ds, tKrQt(_, _, _, sq), acc_dk, false);
     warpgroup_wait<1>();  // dV and dQ done
     warpgroup_fence_operand(acc_dv);
     warpgroup_fence_operand(acc_dq);
+    ss.trace.mark(leader, wg, i, 6);
     pipe_do.consumer_release(do_state);
     ++do_state;
     // Each warpgroup hands its own part of the block to the reducer (Note [dQ reduce]): the two
     // warpgroups do not wait for each other here.
     if (i > 0) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
+    ss.trace.mark(leader, wg, i, 7);
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < size(acc_dq) / 4; ++j) {
       ss.dq[j * T::kConsumerThreads + tid] =
@@ -122,12 +134,18 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     }
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::arrive(kHalfBarrierThreads, dq_full);
+    ss.trace.mark(leader, wg, i, 8);
     warpgroup_wait<0>();  // dK done
     warpgroup_fence_operand(acc_dk);
+    ss.trace.mark(leader, wg, i, 9);
     pipe_q.consumer_release(q_state);
     ++q_state;
   }
-  store_dk_dv(kp, seq, n, head_kv, b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
+  ss.trace.cta_mark(tid % 128 == 0, tid == 0 ? 4 : 7);
+  store_dk_dv(kp, ss, seq, n, head_kv, b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
+  ss.trace.cta_mark(tid == 0, 5);
+  ss.trace.dump(dv_tile<T>(kp, seq, n, head_kv, b), kp.p.dv_row_stride, seq.seqlen_k - n * kN, tid,
+                kTraceDump);
 }
 
 }  // namespace fa4::sm90

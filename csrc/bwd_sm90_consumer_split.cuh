@@ -149,7 +149,7 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
     }
     if (sem != nullptr) dq_turn_pass_all(sem, tid, T::kConsumerThreads);
   }
-  store_dk_dv(kp, seq, n, head_kv, b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
+  store_dk_dv(kp, ss, seq, n, head_kv, b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
 }
 
 }  // namespace fa4::sm90

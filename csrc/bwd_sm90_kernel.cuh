@@ -47,6 +47,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ char smem[];
   auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem);
+  if constexpr (!T::kSplitD) ss.trace.cta_mark(threadIdx.x == 0, 0);  // Note [bwd trace]
   const FwdParams& f = kp.p.fwd;
   int n, head_kv, b;
   kp.grid.decode(blockIdx.x, n, head_kv, b);
@@ -68,6 +69,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Pipe pipe_do(ss.pipe_do, pd, Shape<_1, _1, _1>{});
   cutlass::arch::fence_barrier_init();
   __syncthreads();
+  if constexpr (!T::kSplitD) ss.trace.cta_mark(threadIdx.x == 0, 1);
   // A tile past this sequence's keys (varlen: grid sized by the longest) has nothing to do;
   // its dK/dV rows do not exist.
   if (n * T::kBlockN >= seq.seqlen_k) return;

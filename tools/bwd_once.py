@@ -1,0 +1,48 @@
+"""Two backward calls of one implementation on one shape, for a profiler to pick the second:
+
+    ncu --clock-control none -k regex:bwd_kernel --launch-skip 1 --launch-count 1 \\
+        --section SpeedOfLight python3 tools/bwd_once.py fa4 1 16384 0
+    ncu ... -k regex:BackwardSm90 ... python3 tools/bwd_once.py flash-attn-4 1 16384 0
+
+Arguments: implementation (fa4 or flash-attn-4), batch, seqlen, causal (0/1), and optionally
+head dim (128) and heads (2048 / hd, the bench's 16k-token shapes). bf16, fresh N(0, 1) inputs.
+"""
+
+import sys
+
+import torch
+
+
+def attention_fn(name):
+    if name == "fa4":
+        import fa4
+
+        return fa4.attention
+    if name == "flash-attn-4":
+        from flash_attn.cute import flash_attn_func
+
+        def run(q, k, v, causal):
+            out = flash_attn_func(q, k, v, causal=causal)
+            return out[0] if isinstance(out, tuple) else out
+
+        return run
+    raise SystemExit(f"unknown implementation {name!r} (fa4 or flash-attn-4)")
+
+
+def main():
+    fn = attention_fn(sys.argv[1])
+    b, s, causal = map(int, sys.argv[2:5])
+    d = int(sys.argv[5]) if len(sys.argv) > 5 else 128
+    h = int(sys.argv[6]) if len(sys.argv) > 6 else 2048 // d
+    q, k, v = (
+        torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    dout = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):
+        fn(q, k, v, causal=bool(causal)).backward(dout)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
