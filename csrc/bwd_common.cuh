@@ -26,20 +26,10 @@ struct BwdGrid {
   }
 };
 
-// The Q blocks (of kBlockM rows) that see kv block n: a contiguous range (Note [mask
-// alignment]), found by asking block_range of each Q block.
+// The Q blocks (of kBlockM rows) that see kv block n (mask.cuh).
 template <class T>
 __device__ __forceinline__ void q_blocks_seeing(const Mask& mask, int n, int& m_begin, int& m_end) {
-  const int m_blocks = (mask.seqlen_q + T::kBlockM - 1) / T::kBlockM;
-  m_begin = m_blocks;
-  m_end = 0;
-  for (int m = 0; m < m_blocks; ++m) {
-    const BlockRange br = block_range<T::kBlockM, T::kBlockN>(mask, m);
-    if (br.n_begin <= n && n < br.n_end) {
-      m_begin = m < m_begin ? m : m_begin;
-      m_end = m + 1;
-    }
-  }
+  fa4::q_blocks_seeing<T::kBlockM, T::kBlockN>(mask, n, m_begin, m_end);
 }
 
 // Note [deterministic dQ]: with FwdParams::deterministic, the kv tiles that see a query block

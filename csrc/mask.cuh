@@ -133,6 +133,44 @@ __host__ __device__ BlockRange block_range(const Mask& mask, int m_block) {
   return br;
 }
 
+// The Q blocks of kBlockM rows that see KV block n (whose block_range contains n): [m_begin,
+// m_end), or m_begin = the number of Q blocks and m_end = 0 when none does. The backward asks
+// once per CTA; a scan of every Q block cost ~20 us per CTA at 16k rows (docs/perf-notes.md), so
+// two binary searches over block_range instead. They are exact because the Q blocks that see no
+// key form a prefix (every row ends before key 0) and a suffix (every row starts past the last
+// key), and across the others n_begin and n_end never decrease (Note [mask alignment]: both
+// ends of a row's interval grow with the row); tests/test_shared_headers.py checks the result
+// against the scan.
+template <int kBlockM, int kBlockN>
+__host__ __device__ void q_blocks_seeing(const Mask& mask, int n, int& m_begin, int& m_end) {
+  const int m_blocks = (mask.seqlen_q + kBlockM - 1) / kBlockM;
+  auto before_keys = [&](int m) {
+    return mask.row_bounds(detail::imin((m + 1) * kBlockM, mask.seqlen_q) - 1).hi <= 0;
+  };
+  auto first_true = [&](auto pred) {  // pred: false ... false true ... true over the Q blocks
+    int lo = 0, hi = m_blocks;
+    while (lo < hi) {
+      const int mid = lo + (hi - lo) / 2;
+      if (pred(mid)) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    return lo;
+  };
+  const int first = first_true([&](int m) {
+    const BlockRange br = block_range<kBlockM, kBlockN>(mask, m);
+    return br.empty() ? !before_keys(m) : br.n_end > n;
+  });
+  const int last = first_true([&](int m) {
+    const BlockRange br = block_range<kBlockM, kBlockN>(mask, m);
+    return br.empty() ? !before_keys(m) : br.n_begin > n;
+  });
+  m_begin = first < last ? first : m_blocks;
+  m_end = first < last ? last : 0;
+}
+
 // Sets to -inf the elements of a fragment (fragment.cuh) that row/column masking hides.
 // row_of(r): the query row (within the sequence) of the thread's row r; col_of(e): the key
 // column of its element e, e.g. [=](int e) { return n_block * kBlockN + e; } for RowMajorFrag.

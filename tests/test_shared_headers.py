@@ -5,7 +5,8 @@ include them.
 - masks: the element predicate and what a kernel would produce (block range, element mask only
   on the blocks needs_mask names, RowMajorFrag and QuadFrag fragments) equal
   fa4.reference.allowed_keys element for element; the block ranges are exactly the blocks with a
-  visible element, the "full" ranges exactly the blocks with every element visible.
+  visible element, the "full" ranges exactly the blocks with every element visible; the
+  backward's Q-block range of each KV block (q_blocks_seeing) is the scan of those block ranges.
 - softmax: whole attention problems through mask.cuh + softmax.cuh + exp2_poly.cuh against
   fa4.reference.attention_fa4_model: decision counts identical, out and lse close.
 - scheduler: every tile once, the documented orders.
@@ -129,7 +130,10 @@ def test_mask_matches_reference(mask_results):
         vis = torch.from_numpy(take(s_q * s_k, np.uint8).reshape(s_q, s_k).astype(bool))
         assert torch.equal(vis, allowed), f"is_visible differs from allowed_keys: {case}"
         bad = take(1, np.int32)[0]
-        assert bad == 0, f"visible elements outside the sequence, or col_bounds wrong: {case}"
+        assert bad == 0, (
+            f"visible elements outside the sequence, col_bounds wrong, or q_blocks_seeing not the "
+            f"scan of block_range: {case}"
+        )
         for bm, bn in MASK_SHAPES:
             got = torch.from_numpy(take(s_q * s_k, np.uint8).reshape(s_q, s_k).astype(bool))
             bad = (got != allowed).nonzero()

@@ -105,6 +105,33 @@ void mask_quad(const fa4::Mask& mask, FILE* out) {
   put(out, vis);
 }
 
+// q_blocks_seeing against a scan of every Q block's block_range, for every KV block (and one
+// past the last), and the contiguity it relies on: mismatches.
+template <int kBM, int kBN>
+int q_range_mismatches(const fa4::Mask& mask) {
+  const int m_blocks = (mask.seqlen_q + kBM - 1) / kBM;
+  const int n_blocks = (mask.seqlen_k + kBN - 1) / kBN;
+  int bad = 0;
+  for (int n = 0; n <= n_blocks; ++n) {
+    auto sees = [&](int m) {
+      const fa4::BlockRange br = fa4::block_range<kBM, kBN>(mask, m);
+      return br.n_begin <= n && n < br.n_end;
+    };
+    int begin = m_blocks, end = 0;
+    for (int m = 0; m < m_blocks; ++m) {
+      if (sees(m)) {
+        begin = m < begin ? m : begin;
+        end = m + 1;
+      }
+    }
+    for (int m = begin; m < end; ++m) bad += !sees(m);
+    int got_begin, got_end;
+    fa4::q_blocks_seeing<kBM, kBN>(mask, n, got_begin, got_end);
+    bad += got_begin != begin || got_end != end;
+  }
+  return bad;
+}
+
 int run_mask(const char* in_path, const char* out_path) {
   FILE* in = open_or_die(in_path, "r");
   FILE* out = open_or_die(out_path, "wb");
@@ -127,6 +154,9 @@ int run_mask(const char* in_path, const char* out_path) {
         outside[0] += mask.col_bounds(j).contains(i) != mask.is_visible(i, j);
       }
     }
+    outside[0] += q_range_mismatches<128, 128>(mask) + q_range_mismatches<64, 128>(mask) +
+                  q_range_mismatches<64, 64>(mask) + q_range_mismatches<128, 176>(mask) +
+                  q_range_mismatches<176, 64>(mask);
     put(out, outside);
     mask_shape<128, 128>(mask, out);  // MASK_SHAPES in the test, in this order
     mask_shape<64, 128>(mask, out);
