@@ -454,16 +454,23 @@ __device__ __forceinline__ void p_and_ds(const Score& score, const Mask& mask, b
   }
 }
 
-// The first row of this CTA's dV tile.
+// The first row of this CTA's kv tile in dK or dV (base and strides of that tensor).
+template <class T>
+__device__ __forceinline__ typename T::Element* kv_tile_row0(
+    void* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride,
+    const BwdKernelParams<T>& kp, const SeqInfo& seq, int n, int head_kv, int b) {
+  const int bidb = kp.p.fwd.cu_seqlens_q != nullptr ? 0 : b;
+  return static_cast<typename T::Element*>(base) + int64_t(bidb) * batch_stride +
+         (int64_t(seq.offset_k) + int64_t(n) * T::kBlockN) * row_stride +
+         int64_t(head_kv) * head_stride;
+}
 template <class T>
 __device__ __forceinline__ typename T::Element* dv_tile(const BwdKernelParams<T>& kp,
                                                         const SeqInfo& seq, int n, int head_kv,
                                                         int b) {
   const BwdParams& p = kp.p;
-  const int bidb = p.fwd.cu_seqlens_q != nullptr ? 0 : b;
-  return static_cast<typename T::Element*>(p.dv) + int64_t(bidb) * p.dv_batch_stride +
-         (int64_t(seq.offset_k) + int64_t(n) * T::kBlockN) * p.dv_row_stride +
-         int64_t(head_kv) * p.dv_head_stride;
+  return kv_tile_row0<T>(p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, kp, seq, n,
+                         head_kv, b);
 }
 
 // Note [dK/dV epilogue]: dK and dV leave through shared memory. Written from the accumulator
@@ -515,11 +522,8 @@ __device__ __forceinline__ void store_dk_dv(const BwdKernelParams<T>& kp,
   using Element = typename T::Element;
   constexpr int kN = T::kBlockN, kD = T::kHeadDim, kDV = T::kHeadDimV;
   const BwdParams& p = kp.p;
-  const bool varlen = p.fwd.cu_seqlens_q != nullptr;
-  const int bidb = varlen ? 0 : b;
-  Element* dk = static_cast<Element*>(p.dk) + int64_t(bidb) * p.dk_batch_stride +
-                (int64_t(seq.offset_k) + int64_t(n) * kN) * p.dk_row_stride +
-                int64_t(head_kv) * p.dk_head_stride;
+  Element* dk = kv_tile_row0<T>(p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, kp, seq,
+                                n, head_kv, b);
   Element* dv = dv_tile<T>(kp, seq, n, head_kv, b);
   const int rows_valid = seq.seqlen_k - n * kN;
   const auto ck = fragment_coords(mma_dk, tid, Shape<Int<kN>, Int<kD>>{});

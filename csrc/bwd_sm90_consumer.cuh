@@ -73,6 +73,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   const int blocks = kp.group * (m_end - m_begin);
   ss.kv_full.wait(0);
   ss.trace.cta_mark(tid == 0, 2);
+  const bool leader = tid % 128 == 0;  // the marks of Note [bwd trace]
+  const int wg = tid / 128;
   // Note [bwd issue order]: Sᵀ and dPᵀ go to the tensor cores together; P is computed in place
   // (in acc_s) once Sᵀ is done while dPᵀ still runs. After dPᵀ, one pass turns P and dPᵀ into the
   // 16-bit Pᵀ and dSᵀ operands (the fp32 registers die as the 16-bit ones are made, which keeps
@@ -85,8 +87,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   for (int i = 0, m = m_begin; i < blocks; ++i, m = m + 1 == m_end ? m_begin : m + 1) {
     // Note [fresh tid]: the score coordinates and the dSᵀ store addresses per iteration (the
     // consumers are threads 128.., tid = threadIdx.x - 128 as bwd_kernel passes it).
-    const bool leader = tid % 128 == 0;  // Note [bwd trace]
-    const int wg = tid / 128;
     ss.trace.mark(leader, wg, i, 0);
     const int ltid = fresh_thread_index() - 128;
     const auto c_s = fragment_coords(mma_s, ltid, Shape<Int<kN>, Int<kM>>{});
@@ -141,7 +141,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     pipe_q.consumer_release(q_state);
     ++q_state;
   }
-  ss.trace.cta_mark(tid % 128 == 0, tid == 0 ? 4 : 7);
+  ss.trace.cta_mark(leader, wg == 0 ? 4 : 7);
   store_dk_dv(kp, ss, seq, n, head_kv, b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
   ss.trace.cta_mark(tid == 0, 5);
   ss.trace.dump(dv_tile<T>(kp, seq, n, head_kv, b), kp.p.dv_row_stride, seq.seqlen_k - n * kN, tid,

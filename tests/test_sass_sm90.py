@@ -186,7 +186,7 @@ def test_bwd_sass_has(compiled_bwd, op, why):
 
 
 def test_bwd_spills_bounded(compiled_bwd):
-    """At d = 128 the kernel spills at most 136 bytes (132 at 2b018fc). At 76fdb8b the 136 were 132
+    """At d = 128 the kernel spills at most 136 bytes (124 at 2b018fc). At 76fdb8b the 136 were 132
     in the producer warpgroup (the TMA thread and the dQ reducer at 40 registers) and one value
     in the consumers' softcap-and-mask variant.
     The paired P/dS conversion (docs/perf-notes.md) had pushed two per-thread offsets out of the

@@ -11,22 +11,14 @@ head dim (128) and heads (2048 / hd, the bench's 16k-token shapes). bf16, fresh 
 import sys
 
 import torch
+from profile_bwd import fa4_attention, peer_attention  # tools/ is this script's sys.path[0]
 
 
 def attention_fn(name):
-    if name == "fa4":
-        import fa4
-
-        return fa4.attention
-    if name == "flash-attn-4":
-        from flash_attn.cute import flash_attn_func
-
-        def run(q, k, v, causal):
-            out = flash_attn_func(q, k, v, causal=causal)
-            return out[0] if isinstance(out, tuple) else out
-
-        return run
-    raise SystemExit(f"unknown implementation {name!r} (fa4 or flash-attn-4)")
+    fn = fa4_attention if name == "fa4" else peer_attention() if name == "flash-attn-4" else None
+    if fn is None:
+        raise SystemExit(f"{name!r}: not fa4 or an installed flash-attn-4")
+    return fn
 
 
 def main():

@@ -19,11 +19,12 @@ from torch.profiler import ProfilerActivity, profile
 import fa4
 
 
-def _fa4(q, k, v, causal):
+def fa4_attention(q, k, v, causal):
     return fa4.attention(q, k, v, causal=causal)
 
 
-def _peer():
+def peer_attention():
+    """flash-attn-4's attention(q, k, v, causal), or None when it is not installed."""
     try:
         from flash_attn.cute import flash_attn_func
     except ImportError:
@@ -68,8 +69,8 @@ def main():
         torch.randn(b, a.seqlen, h, a.hdim, device="cuda", dtype=torch.bfloat16, generator=g)
         for _ in range(4)
     )
-    impls = {"fa4": _fa4}
-    if (peer := _peer()) is not None:
+    impls = {"fa4": fa4_attention}
+    if (peer := peer_attention()) is not None:
         impls["flash-attn-4"] = peer
     print(f"backward, hd{a.hdim} s={a.seqlen} b={b} h={h} causal={a.causal}: us per call")
     for name, fn in impls.items():
