@@ -3,7 +3,8 @@
 // so that ninja compiles them in parallel); fwd_sm90.cu dispatches to them.
 //
 // Roles (one enum, WarpGroupRole): warpgroup 0 is the producer (one thread issues every TMA
-// load: Q once per tile, K and V per KV block through two mbarrier pipelines), the others are
+// load: Q once per tile, K and V per KV block through two mbarrier pipelines; Note [two Q
+// buffers]), the others are
 // consumers (two, or three at hd 64: Note [three consumers at hd64]), each owning 64 of the
 // tile's query rows: S = Q·Kᵀ (wgmma, both operands in shared memory), online softmax with
 // conditional rescaling (softmax.cuh), P kept in registers as the A operand of O += P·V
@@ -11,16 +12,20 @@
 // consumers (RegisterSplit).
 //
 // Pipelines (from X to Y, protects Z):
-//   q_full   producer -> consumers, protects sQ (TMA transaction barrier, one phase per tile)
-//   q_empty  consumers -> producer, protects sQ from the next tile's load (kConsumerThreads)
+//   q_full   producer -> consumers, per Q buffer (kQStages: Note [two Q buffers]), protects it
+//            (TMA transaction barrier, one phase per use)
+//   q_empty  consumers -> producer, per Q buffer, protects it from a later tile's load
+//            (kConsumerThreads)
 //   pipe_k   producer -> consumers, kStages K buffers (PipelineTmaAsync full/empty pairs)
 //   pipe_v   producer -> consumers, kStages V buffers
 // K and V have separate pipelines so that S = Q·Kᵀ starts before V has landed.
 //
-// Shared memory (bf16/fp16, kStages = 2):
-//   hd 64:  Q 24 KB + K 2×16 KB + V 2×16 KB =  88 KB  (kBlockM 192, kBlockN 128)
-//   hd 128: Q 32 KB + K 2×32 KB + V 2×32 KB = 160 KB  (kBlockN 128)
-//   hd 192: Q 48 KB + K 2×24 KB + V 2×(16|24) KB = 128..144 KB (kBlockN 64: S registers)
+// Shared memory (bf16/fp16, kStages = 2; the O staging of Note [TMA-store epilogue] and the second
+// Q buffer of Note [two Q buffers] where they fit, in that order):
+//   hd 64:  Q 2×24 KB + K 2×16 KB + V 2×16 KB + O 24 KB = 136 KB  (kBlockM 192, kBlockN 128)
+//   hd 128: Q 2×32 KB + K 2×32 KB + V 2×32 KB + O 32 KB = 224 KB  (kBlockN 128)
+//   hd 192: Q 48 KB + K 2×24 KB + V 2×(16|24) KB + O 32|48 KB = 160..192 KB, plus a second Q
+//           at (192, 128): 208 KB (kBlockN 64: S registers)
 //   hd 256: Q 64 KB + K 2×40 KB + V 2×40 KB = 224 KB  (kBlockN 80: 227 KB limit)
 // The S accumulator costs kBlockN/2 registers per consumer thread and O kHeadDimV/2; with
 // 240 registers per thread, kBlockN 128 leaves room for hd ≤ 128, hd 192 takes kBlockN 64 and
@@ -45,6 +50,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "fwd_sm90_trace.cuh"
 #include "mask.cuh"
 #include "params.h"
 #include "sm90_common.cuh"
@@ -65,33 +71,38 @@ namespace fa4::sm90 {
 
 using namespace cute;
 
-// Per-thread registers after setmaxnreg, by the number of consumer warpgroups (the launch
-// allocates 65536 / kThreads per thread, rounded down to 8):
-//   2 consumers: producer 40 (its TMA and scheduler arithmetic spilled at 24), consumers 232:
-//                40·128 + 232·256 = 64512 = 168·384
+// Per-thread registers after setmaxnreg, by the number of consumer warpgroups and d_v (the
+// launch allocates 65536 / kThreads per thread, rounded down to 8):
+//   2 consumers, d_v <= 128: producer 56, consumers 224: 56·128 + 224·256 = 64512 = 168·384
+//                (the consumers' highest register is R186 at hd128; the producer, which claims
+//                the next tile inside its block loop (Note [two Q buffers]), spilled at 40)
+//   2 consumers, d_v > 128: producer 40 (its TMA and scheduler arithmetic spilled at 24),
+//                consumers 232 (O alone is d_v / 2 registers)
 //   3 consumers: producer 32, consumers 160: 32·128 + 160·384 = 65536 = 128·512
-template <int kConsumerWGs>
+template <int kConsumerWGs, int kHeadDimV>
 struct RegisterSplit {
-  static constexpr int kProducer = kConsumerWGs == 2 ? 40 : 32;
-  static constexpr int kConsumer = kConsumerWGs == 2 ? 232 : 160;
+  static constexpr int kProducer = kConsumerWGs == 3 ? 32 : (kHeadDimV <= 128 ? 56 : 40);
+  static constexpr int kConsumer = kConsumerWGs == 3 ? 160 : (kHeadDimV <= 128 ? 224 : 232);
   static_assert(kConsumerWGs == 2 || kConsumerWGs == 3, "two or three consumer warpgroups");
   static_assert(kProducer * 128 + kConsumer * 128 * kConsumerWGs <= 65536, "register file");
 };
 
-// The ring of Note [dynamic tiles] (tile_ring.cuh): the producer thread publishes, the
-// consumer warpgroups read (kConsumerThreads arrivals on empty).
+// The ring of Note [dynamic tiles] (tile_ring.cuh): the producer thread publishes the decoded
+// tile (batch < 0: the end marker), the consumer warpgroups read it (kConsumerThreads arrivals
+// on empty). Decoded by the producer because TileScheduler::at's int64 divisions sat on the
+// consumers' tile boundary, where the tensor cores wait (Note [fwd trace] measured it).
 struct TileRing {
   uint64_t full[kTileSlots];
   uint64_t empty[kTileSlots];
-  int64_t item[kTileSlots];
+  TileCoord item[kTileSlots];
   __device__ void init(int readers) {
     for (int i = 0; i < kTileSlots; ++i) {
       cutlass::arch::ClusterBarrier::init(&full[i], 1);
       cutlass::arch::ClusterBarrier::init(&empty[i], readers);
     }
   }
-  __device__ void publish(int n, int64_t w) { publish_item(full, empty, item, n, w); }
-  __device__ int64_t take(int n) { return take_item(full, empty, item, n); }
+  __device__ void publish(int n, const TileCoord& c) { publish_item(full, empty, item, n, c); }
+  __device__ TileCoord take(int n) { return take_item(full, empty, item, n); }
 };
 
 // Compile-time options of one forward kernel.
@@ -111,7 +122,7 @@ struct FwdTraits {
   // keeps 64 (not measured at 80).
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : (kHeadDim == 256 ? 80 : 64);
   static constexpr int kStages = 2;
-  using Regs = RegisterSplit<kConsumerWGs>;
+  using Regs = RegisterSplit<kConsumerWGs, kHeadDimV>;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kConsumerThreads = 128 * kConsumerWGs;
   // Note [SM90 exp2 split]: Hopper's MUFU (16/clk/SM) keeps up with its wgmma rate at these
@@ -148,31 +159,53 @@ struct FwdTraits {
   // varlen problems, whose TMA tensor packs the sequences (a clipped tile would write into the
   // next sequence's rows), and not at d_v = 256, where O does not fit next to Q, K and V (64 KB
   // each): both write O from registers (store_tile).
-  using SmemLayoutO = decltype(tile_to_shape(
-      smem_atom_k<Element, kHeadDimV>(), Shape<Int<kBlockM>, Int<kHeadDimV>>{}, Step<_2, _1>{}));
-  // One warpgroup's half: with the atoms laid out row-block-major (Step<_2, _1>), rows [64 w,
-  // 64 w + 64) are a contiguous block with this layout.
-  using SmemLayoutOHalf = decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(),
-                                                 Shape<_64, Int<kHeadDimV>>{}, Step<_2, _1>{}));
+  // One warpgroup's 64 rows, the atoms column-block-major: each 64-column block is 64 rows at
+  // 128 bytes, one TMA box, so the store is d_v / 64 TMA instructions. (Row-block-major atoms
+  // made it 8-row boxes, 16 instructions at d_v = 128, which kept the issuing thread ~1.7 k
+  // cycles on the tile boundary: Note [fwd trace].) The whole tile stacks the halves, so rows
+  // [64 w, 64 w + 64) are a contiguous block.
+  using SmemLayoutOHalf =
+      decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(), Shape<_64, Int<kHeadDimV>>{}));
+  using SmemLayoutO =
+      decltype(tile_to_shape(SmemLayoutOHalf{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
   static constexpr int kQKVBytes =
       int(cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV>) *
       int(sizeof(Element));
-  static constexpr bool kTmaStoreO =
-      kQKVBytes + kBlockM * kHeadDimV * int(sizeof(Element)) + 1024 <= 227 * 1024;
+  static constexpr int kOBytes = kBlockM * kHeadDimV * int(sizeof(Element));
+  static constexpr bool kTmaStoreO = kQKVBytes + kOBytes + 1024 <= 227 * 1024;
+  // Note [two Q buffers]: the next tile's Q goes to the other buffer, issued by the producer
+  // between the current tile's last K and V loads (it claims the next item there), where with
+  // one buffer it waited for the current tile's last S. The trace (Note [fwd trace]) had that Q
+  // load (~2.2-3.4 k cycles) land only after the epilogue and the next tile's decode at hd128
+  // 1k. Where the buffer fits after the O staging. FA4_SM90_Q_STAGES=1 keeps one buffer (a
+  // measurement switch, docs/perf-notes.md).
+  static constexpr int kQStagesFit = kQKVBytes + int(cosize_v<SmemLayoutQ> * sizeof(Element)) +
+                                                 (kTmaStoreO ? kOBytes : 0) + 1024 <=
+                                             227 * 1024
+                                         ? 2
+                                         : 1;
+#ifdef FA4_SM90_Q_STAGES
+  static constexpr int kQStages = FA4_SM90_Q_STAGES < kQStagesFit ? FA4_SM90_Q_STAGES : kQStagesFit;
+#else
+  static constexpr int kQStages = kQStagesFit;
+#endif
+  using SmemLayoutQS = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
+                                              Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQStages>>{}));
   static_assert(cosize_v<SmemLayoutOHalf> * kConsumerWGs == cosize_v<SmemLayoutO>,
                 "one contiguous block of rows per warpgroup");
 
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
   struct SharedStorage {
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQS>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
     alignas(1024) cute::array_aligned<Element, kTmaStoreO ? cosize_v<SmemLayoutO> : 8> o;
     alignas(16) typename PipelineKV::SharedStorage pipe_k;
     typename PipelineKV::SharedStorage pipe_v;
-    cutlass::arch::ClusterTransactionBarrier q_full;
-    cutlass::arch::ClusterBarrier q_empty;
+    cutlass::arch::ClusterTransactionBarrier q_full[kQStages];
+    cutlass::arch::ClusterBarrier q_empty[kQStages];
     alignas(8) TileRing tiles;
+    FwdTrace trace;  // Note [fwd trace]
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (227 KB per CTA on SM90)");
@@ -210,10 +243,10 @@ struct TileWork {
 };
 
 template <class T>
-__device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp, int64_t w) {
+__device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp, const TileCoord& c) {
   const FwdParams& p = kp.p;
   TileWork t;
-  t.tile = kp.sched.at(w);
+  t.tile = c;
   t.seq = SeqInfo::get(t.tile.batch, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.seqlen_q,
                        p.seqlen_k);
   t.mask = Mask::from_params(p, t.seq.seqlen_q, t.seq.seqlen_k);
@@ -221,12 +254,21 @@ __device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp, int64_t
   return t;
 }
 
+// A claimed item: its tile and whether it has KV blocks, or the end (w >= total). The geometry
+// (tile_work) is recomputed where needed: two of them live at once spilled the producer's 40
+// registers.
+struct ClaimedTile {
+  int64_t w;
+  TileCoord c;
+  bool has_blocks;
+};
+
 template <class T>
 __device__ __forceinline__ void producer(const KernelParams<T>& kp, typename T::SharedStorage& ss,
                                          typename T::PipelineKV& pipe_k,
                                          typename T::PipelineKV& pipe_v) {
   using Element = typename T::Element;
-  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQS{});
   Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
   Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);
@@ -234,41 +276,88 @@ __device__ __forceinline__ void producer(const KernelParams<T>& kp, typename T::
   Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_v);
   auto k_state = cutlass::make_producer_start_state<typename T::PipelineKV>();
   auto v_state = k_state;
-  int tiles_loaded = 0;
+  const int64_t total = kp.sched.total();
+  int tiles_loaded = 0;  // tiles whose Q load was issued
   int n_items = 0;
-  for (int64_t w = blockIdx.x; w < kp.sched.total(); w = next_item(kp.p.tile_counter, w)) {
-    ss.tiles.publish(n_items++, w);
-    const TileWork t = tile_work(kp, w);
-    const BlockRange br = block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block);
-    if (br.empty()) continue;  // consumers write zeros; nothing to load
-    const int head_kv = t.tile.head / kp.group;
+  // Publishes item w (the end marker past the last) for the consumers.
+  auto blocks = [&](const TileWork& t) {
+    return block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block);
+  };
+  auto claim_one = [&](int64_t w) {
+    ClaimedTile x{w, TileCoord{-1, 0, 0}, false};
+    if (w < total) x.c = kp.sched.at(w);
+    ss.tiles.publish(n_items++, x.c);  // batch < 0: the end marker
+    if (w < total) x.has_blocks = !blocks(tile_work(kp, x.c)).empty();
+    return x;
+  };
+  // From item x on, the next one with KV blocks (the consumers write zeros for the others,
+  // which load nothing), or the end.
+  auto claim_from = [&](ClaimedTile x) {
+    while (x.w < total && !x.has_blocks) x = claim_one(next_item(kp.p.tile_counter, x.w));
+    return x;
+  };
+  auto load_q = [&](const TileCoord& c) {
+    const TileWork t = tile_work(kp, c);
     Tensor gQ = local_tile(
         domain_offset(make_coord(t.seq.offset_q, _0{}), mQ(_, _, t.tile.head, t.bidb_gmem)),
         Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, make_coord(t.tile.m_block, _0{}));
+    const int q_slot = tiles_loaded % T::kQStages, q_use = tiles_loaded / T::kQStages;
+    auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, _0{}, Layout<_1>{},
+                                      group_modes<0, 2>(sQ(_, _, q_slot)), group_modes<0, 2>(gQ));
+    ss.trace.prod_mark(tiles_loaded, 0);
+    // The slot is free once the consumers finished the last S = Q·Kᵀ of the tile before (one
+    // buffer) or two before (Note [two Q buffers]).
+    if (q_use > 0) ss.q_empty[q_slot].wait((q_use - 1) & 1);
+    ss.q_full[q_slot].arrive_and_expect_tx(T::kQBytes);
+    copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.q_full[q_slot]), 0), tQgQ, tQsQ);
+    ss.trace.prod_mark(tiles_loaded, 1);
+    ++tiles_loaded;
+  };
+
+  ClaimedTile cur = claim_from(claim_one(blockIdx.x));
+  if (cur.w < total) load_q(cur.c);
+  while (cur.w < total) {
+    const int cur_k = tiles_loaded - 1;
+    const TileWork t = tile_work(kp, cur.c);
+    const BlockRange br = blocks(t);
+    const int head_kv = t.tile.head / kp.group;
     Tensor gK =
         local_tile(domain_offset(make_coord(t.seq.offset_k, _0{}), mK(_, _, head_kv, t.bidb_gmem)),
                    Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, make_coord(_, _0{}));
     Tensor gV =
         local_tile(domain_offset(make_coord(t.seq.offset_k, _0{}), mV(_, _, head_kv, t.bidb_gmem)),
                    Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, make_coord(_, _0{}));
-    auto [tQgQ, tQsQ] =
-        tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
     auto [tKgK, tKsK] =
         tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     auto [tVgV, tVsV] =
         tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-    // sQ is free once the consumers finished the previous tile's last S = Q·Kᵀ.
-    if (tiles_loaded > 0) ss.q_empty.wait((tiles_loaded - 1) & 1);
-    ss.q_full.arrive_and_expect_tx(T::kQBytes);
-    copy(kp.tma_q.with(reinterpret_cast<uint64_t&>(ss.q_full), 0), tQgQ, tQsQ);
-    ++tiles_loaded;
+    // Note [two Q buffers]: with a free buffer, the next item is claimed between the last
+    // block's K and V loads and its Q issued there, a block earlier than after the V load. Only
+    // one item: publishing a second could wait for the consumers to take the item after this
+    // tile, which they do only once the V load below is in. Claimed no earlier either (Note
+    // [dynamic tiles]).
+    ClaimedTile next{total, TileCoord{-1, 0, 0}, false};
+    bool claimed = false;
     // Blocks from last to first: the masked diagonal block first, like the consumers.
     for (int n = br.n_end - 1; n >= br.n_begin; --n) {
       pipelined_tma_load(pipe_k, k_state, kp.tma_k, tKgK(_, n), tKsK);
+      if (T::kQStages > 1 && n == br.n_begin) {
+        next = claim_one(next_item(kp.p.tile_counter, cur.w));
+        claimed = true;
+        if (next.has_blocks) load_q(next.c);
+      }
       pipelined_tma_load(pipe_v, v_state, kp.tma_v, tVgV(_, n), tVsV);
     }
+    ss.trace.prod_mark(cur_k, 2);
+    if (!claimed) {
+      next = claim_from(claim_one(next_item(kp.p.tile_counter, cur.w)));
+      if (next.w < total) load_q(next.c);
+    } else if (next.w < total && !next.has_blocks) {
+      next = claim_from(next);
+      if (next.w < total) load_q(next.c);
+    }
+    cur = next;
   }
-  ss.tiles.publish(n_items, kp.sched.total());  // the end marker
   // Keep the CTA alive until the consumers released every buffer the TMA may still write.
   pipe_k.producer_tail(k_state);
   pipe_v.producer_tail(v_state);
@@ -316,12 +405,13 @@ __device__ __forceinline__ void store_tile_tma(const KernelParams<T>& kp,
                                                typename T::SharedStorage& ss, const TileWork& t,
                                                const MmaPV& mma_pv, const AccO& acc_o,
                                                const float (&lse)[2], int row_in_tile0,
-                                               int quad_lane, int wg, int tid) {
+                                               int quad_lane, int wg, int tid, int trace_tile) {
   using Element = typename T::Element;
   constexpr uint32_t kBarrier = T::kConsumerWGs;  // + wg; below are the ping-pong turns
   const bool issuer = threadIdx.x % 128 == 0;
   if (issuer) tma_store_wait<0>();
   cutlass::arch::NamedBarrier::sync(128, kBarrier + wg);
+  ss.trace.tile_mark(issuer, wg, trace_tile, 6);
   // stmatrix, 16 bytes per instruction (per-element stores kept ~30 swizzled addresses live
   // across the tile loop, which ptxas spilled).
   Tensor sO = as_position_independent_swizzle_tensor(
@@ -333,6 +423,7 @@ __device__ __forceinline__ void store_tile_tma(const KernelParams<T>& kp,
   for (int i = 0; i < size(acc_o); ++i) r_o(i) = Element(acc_o(i));
   copy(copy_o, thr_copy_o.retile_S(r_o), thr_copy_o.partition_D(sO));
   cutlass::arch::fence_view_async_shared();
+  ss.trace.tile_mark(issuer, wg, trace_tile, 7);
   cutlass::arch::NamedBarrier::sync(128, kBarrier + wg);
   if (issuer) {
     Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_o);
@@ -345,6 +436,7 @@ __device__ __forceinline__ void store_tile_tma(const KernelParams<T>& kp,
     copy(kp.tma_o, cta.partition_S(sOh), cta.partition_D(gO));
     tma_store_arrive();
   }
+  ss.trace.tile_mark(issuer, wg, trace_tile, 8);
   const FwdParams& p = kp.p;
   if (p.lse == nullptr || quad_lane != 0) return;
   FA4_UNROLL
@@ -374,7 +466,7 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
   using Element = typename T::Element;
   using SFrag = QuadFrag<T::kBlockN>;
   using OFrag = QuadFrag<T::kHeadDimV>;
-  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQS{});
   Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
   Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutVt{});
   typename T::MmaQK mma_qk;
@@ -416,19 +508,27 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
     if constexpr (T::kPingPong) cutlass::arch::NamedBarrier::arrive(kTurnThreads, next_wg);
   };
   if (T::kPingPong && next_wg == 0) cutlass::arch::NamedBarrier::arrive(kTurnThreads, 0);
+  const bool leader = tid % 128 == 0;  // the marks of Note [fwd trace]
+  ss.trace.clock_mark(tid == 0, 0);
 
-  const int64_t total = kp.sched.total();
   for (int n_items = 0;; ++n_items) {
-    const int64_t w = ss.tiles.take(n_items);
-    if (w >= total) break;
-    const TileWork t = tile_work(kp, w);
+    const TileCoord c = ss.tiles.take(n_items);
+    if (c.batch < 0) break;
+    const int tk = tiles_loaded;  // this consumer's tile count, for the trace marks
+    ss.trace.tile_mark(leader, wg, tk, 0);
+    const TileWork t = tile_work(kp, c);
     const BlockRange br = block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block);
     OnlineSoftmax<SFrag> softmax;
     softmax.init();
     clear(tOrO);
     if (!br.empty()) {
-      ss.q_full.wait(tiles_loaded & 1);
+      ss.trace.tile_mark(leader, wg, tk, 1);
+      // The slot as a warp-uniform value (lane 0's), so that the S descriptors stay in uniform
+      // registers (Note [uniform descriptors]).
+      const int q_slot = __shfl_sync(0xffffffffu, tiles_loaded % T::kQStages, 0);
+      ss.q_full[q_slot].wait((tiles_loaded / T::kQStages) & 1);
       ++tiles_loaded;
+      ss.trace.tile_mark(leader, wg, tk, 2);
       const int row_base = t.tile.m_block * T::kBlockM + row_in_tile0;
       // Note [intra-warpgroup overlap]: S of block n is issued before, and O += P·V of block
       // n + 1 right after, the softmax of block n runs on the CUDA cores while the tensor cores
@@ -441,7 +541,7 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
         pipe_k.consumer_wait(k_state);
         warpgroup_fence_operand(tSrS);
         warpgroup_arrive();
-        gemm_zero_acc(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
+        gemm_zero_acc(mma_qk, tSrQ(_, _, _, q_slot), tSrK(_, _, _, k_state.index()), tSrS);
         warpgroup_commit_batch();
       };
       auto issue_pv = [&]() {
@@ -455,7 +555,7 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
         warpgroup_fence_operand(tSrS);
         pipe_k.consumer_release(k_state);
         ++k_state;
-        if (n == br.n_begin) ss.q_empty.arrive();  // last use of sQ in this tile
+        if (n == br.n_begin) ss.q_empty[q_slot].arrive();  // last use of the slot in this tile
       };
       auto pv_done = [&]() {
         warpgroup_fence_operand(tOrO);
@@ -485,36 +585,58 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       turn_end();
       warpgroup_wait<0>();
       s_done(br.n_end - 1);
+      ss.trace.tile_mark(leader, wg, tk, 3);
       softmax_block(br.n_end - 1, o_scale);  // O is still 0: nothing to rescale
       convert_p();
       for (int n = br.n_end - 2; n >= br.n_begin; --n) {
+        const int i = br.n_end - 1 - n;  // the block's place in the tile, for the trace marks
+        ss.trace.loop_mark(leader, wg, tk, i, 0);
         turn_begin();
+        ss.trace.loop_mark(leader, wg, tk, i, 1);
         issue_s();
         issue_pv();  // P and V of block n + 1
         turn_end();
+        ss.trace.loop_mark(leader, wg, tk, i, 2);
         warpgroup_wait<1>();
         s_done(n);
+        ss.trace.loop_mark(leader, wg, tk, i, 3);
         const RowDecisions d = softmax_block(n, o_scale);
+        ss.trace.loop_mark(leader, wg, tk, i, 4);
         warpgroup_wait<0>();
         pv_done();
+        ss.trace.loop_mark(leader, wg, tk, i, 5);
         if (d.any_rescaled()) scale_rows<OFrag>(o_arr, o_scale);
         convert_p();
+        ss.trace.loop_mark(leader, wg, tk, i, 6);
       }
       turn_begin();
       issue_pv();
       turn_end();
       warpgroup_wait<0>();
       pv_done();
+      ss.trace.tile_mark(leader, wg, tk, 4);
     }
     float inv_l[2], lse[2];
     softmax.finalize(inv_l, lse);
     scale_rows<OFrag>(o_arr, inv_l);
+    ss.trace.tile_mark(leader && !br.empty(), wg, tk, 5);
     if (T::kTmaStoreO && kp.p.cu_seqlens_q == nullptr) {
-      store_tile_tma<T>(kp, ss, t, mma_pv, tOrO, lse, row_in_tile0, quad_lane, wg, tid);
+      store_tile_tma<T>(kp, ss, t, mma_pv, tOrO, lse, row_in_tile0, quad_lane, wg, tid,
+                        leader && !br.empty() ? tk : kFwdTraceTiles);
+      ss.trace.set_last_tile(tid == 0,
+                             static_cast<Element*>(kp.p.out) +
+                                 int64_t(t.tile.m_block) * T::kBlockM * kp.p.out_row_stride +
+                                 int64_t(t.tile.head) * kp.p.out_head_stride +
+                                 int64_t(t.tile.batch) * kp.p.out_batch_stride,
+                             t.seq.seqlen_q - t.tile.m_block * T::kBlockM);
     } else {
       store_tile<T, OFrag>(kp, t, o, lse, row_in_tile0, quad_lane);
     }
+    ss.trace.tile_mark(leader && !br.empty(), wg, tk, 9);
   }
+  ss.trace.clock_mark(tid == 0, 1);
+  ss.trace.dump(kp.p.out_row_stride * int64_t(sizeof(Element)), T::kHeadDimV / 2, tid,
+                T::kConsumerThreads, 2 * T::kConsumerWGs);
   // The last TMA store must have read shared memory before the CTA exits.
   if (T::kTmaStoreO && threadIdx.x % 128 == 0) tma_store_wait<0>();
 }
@@ -533,9 +655,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
-    ss.q_full.init(1);
-    ss.q_empty.init(T::kConsumerThreads);
+    for (int i = 0; i < T::kQStages; ++i) {
+      ss.q_full[i].init(1);
+      ss.q_empty[i].init(T::kConsumerThreads);
+    }
     ss.tiles.init(T::kConsumerThreads);
+    ss.trace.init();
   }
   using Pipe = typename T::PipelineKV;
   typename Pipe::Params pk, pv;

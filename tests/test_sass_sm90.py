@@ -117,16 +117,18 @@ def _block_loop_ops(sass, kernel="fwd_kernel"):
 
 def test_hd64_three_consumers_and_bounded_spills(compiled_hd64):
     """Note [three consumers at hd64]: 512 threads, consumers raised to 160 registers, the
-    producer lowered to 32. At 160 the consumer keeps one shared-memory address (the epilogue's
-    stmatrix base) in local memory: stored once per CTA, loaded once per tile; the producer's
-    32 registers spill a few scheduler values around its per-tile atomic and loads (one thread).
-    Together 32 bytes, and none of it inside the KV-block loop, where it would cost every block.
-    """
+    producer lowered to 32. Only the producer spills: its 32 registers hold the scheduler's
+    values around the per-tile atomic, the claim inside its block loop (Note [two Q buffers]) and
+    the loads, one thread, 72 bytes at this commit (28 before that claim). The consumers'
+    code (between the register increase and the producer's decrease) has no local memory."""
     ptxas, sass = compiled_hd64
     assert "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xa0" in sass, "consumers at 160 registers"
     assert "USETMAXREG.DEALLOC.CTAPOOL 0x20" in sass, "producer at 32 registers"
     spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", ptxas)]
-    assert spills and max(spills) <= 32, ptxas
+    assert spills and max(spills) <= 72, ptxas
+    _, body = _bf16_body(sass, "fwd_kernel")
+    consumers = body[body.index("USETMAXREG.TRY_ALLOC") : body.index("USETMAXREG.DEALLOC")]
+    assert not re.search(r"\b(LDL|STL)\b", consumers), "local memory in the consumers"
     loop = _block_loop_ops(sass)
     assert not [o for o in loop if o.startswith(("LDL", "STL"))], "local memory in the block loop"
 
@@ -158,6 +160,16 @@ def test_block_loop_shape(compiled, compiled_hd64):
 def test_sass_has(compiled, op, why):
     _, sass = compiled
     assert op in sass, f"{op} missing: {why}"
+
+
+def test_o_store_is_one_tma_box_per_64_columns(compiled, compiled_hd64):
+    """Each warpgroup stores its 64 rows of O with d_v / 64 TMA stores (64 x 64 boxes): hd128 has
+    2 UTMASTG per kernel, hd64 1. With row-block-major staging atoms (before this test) the box
+    was 8 rows and hd128 issued 16, which held the issuing thread ~1.7 k cycles per tile
+    (Note [fwd trace], docs/perf-notes.md forward step 12)."""
+    for (_, sass), stores in ((compiled, 2), (compiled_hd64, 1)):
+        _, body = _bf16_body(sass, "fwd_kernel")
+        assert len(re.findall(r"UTMASTG", body)) == stores
 
 
 def test_p_is_register_operand(compiled):

@@ -1,0 +1,146 @@
+"""Timeline of the SM90 forward from a trace build (Note [fwd trace]):
+
+    FA4_NVCC_EXTRA=-DFA4_FWD_TRACE pip install ... -e .    # O is wrong in this build
+    python3 tools/trace_fwd.py [--seqlen 16384] [--causal] [--hdim 128]
+
+Runs one forward (bf16, the bench's 16k-token shapes: batch 16k / seqlen, heads 2048 / hd),
+reads the SM clock marks each CTA wrote over the first rows of O of its last tile, and prints
+(medians over CTAs, with the 10th and 90th percentiles):
+- per traced iteration, each consumer warpgroup's marks after warpgroup 0's loop top, and the
+  iteration period;
+- per tile of a CTA, the phases of each warpgroup (tile claim, Q wait, first block, the loop,
+  epilogue) and the producer's Q issue against the consumers' marks.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import fa4
+
+MAGIC = 0xFA4C10C0  # csrc/fwd_sm90_trace.cuh
+TILES, TRACE_TILE, FIRST, ITERS = 6, 2, 1, 6
+LOOP_POINTS, TILE_POINTS, PROD_POINTS, WGS = 7, 10, 3, 3
+HEADER = 8
+LOOP0 = HEADER
+TILE0 = LOOP0 + WGS * ITERS * LOOP_POINTS
+PROD0 = TILE0 + WGS * TILES * TILE_POINTS
+WORDS = PROD0 + TILES * PROD_POINTS
+LOOP_MARKS = ["top", "turn held", "S, P·V issued", "S done", "softmax done", "P·V done", "end"]
+TILE_PHASES = [  # (name, from mark, to mark) of the tile marks, csrc/fwd_sm90_trace.cuh
+    ("take", -1, 0),  # from the previous tile's "stored"
+    ("decode (tile_work)", 0, 1),
+    ("Q wait", 1, 2),
+    ("first block's S", 2, 3),
+    ("blocks", 3, 4),
+    ("finalize, scale O", 4, 5),
+    ("staging buffer free", 5, 6),
+    ("stmatrix O", 6, 7),
+    ("barrier, TMA store", 7, 8),
+    ("LSE", 8, 9),
+]
+
+
+def q(x: torch.Tensor) -> str:
+    x = x.double().flatten()
+    if x.numel() == 0:
+        return "n/a"
+    p = torch.quantile(x, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64))
+    return f"{p[1]:8.0f}  [{p[0]:.0f}, {p[2]:.0f}]"
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a - b for 32-bit clock words, wrap-safe."""
+    d = (a - b) % (1 << 32)
+    return torch.where(d > (1 << 31), d - (1 << 32), d)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seqlen", type=int, default=16384)
+    ap.add_argument("--hdim", type=int, default=128)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--save", help="also write the CTAs' words here (torch.save)")
+    ap.add_argument("--load", help="report on words saved by --save instead of running")
+    a = ap.parse_args()
+    s, d = a.seqlen, a.hdim
+    b, h = max(1, 16384 // s), 2048 // d
+    title = f"hd{d} s={s} b={b} h={h} causal={a.causal}"
+    if a.load:
+        w = torch.load(a.load)
+    else:
+        x = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+        for _ in range(2):
+            o = fa4.attention(*x, causal=a.causal)
+        torch.cuda.synchronize()
+        w = cta_words(o.cpu(), d)
+        if a.save:
+            torch.save(w, a.save)
+    report(w, d, title)
+
+
+def cta_words(o: torch.Tensor, d: int) -> torch.Tensor:
+    """The dumped words of each traced CTA, (CTAs, WORDS) int64, from O (b, s, h, d)."""
+    b, s, h, _ = o.shape
+    block_m = 192 if d <= 64 else 128
+    wpr = d // 2  # 32-bit words per row of O
+    o32 = o.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # (b, s, h, d / 2)
+    found = []
+    for m0 in range(0, s, block_m):
+        rows = o32[:, m0 : m0 + (WORDS + wpr - 1) // wpr]  # (b, r, h, wpr)
+        if rows.shape[1] * wpr < WORDS:
+            continue
+        w = rows.permute(0, 2, 1, 3).reshape(b * h, -1)[:, :WORDS]
+        found.append(w[w[:, 0] == MAGIC])
+    return torch.cat(found)
+
+
+def report(w: torch.Tensor, d: int, title: str):
+    n = w.shape[0]
+    if n == 0:
+        raise SystemExit("no trace found: is this a -DFA4_FWD_TRACE build?")
+    c0, c1 = w[:, 2], w[:, 5]
+    g0 = w[:, 3] + (w[:, 4] << 32)
+    g1 = w[:, 6] + (w[:, 7] << 32)
+    ghz = (rel(c1, c0).double() / (g1 - g0).double()).median().item()
+    loop = w[:, LOOP0:TILE0].reshape(n, WGS, ITERS, LOOP_POINTS)
+    tile = w[:, TILE0:PROD0].reshape(n, WGS, TILES, TILE_POINTS)
+    prod = w[:, PROD0:WORDS].reshape(n, TILES, PROD_POINTS)
+    wgs = 3 if d <= 64 else 2
+    print(f"{title}: {n} CTAs traced, SM clock {ghz:.2f} GHz; cycles, median [p10, p90]")
+    print(f"\niterations {FIRST}..{FIRST + ITERS - 1} of tile {TRACE_TILE}, after wg0's top:")
+    for g in range(wgs):
+        for p, name in enumerate(LOOP_MARKS):
+            print(f"  wg{g} {name:14s} {q(rel(loop[:, g, :, p], loop[:, 0, :, 0]))}")
+    print(f"  period (wg0 top to top)   {q(rel(loop[:, 0, 1:, 0], loop[:, 0, :-1, 0]))}")
+    print("  per warpgroup: S wait (issued -> S done), softmax, P·V wait, rescale+convert,")
+    print("  turn wait (top -> turn held)")
+    for g in range(wgs):
+        L = loop[:, g]
+        print(f"  wg{g} S wait      {q(rel(L[..., 3], L[..., 2]))}")
+        print(f"  wg{g} softmax     {q(rel(L[..., 4], L[..., 3]))}")
+        print(f"  wg{g} P·V wait    {q(rel(L[..., 5], L[..., 4]))}")
+        print(f"  wg{g} convert     {q(rel(L[..., 6], L[..., 5]))}")
+        print(f"  wg{g} turn wait   {q(rel(L[..., 1], L[..., 0]))}")
+        print(f"  wg{g} issue       {q(rel(L[..., 2], L[..., 1]))}")
+    print("\ntiles 1..5 of a CTA, per warpgroup:")
+    for g in range(wgs):
+        T = tile[:, g]
+        for name, m0, m1 in TILE_PHASES:
+            start = T[:, :-1, 9] if m0 < 0 else T[:, 1:, m0]
+            print(f"  wg{g} {name:28s} {q(rel(T[:, 1:, m1], start))}")
+        print(f"  wg{g} {'tile (stored to stored)':28s} {q(rel(T[:, 1:, 9], T[:, :-1, 9]))}")
+    last_pv = torch.maximum(tile[:, 0, :-1, 4], tile[:, wgs - 1, :-1, 4])
+    P, T0 = prod[:, 1:], tile[:, 0]
+    print("  producer, tile k >= 1:")
+    print(f"    starts tile k after wg0 took tile k-1  {q(rel(P[..., 0], T0[:, :-1, 0]))}")
+    print(f"    Q(k) issued after wg0's first S(k-1)   {q(rel(P[..., 1], T0[:, :-1, 3]))}")
+    print(f"    Q(k) issued before last P·V(k-1) done  {q(rel(last_pv, prod[:, 1:, 1]))}")
+    print(f"    Q(k) issued -> wg0 Q ready(k)          {q(rel(T0[:, 1:, 2], P[..., 1]))}")
+    print(f"    last V(k) issued before wg0 stored(k)  {q(rel(T0[:, 1:, 9], P[..., 2]))}")
+
+
+if __name__ == "__main__":
+    main()
