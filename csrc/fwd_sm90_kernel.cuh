@@ -3,8 +3,8 @@
 // so that ninja compiles them in parallel); fwd_sm90.cu dispatches to them.
 //
 // Roles (one enum, WarpGroupRole): warpgroup 0 is the producer (one thread issues every TMA
-// load: Q once per tile, K and V per KV block through two mbarrier pipelines; Note [two Q
-// buffers]), the others are
+// load: Q once per tile, into one of two buffers where they fit (Note [two Q buffers]), K and V
+// per KV block through two mbarrier pipelines), the others are
 // consumers (two, or three at hd 64: Note [three consumers at hd64]), each owning 64 of the
 // tile's query rows: S = Q·Kᵀ (wgmma, both operands in shared memory), online softmax with
 // conditional rescaling (softmax.cuh), P kept in registers as the A operand of O += P·V
@@ -279,10 +279,10 @@ __device__ __forceinline__ void producer(const KernelParams<T>& kp, typename T::
   const int64_t total = kp.sched.total();
   int tiles_loaded = 0;  // tiles whose Q load was issued
   int n_items = 0;
-  // Publishes item w (the end marker past the last) for the consumers.
   auto blocks = [&](const TileWork& t) {
     return block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block);
   };
+  // Publishes item w (the end marker past the last) for the consumers.
   auto claim_one = [&](int64_t w) {
     ClaimedTile x{w, TileCoord{-1, 0, 0}, false};
     if (w < total) x.c = kp.sched.at(w);
