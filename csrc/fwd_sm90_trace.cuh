@@ -1,11 +1,11 @@
 // Note [fwd trace]: a measurement build of the SM90 forward (nvcc -DFA4_FWD_TRACE, e.g. through
-// FA4_NVCC_EXTRA) records the SM clock at fixed places of each CTA's first kTraceTiles tiles
-// (per consumer warpgroup and for the producer thread) and of iterations [kTraceFirst,
-// kTraceFirst + kTraceIters) of its tile kTraceTile, and writes the words over the first rows of
-// O of the CTA's last tile once its stores have completed, where tools/trace_fwd.py reads them
-// back: where a block's and a tile boundary's cycles go, which the profiler's per-kernel counters
-// cannot give (the backward's counterpart is Note [bwd trace]). Such a build's O is wrong by
-// design and only dense problems (the TMA-store epilogue) are traced; without the macro every
+// FA4_NVCC_EXTRA) records the SM clock at fixed places of each CTA's first kFwdTraceTiles tiles
+// (per consumer warpgroup and for the producer thread) and of iterations [kFwdTraceFirst,
+// kFwdTraceFirst + kFwdTraceIters) of its tile kFwdTraceTile, and writes the words over the first
+// rows of O of the CTA's last tile once its stores have completed, where tools/trace_fwd.py reads
+// them back: where a block's and a tile boundary's cycles go, which the profiler's per-kernel
+// counters cannot give (the backward's counterpart is Note [bwd trace]). Such a build's O is wrong
+// by design and only dense problems (the TMA-store epilogue) are traced; without the macro every
 // call here compiles to nothing.
 #pragma once
 
@@ -23,7 +23,7 @@ constexpr int kFwdLoopPoints = 7;  // top, turn held, issued, S done, softmax do
 // Tile marks: taken, decoded, Q ready, first S done, last P·V done, O scaled, staging buffer free,
 // O staged, TMA store issued, stored (LSE written).
 constexpr int kFwdTilePoints = 10;
-constexpr int kFwdProdPoints = 3;  // published, Q issued, last V issued
+constexpr int kFwdProdPoints = 3;  // Q load begins (before its slot wait), Q issued, last V issued
 constexpr int kFwdTraceWGs = 3;    // consumer warpgroups (three at hd 64)
 constexpr uint32_t kFwdTraceMagic = 0xFA4C10C0u;
 // Word layout of the dump: magic, SM id, clock and %globaltimer (low, high) at the consumers'
