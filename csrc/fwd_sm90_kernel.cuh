@@ -537,15 +537,19 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       // In the SASS, ptxas moves that wait<0> (and the V release) up to the start of the row
       // max, so only the mask and softcap code overlap this warpgroup's P·V; a loop that kept it
       // behind the softmax measured no gain (docs/perf-notes.md, forward step 9).
-      auto issue_s = [&]() {
+      // i: the block's place in the tile for the trace marks (-1 outside the loop: none).
+      auto issue_s = [&](int i) {
         pipe_k.consumer_wait(k_state);
+        ss.trace.loop_mark(leader, wg, tk, i, 2);
         warpgroup_fence_operand(tSrS);
         warpgroup_arrive();
         gemm_zero_acc(mma_qk, tSrQ(_, _, _, q_slot), tSrK(_, _, _, k_state.index()), tSrS);
         warpgroup_commit_batch();
+        ss.trace.loop_mark(leader, wg, tk, i, 3);
       };
-      auto issue_pv = [&]() {
+      auto issue_pv = [&](int i) {
         pipe_v.consumer_wait(v_state);
+        ss.trace.loop_mark(leader, wg, tk, i, 4);
         warpgroup_fence_operand(tOrO);
         warpgroup_arrive();
         gemm(mma_pv, tOrP, tOrVt(_, _, _, v_state.index()), tOrO);
@@ -581,7 +585,7 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
 
       float o_scale[2];
       turn_begin();
-      issue_s();
+      issue_s(-1);
       turn_end();
       warpgroup_wait<0>();
       s_done(br.n_end - 1);
@@ -593,24 +597,24 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
         ss.trace.loop_mark(leader, wg, tk, i, 0);
         turn_begin();
         ss.trace.loop_mark(leader, wg, tk, i, 1);
-        issue_s();
-        issue_pv();  // P and V of block n + 1
+        issue_s(i);
+        issue_pv(i);  // P and V of block n + 1
         turn_end();
-        ss.trace.loop_mark(leader, wg, tk, i, 2);
+        ss.trace.loop_mark(leader, wg, tk, i, 5);
         warpgroup_wait<1>();
         s_done(n);
-        ss.trace.loop_mark(leader, wg, tk, i, 3);
+        ss.trace.loop_mark(leader, wg, tk, i, 6);
         const RowDecisions d = softmax_block(n, o_scale);
-        ss.trace.loop_mark(leader, wg, tk, i, 4);
+        ss.trace.loop_mark(leader, wg, tk, i, 7);
         warpgroup_wait<0>();
         pv_done();
-        ss.trace.loop_mark(leader, wg, tk, i, 5);
+        ss.trace.loop_mark(leader, wg, tk, i, 8);
         if (d.any_rescaled()) scale_rows<OFrag>(o_arr, o_scale);
         convert_p();
-        ss.trace.loop_mark(leader, wg, tk, i, 6);
+        ss.trace.loop_mark(leader, wg, tk, i, 9);
       }
       turn_begin();
-      issue_pv();
+      issue_pv(-1);
       turn_end();
       warpgroup_wait<0>();
       pv_done();
@@ -620,18 +624,23 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
     softmax.finalize(inv_l, lse);
     scale_rows<OFrag>(o_arr, inv_l);
     ss.trace.tile_mark(leader && !br.empty(), wg, tk, 5);
-    if (T::kTmaStoreO && kp.p.cu_seqlens_q == nullptr) {
+    const bool dense = kp.p.cu_seqlens_q == nullptr;
+    if (T::kTmaStoreO && dense) {
       store_tile_tma<T>(kp, ss, t, mma_pv, tOrO, lse, row_in_tile0, quad_lane, wg, tid,
                         leader && !br.empty() ? tk : kFwdTraceTiles);
-      ss.trace.set_last_tile(tid == 0,
-                             static_cast<Element*>(kp.p.out) +
-                                 int64_t(t.tile.m_block) * T::kBlockM * kp.p.out_row_stride +
-                                 int64_t(t.tile.head) * kp.p.out_head_stride +
-                                 int64_t(t.tile.batch) * kp.p.out_batch_stride,
-                             t.seq.seqlen_q - t.tile.m_block * T::kBlockM);
     } else {
+      // No staging here: the trace's staging marks coincide and mark 8 follows the stores.
+      ss.trace.tile_mark(leader && !br.empty(), wg, tk, 6);
+      ss.trace.tile_mark(leader && !br.empty(), wg, tk, 7);
       store_tile<T, OFrag>(kp, t, o, lse, row_in_tile0, quad_lane);
+      ss.trace.tile_mark(leader && !br.empty(), wg, tk, 8);
     }
+    ss.trace.set_last_tile(tid == 0 && dense,
+                           static_cast<Element*>(kp.p.out) +
+                               int64_t(t.tile.m_block) * T::kBlockM * kp.p.out_row_stride +
+                               int64_t(t.tile.head) * kp.p.out_head_stride +
+                               int64_t(t.tile.batch) * kp.p.out_batch_stride,
+                           t.seq.seqlen_q - t.tile.m_block * T::kBlockM);
     ss.trace.tile_mark(leader && !br.empty(), wg, tk, 9);
   }
   ss.trace.clock_mark(tid == 0, 1);

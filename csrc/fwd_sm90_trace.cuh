@@ -5,8 +5,8 @@
 // rows of O of the CTA's last tile once its stores have completed, where tools/trace_fwd.py reads
 // them back: where a block's and a tile boundary's cycles go, which the profiler's per-kernel
 // counters cannot give (the backward's counterpart is Note [bwd trace]). Such a build's O is wrong
-// by design and only dense problems (the TMA-store epilogue) are traced; without the macro every
-// call here compiles to nothing.
+// by design and only dense problems are traced (with the register-store epilogue of d_v = 256 the
+// staging marks coincide); without the macro every call here compiles to nothing.
 #pragma once
 
 #include <stdint.h>
@@ -19,7 +19,9 @@ constexpr int kFwdTraceTiles = 6;  // tile-level marks of the CTA's first tiles
 constexpr int kFwdTraceTile = 2;   // the tile whose iterations are traced
 constexpr int kFwdTraceFirst = 1;  // first traced iteration (0 is the tile's first block)
 constexpr int kFwdTraceIters = 6;
-constexpr int kFwdLoopPoints = 7;  // top, turn held, issued, S done, softmax done, P·V done, end
+// Loop marks: top, turn held, K ready, S issued, V ready, S and P·V issued (turn ended), S done,
+// softmax done, P·V done, end.
+constexpr int kFwdLoopPoints = 10;
 // Tile marks: taken, decoded, Q ready, first S done, last P·V done, O scaled, staging buffer free,
 // O staged, TMA store issued, stored (LSE written).
 constexpr int kFwdTilePoints = 10;

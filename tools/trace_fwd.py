@@ -22,13 +22,24 @@ import fa4
 
 MAGIC = 0xFA4C10C0  # csrc/fwd_sm90_trace.cuh
 TILES, TRACE_TILE, FIRST, ITERS = 6, 2, 1, 6
-LOOP_POINTS, TILE_POINTS, PROD_POINTS, WGS = 7, 10, 3, 3
+LOOP_POINTS, TILE_POINTS, PROD_POINTS, WGS = 10, 10, 3, 3
 HEADER = 8
 LOOP0 = HEADER
 TILE0 = LOOP0 + WGS * ITERS * LOOP_POINTS
 PROD0 = TILE0 + WGS * TILES * TILE_POINTS
 WORDS = PROD0 + TILES * PROD_POINTS
-LOOP_MARKS = ["top", "turn held", "S, P·V issued", "S done", "softmax done", "P·V done", "end"]
+LOOP_MARKS = [
+    "top",
+    "turn held",
+    "K ready",
+    "S issued",
+    "V ready",
+    "S, P·V issued",
+    "S done",
+    "softmax done",
+    "P·V done",
+    "end",
+]
 TILE_PHASES = [  # (name, from mark, to mark) of the tile marks, csrc/fwd_sm90_trace.cuh
     ("take", -1, 0),  # from the previous tile's "stored"
     ("decode (tile_work)", 0, 1),
@@ -129,16 +140,19 @@ def report(w: torch.Tensor, d: int, title: str):
         for p, name in enumerate(LOOP_MARKS):
             print(f"  wg{g} {name:14s} {q(rel(loop[:, g, :, p], loop[:, 0, :, 0]))}")
     print(f"  period (wg0 top to top)   {q(rel(loop[:, 0, 1:, 0], loop[:, 0, :-1, 0]))}")
-    print("  per warpgroup: S wait (issued -> S done), softmax, P·V wait, rescale+convert,")
-    print("  turn wait (top -> turn held)")
+    print("  per warpgroup: S wait (turn ended -> S done), softmax, P·V wait, rescale+convert,")
+    print("  turn wait (top -> turn held), then the turn: K wait, S issue, V wait, P·V issue")
     for g in range(wgs):
         L = loop[:, g]
-        print(f"  wg{g} S wait      {q(rel(L[..., 3], L[..., 2]))}")
-        print(f"  wg{g} softmax     {q(rel(L[..., 4], L[..., 3]))}")
-        print(f"  wg{g} P·V wait    {q(rel(L[..., 5], L[..., 4]))}")
-        print(f"  wg{g} convert     {q(rel(L[..., 6], L[..., 5]))}")
+        print(f"  wg{g} S wait      {q(rel(L[..., 6], L[..., 5]))}")
+        print(f"  wg{g} softmax     {q(rel(L[..., 7], L[..., 6]))}")
+        print(f"  wg{g} P·V wait    {q(rel(L[..., 8], L[..., 7]))}")
+        print(f"  wg{g} convert     {q(rel(L[..., 9], L[..., 8]))}")
         print(f"  wg{g} turn wait   {q(rel(L[..., 1], L[..., 0]))}")
-        print(f"  wg{g} issue       {q(rel(L[..., 2], L[..., 1]))}")
+        print(f"  wg{g} K wait      {q(rel(L[..., 2], L[..., 1]))}")
+        print(f"  wg{g} S issue     {q(rel(L[..., 3], L[..., 2]))}")
+        print(f"  wg{g} V wait      {q(rel(L[..., 4], L[..., 3]))}")
+        print(f"  wg{g} P·V issue   {q(rel(L[..., 5], L[..., 4]))}")
     print("\ntiles 1..5 of a CTA, per warpgroup:")
     for g in range(wgs):
         T = tile[:, g]
