@@ -536,7 +536,8 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       // P (tOrP) is rewritten only after wait<0>, when the P·V that reads it has finished.
       // In the SASS, ptxas moves that wait<0> (and the V release) up to the start of the row
       // max, so only the mask and softcap code overlap this warpgroup's P·V; a loop that kept it
-      // behind the softmax measured no gain (docs/perf-notes.md, forward step 9).
+      // behind the softmax measured no gain, and two P buffers that let the softmax run beside
+      // its own P·V were slower (docs/perf-notes.md, forward steps 9 and 15).
       // i: the block's place in the tile for the trace marks (-1 outside the loop: none).
       auto issue_s = [&](int i) {
         pipe_k.consumer_wait(k_state);
