@@ -36,6 +36,9 @@ constexpr int kFwdTileWords = kFwdTraceWGs * kFwdTraceTiles * kFwdTilePoints;
 constexpr int kFwdProdWords = kFwdTraceTiles * kFwdProdPoints;
 constexpr int kFwdTraceWords = kFwdHeaderWords + kFwdLoopWords + kFwdTileWords + kFwdProdWords;
 
+// %clock as each warpgroup's leader reads it. Compare marks within a warpgroup: across warpgroups
+// they disagree by more than 100 cycles (a trace had warpgroup 1 past its turn barrier before
+// warpgroup 0, by its own clock, had arrived there; docs/perf-notes.md, forward step 14).
 __device__ __forceinline__ uint32_t trace_clock() {
   uint32_t c;
   asm volatile("mov.u32 %0, %%clock;" : "=r"(c));
