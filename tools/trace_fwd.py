@@ -9,7 +9,10 @@ reads the SM clock marks each CTA wrote over the first rows of O of its last til
 - per traced iteration, each consumer warpgroup's marks after warpgroup 0's loop top, and the
   iteration period;
 - per tile of a CTA, the phases of each warpgroup (tile claim, Q wait, first block, the loop,
-  epilogue) and the producer's Q issue against the consumers' marks.
+  epilogue; at d_v = 256, which stores O from registers, "barrier, TMA store" is those stores)
+  and the producer's Q issue against the consumers' marks.
+Differences within a warpgroup are exact; between warpgroups (and the producer) the clocks
+disagree by more than 100 cycles (csrc/fwd_sm90_trace.cuh, trace_clock).
 """
 
 from __future__ import annotations
