@@ -12,8 +12,10 @@
 #
 # (perf-notes forward step 9 ran it with a switch since removed). Prints a table of every run last.
 # Environment: HDIMS (built and benched, default 64,128,256), PEER_HDIMS (default 128),
-# SEQLENS (default 1k,2k,16k), OUT (CSVs and logs, default /tmp/ab), DIR (fwd, or bwd: builds the
-# backward too, benches it and tests tests/test_bwd_sm90.py), TESTS (0 skips the tests).
+# SEQLENS (default 1k,2k,16k), OUT (default /tmp/ab: ab.csv, every run's rows with a "run"
+# column, and ab_table.md, the table printed last; one file each, since a device call brings back
+# at most eight), DIR (fwd, or bwd: builds the backward too, benches it and tests
+# tests/test_bwd_sm90.py), TESTS (0 skips the tests).
 set -o pipefail
 base_flags=$1
 var_flags=$2
@@ -23,7 +25,8 @@ seqlens=${SEQLENS:-1k,2k,16k}
 out=${OUT:-/tmp/ab}
 dir=${DIR:-fwd}
 [ "$dir" = bwd ] && disable_bwd=0 || disable_bwd=1
-mkdir -p "$out"
+runs=/tmp/ab_runs  # one CSV per run, combined into $out/ab.csv at the end
+mkdir -p "$out" && rm -rf "$runs" && mkdir -p "$runs"
 export PYTHONUNBUFFERED=1
 
 build() {  # name, flags: builds in place, keeps a copy of the extension in /tmp/ab_so_<name>
@@ -47,7 +50,7 @@ bench() {  # name, csv name, hdims, impls
   local t0=$SECONDS
   python3 bench/bench.py --dirs "$dir" --hdims "$3" --seqlens "$seqlens" --impls "$4" \
     --out "/tmp/ab_bench_$2" || return 1
-  cp "/tmp/ab_bench_$2/results.csv" "$out/$2.csv"
+  cp "/tmp/ab_bench_$2/results.csv" "$runs/$2.csv"
   echo "bench $2 ($1, hd $3, $4) in $((SECONDS - t0)) s"
 }
 
@@ -68,15 +71,17 @@ if [ -n "$other" ]; then
   bench var var_other2 "$other" fa4 || exit 1
   bench base base_other2 "$other" fa4 || exit 1
 fi
-python3 - "$out" <<'PY'
+python3 - "$runs" "$out" <<'PY'
 import csv, sys
 from pathlib import Path
 runs = ["base", "base2", "var", "var2", "var_peers", "base_other", "var_other", "base_other2",
         "var_other2"]
 t = {}
+every = []
 for r in runs:
     f = Path(sys.argv[1]) / f"{r}.csv"
     for row in csv.DictReader(open(f)) if f.exists() else []:
+        every.append({"run": r, **row})
         run = "var" if r == "var_peers" and row["impl"] == "fa4" else r
         run = {"base_other": "base", "var_other": "var", "base_other2": "base2",
                "var_other2": "var2"}.get(run, run)
@@ -84,7 +89,15 @@ for r in runs:
         name = run if row["impl"] == "fa4" else row["impl"]
         t.setdefault(key, {})[name] = row["tflops"] if row["status"].startswith("ok") else row["status"]
 cols = ["base", "base2", "var", "var2", "sdpa-cudnn", "flash-attn-4"]
-print("| hd | causal | seqlen | " + " | ".join(cols) + " |")
+lines = ["| hd | causal | seqlen | " + " | ".join(cols) + " |"]
 for key in sorted(t):
-    print("| %d | %d | %d | " % key + " | ".join(t[key].get(c, "") for c in cols) + " |")
+    lines.append("| %d | %d | %d | " % key + " | ".join(t[key].get(c, "") for c in cols) + " |")
+print("\n".join(lines))
+out = Path(sys.argv[2])
+(out / "ab_table.md").write_text("\n".join(lines) + "\n")
+if every:
+    with open(out / "ab.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(every[0].keys()))
+        w.writeheader()
+        w.writerows(every)
 PY
