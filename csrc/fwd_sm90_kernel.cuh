@@ -62,6 +62,10 @@
 #ifndef FA4_SM90_PINGPONG
 #define FA4_SM90_PINGPONG 1
 #endif
+// Note [SM90 exp2 split]: exponentials per 16 through exp2_poly, at every head dim (A/B switch).
+#ifndef FA4_SM90_EMU_SIXTEENTHS
+#define FA4_SM90_EMU_SIXTEENTHS 0
+#endif
 // Note [three consumers at hd64]; 0 keeps two consumer warpgroups at every head dim.
 #ifndef FA4_SM90_THREE_CONSUMERS
 #define FA4_SM90_THREE_CONSUMERS 1
@@ -127,8 +131,9 @@ struct FwdTraits {
   static constexpr int kConsumerThreads = 128 * kConsumerWGs;
   // Note [SM90 exp2 split]: Hopper's MUFU (16/clk/SM) keeps up with its wgmma rate at these
   // tile shapes, so the polynomial path starts switched off; docs/perf-notes.md records the
-  // measurements that set it.
-  static constexpr int kEmuSixteenths = 0;
+  // measurements that set it (forward step 4) and why small fractions are worth measuring again
+  // on today's loop (step 16: the two warpgroups' overlapping softmaxes share each MUFU).
+  static constexpr int kEmuSixteenths = FA4_SM90_EMU_SIXTEENTHS;
   static constexpr float kTau = 8.0f;  // Note [conditional rescale]
   // Note [warpgroup ping-pong]: the consumer warpgroups take turns issuing their GEMMs (one
   // named barrier each), so one's softmax runs while another's GEMMs hold the tensor cores.
