@@ -194,9 +194,13 @@ def test_import_needs_only_the_standard_library():
 
 
 def test_sm90_kernel_default_is_the_tables():
-    # the SM90 traits compile with one kEmuSixteenths for every head dim (fwd_sm90_kernel.cuh)
+    # the SM90 traits compile with one kEmuSixteenths for every head dim (fwd_sm90_kernel.cuh):
+    # the measurement switch FA4_SM90_EMU_SIXTEENTHS, whose default is the shipped value
     src = (ROOT / "csrc" / "fwd_sm90_kernel.cuh").read_text()
-    (value,) = re.findall(r"static constexpr int kEmuSixteenths = (\d+);", src)
+    assert re.findall(r"static constexpr int kEmuSixteenths = (\w+);", src) == [
+        "FA4_SM90_EMU_SIXTEENTHS"
+    ]
+    (value,) = re.findall(r"#define FA4_SM90_EMU_SIXTEENTHS (\d+)\n", src)
     assert {k for (arch, _), k in pm.EMU_SIXTEENTHS.items() if arch == "sm90"} == {int(value)}
 
 
