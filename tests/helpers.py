@@ -1,9 +1,11 @@
-"""Shared test helpers: the tolerance rule of DESIGN.md §5 and input makers."""
+"""Shared test helpers: the tolerance rule of DESIGN.md §5, input makers, script loading."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,13 @@ def build_gxx(src: Path, exe: Path) -> Path:
     if res.returncode != 0:
         pytest.fail(f"g++ failed on {src}:\n{res.stderr}")
     return exe
+
+
+def load_script(path: Path, name: str):
+    """A script outside any package (tools/) imported as module `name`; registered in
+    sys.modules first, which dataclasses need to resolve the module of their fields."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod

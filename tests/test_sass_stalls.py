@@ -1,15 +1,11 @@
 """CPU tests of tools/sass_stalls.py on lines of a real sm_90a listing (the hd128 forward's softmax:
 a MUFU.EX2 that sets scoreboard 2 and a row-sum FADD that waits 7 cycles on scoreboard 3)."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "sass_stalls.py"
-spec = importlib.util.spec_from_file_location("sass_stalls", TOOL)
-ss = importlib.util.module_from_spec(spec)
-sys.modules["sass_stalls"] = ss  # its dataclass looks its module up there
-spec.loader.exec_module(ss)
+from helpers import load_script
+
+ss = load_script(Path(__file__).resolve().parents[1] / "tools" / "sass_stalls.py", "sass_stalls")
 
 LISTING = """
 \t\tFunction : _Z6kernelI6bf16_tEvv

@@ -4,24 +4,15 @@ checked against the marks that were written. The word layout constants are read 
 csrc/fwd_sm90_trace.cuh, so a kernel-side change that the reader misses fails here.
 """
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("trace_fwd", ROOT / "tools" / "trace_fwd.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-tf = _load()
+tf = load_script(ROOT / "tools" / "trace_fwd.py", "trace_fwd")
 
 
 def _header_constant(name: str) -> int:
