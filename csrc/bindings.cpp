@@ -42,6 +42,9 @@ fa4::FwdParams fwd_params(const Tensor& q, const Tensor& k, const Tensor& v, con
                           double scale, int64_t wl, int64_t wr, double softcap, bool det) {
   const bool varlen = cu_q.has_value();
   fa4::FwdParams p;
+  // FA4_NUM_SMS caps the persistent grids (FwdParams::num_sms): the tests run the multi-tile
+  // walk with a few CTAs, and a count past the tiles gives one CTA per tile (A/B measurements).
+  if (const char* sms = std::getenv("FA4_NUM_SMS")) p.num_sms = std::atoi(sms);
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
@@ -90,6 +93,13 @@ void check_ok(fa4::Status s) {
   TORCH_CHECK(s == fa4::Status::kOk, "fa4 (", fa4::status_name(s), "): ", fa4::last_error());
 }
 
+// FA4_STATIC_SCHEDULE=1 leaves the tile counters null: the static assignment of tiles to the
+// persistent CTAs, for A/B measurements and the tests of that path.
+bool dynamic_schedule() {
+  const char* s = std::getenv("FA4_STATIC_SCHEDULE");
+  return s == nullptr || std::strcmp(s, "1") != 0;
+}
+
 std::tuple<Tensor, Tensor> fwd_kernel(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const OptTensor& cu_q, const OptTensor& cu_k,
                                       const OptTensor& seqused_k, int64_t max_q, int64_t max_k,
@@ -106,11 +116,9 @@ std::tuple<Tensor, Tensor> fwd_kernel(const Tensor& q, const Tensor& k, const Te
   auto p = fwd_params(q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr,
                       softcap, det);
   // Note [dynamic tiles]: run_fwd zeroes it on the stream; the caching allocator keeps it until
-  // the kernel is done with it. FA4_STATIC_SCHEDULE=1 leaves it null (the static assignment),
-  // for A/B measurements and for the tests of that path.
+  // the kernel is done with it.
   Tensor tile_counter;
-  const char* static_schedule = std::getenv("FA4_STATIC_SCHEDULE");
-  if (static_schedule == nullptr || std::strcmp(static_schedule, "1") != 0) {
+  if (dynamic_schedule()) {
     tile_counter = at::empty({1}, q.options().dtype(at::kLong));
     p.tile_counter = tile_counter.data_ptr<int64_t>();
   }
@@ -144,6 +152,12 @@ std::tuple<Tensor, Tensor, Tensor> bwd_kernel(const Tensor& dout, const Tensor& 
   p.dk_batch_stride = kb, p.dk_row_stride = kr, p.dk_head_stride = kh;
   p.dv_batch_stride = vb, p.dv_row_stride = vr, p.dv_head_stride = vh;
   p.dlse = opt_ptr<float>(dlse);
+  // Note [persistent bwd]: the tile counter, as the forward's (run_bwd zeroes it).
+  Tensor tile_counter;
+  if (dynamic_schedule()) {
+    tile_counter = at::empty({1}, q.options().dtype(at::kLong));
+    p.fwd.tile_counter = tile_counter.data_ptr<int64_t>();
+  }
   const size_t bytes = fa4::bwd_workspace_size(p);
   Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
   check_ok(fa4::run_bwd(p, workspace.data_ptr(), bytes, c10::cuda::getCurrentCUDAStream()));

@@ -19,6 +19,7 @@
 #include "sm90_common.cuh"
 #include "bwd_sm90_trace.cuh"
 #include "softmax.cuh"
+#include "tile_ring.cuh"
 
 namespace fa4::sm90 {
 
@@ -78,6 +79,14 @@ struct BwdTraits {
   using SmemLayoutKt = TransposedSmem<SmemLayoutK, kBlockN, kHeadDim, 1>;
   using SmemLayoutDSt = TransposedSmem<SmemLayoutDS, kBlockM, kBlockN, kDsStages>;
 
+  // Note [persistent bwd]: one CTA per SM walks kv tiles; dK/dV are staged over dS and dQ's
+  // buffers (and kStagePad more elements), which the next tile's loads do not touch.
+  static constexpr bool kPersistent = true;
+  static constexpr int kStageElems = kBlockN * (kHeadDim + 8 + kHeadDimV + 8);
+  static constexpr int kDsDqElems = cosize_v<SmemLayoutDS> + kDqBytes / sizeof(Element);
+  static constexpr int kStagePad = kStageElems > kDsDqElems ? kStageElems - kDsDqElems : 0;
+  static constexpr int kStageCapacity = kDsDqElems + kStagePad;
+
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
@@ -86,12 +95,18 @@ struct BwdTraits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDO>> dout;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDS>> ds;
     alignas(128) float4 dq[kDqFloats / 4];
+    Element stage_pad[kStagePad + 8];           // ds, dq and this: the dK/dV staging rows
     alignas(16) float lse2[kStages][kBlockM];   // with Q's stage (bulk copy, pipe_q)
     alignas(16) float dpsum[kStages][kBlockM];  // with dO's stage (pipe_do)
     typename Pipeline::SharedStorage pipe_q;
     typename Pipeline::SharedStorage pipe_do;
     cutlass::arch::ClusterTransactionBarrier kv_full;
+    cutlass::arch::ClusterBarrier kv_empty;  // consumers -> producer, the tile's last GEMM done
+    uint64_t tile_full[kTileSlots];          // Note [dynamic tiles] (tile_ring.cuh)
+    uint64_t tile_empty[kTileSlots];
+    int tile_item[kTileSlots];
     BwdTrace trace;  // Note [bwd trace]
+    __device__ Element* staging() { return ds.data(); }
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (227 KB per CTA on SM90)");
@@ -125,6 +140,9 @@ struct BwdTraitsSplit {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr bool kSplitD = true;
+  // One CTA per kv tile, no tile ring: the dK/dV staging needs K, V, Q and dO's buffers (no
+  // other smem left).
+  static constexpr bool kPersistent = false;
   static constexpr int kBlockM = 64;  // query rows per step, 32 per warpgroup in Sᵀ and dPᵀ
   static constexpr int kBlockN = 64;  // kv rows per CTA
   static constexpr int kStages = 2;
@@ -172,6 +190,9 @@ struct BwdTraitsSplit {
   static constexpr int kDqFloats = kBlockM * kHeadDim;
   static_assert(kDqFloats % (4 * 256) == 0, "each consumer thread adds whole float4s");
 
+  static constexpr int kStageCapacity = cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV> +
+                                        cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutDO>;
+
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
@@ -185,6 +206,8 @@ struct BwdTraitsSplit {
     typename Pipeline::SharedStorage pipe_q;
     typename Pipeline::SharedStorage pipe_do;
     cutlass::arch::ClusterTransactionBarrier kv_full;
+    // dK/dV staged over K, V, Q and dO (one tile per CTA: nothing loads into them afterwards).
+    __device__ Element* staging() { return k.data(); }
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (227 KB per CTA on SM90)");
@@ -229,14 +252,37 @@ struct BwdKernelParams {
   ScoreScale score;
   BwdGrid grid;
   int group;
+  int tiles;  // kv tiles of the whole problem (the grid's items, Note [persistent bwd])
 };
 
-template <class T>
-__device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
-                                             typename T::SharedStorage& ss,
-                                             typename T::Pipeline& pipe_q,
-                                             typename T::Pipeline& pipe_do, const SeqInfo& seq,
-                                             const Mask& mask, int n, int head_kv, int b) {
+// One kv tile (an item of the grid) as every role needs it; skip: past its sequence's keys
+// (varlen grids are sized by the longest sequence), nothing to load or write.
+struct BwdTile {
+  int n, head_kv, b;
+  SeqInfo seq;
+  Mask mask;
+  bool skip;
+  template <class KP>
+  __device__ static BwdTile of(const KP& kp, int item, int kBlockN) {
+    BwdTile t;
+    const FwdParams& f = kp.p.fwd;
+    kp.grid.decode(item, t.n, t.head_kv, t.b);
+    t.seq = SeqInfo::get(t.b, f.cu_seqlens_q, f.cu_seqlens_k, f.seqused_k, f.seqlen_q, f.seqlen_k);
+    t.mask = Mask::from_params(f, t.seq.seqlen_q, t.seq.seqlen_k);
+    t.skip = t.n * kBlockN >= t.seq.seqlen_k;
+    return t;
+  }
+};
+
+// The loads of one kv tile (the producer thread): K and V once (kv_full), then Q and dO of every
+// block that sees the tile through the pipelines, whose states continue across tiles.
+template <class T, class State>
+__device__ __forceinline__ void bwd_producer_tile(const BwdKernelParams<T>& kp,
+                                                  typename T::SharedStorage& ss,
+                                                  typename T::Pipeline& pipe_q,
+                                                  typename T::Pipeline& pipe_do, const SeqInfo& seq,
+                                                  const Mask& mask, int n, int head_kv, int b,
+                                                  State& q_state, State& do_state) {
   const bool varlen = kp.p.fwd.cu_seqlens_q != nullptr;
   const int bidb = varlen ? 0 : b;
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
@@ -259,8 +305,6 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
 
   Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);
   Tensor mDO = kp.tma_do.get_tma_tensor(kp.shape_do);
-  auto q_state = cutlass::make_producer_start_state<typename T::Pipeline>();
-  auto do_state = q_state;
   const int64_t row0_ws = kp.ws.row_offset(b, seq.offset_q, 0);
   int m_begin, m_end;
   q_blocks_seeing<T>(mask, n, m_begin, m_end);
@@ -292,6 +336,51 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
       ++do_state;
     }
   }
+}
+
+// Note [persistent bwd]: the producer thread of the d <= 128 variant walks the CTA's items
+// (tile_ring.cuh: the first is blockIdx.x, each next one claimed once the current tile's loads
+// are issued) and publishes each that has keys to the consumers and the reducer before loading
+// it. A tile's K
+// and V go into the single K/V buffer once the consumers have finished the previous tile's
+// GEMMs (kv_empty), while they still run its epilogue, so the next tile's K, V and first Q/dO
+// blocks land behind that epilogue instead of after it (the one-CTA-per-tile grid paid, per CTA
+// at hd128 1k, K/V landing 1.8 us, the first Q/dO 1.3, barrier init 0.5 and 1.0 between CTAs
+// of an SM, of ~42 us; docs/perf-notes.md). An item past kp.tiles ends the walk; the end marker
+// (-1) tells the readers.
+template <class T>
+__device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
+                                             typename T::SharedStorage& ss,
+                                             typename T::Pipeline& pipe_q,
+                                             typename T::Pipeline& pipe_do) {
+  auto q_state = cutlass::make_producer_start_state<typename T::Pipeline>();
+  auto do_state = q_state;
+  int64_t* counter = kp.p.fwd.tile_counter;
+  int t = 0;  // tiles published: the K/V buffer's uses (kv_full's and kv_empty's phases)
+  for (int64_t item = blockIdx.x; item < kp.tiles; item = next_item(counter, item)) {
+    const BwdTile tile = BwdTile::of(kp, int(item), T::kBlockN);
+    if (tile.skip) continue;  // not published: the readers see only tiles with keys
+    publish_item(ss.tile_full, ss.tile_empty, ss.tile_item, t, int(item));
+    if (t > 0) ss.kv_empty.wait(uint32_t((t - 1) & 1));
+    bwd_producer_tile(kp, ss, pipe_q, pipe_do, tile.seq, tile.mask, tile.n, tile.head_kv, tile.b,
+                      q_state, do_state);
+    ++t;
+  }
+  publish_item(ss.tile_full, ss.tile_empty, ss.tile_item, t, -1);
+  pipe_q.producer_tail(q_state);
+  pipe_do.producer_tail(do_state);
+}
+
+// The split variant's producer: its one tile.
+template <class T>
+__device__ __forceinline__ void bwd_producer_one(const BwdKernelParams<T>& kp,
+                                                 typename T::SharedStorage& ss,
+                                                 typename T::Pipeline& pipe_q,
+                                                 typename T::Pipeline& pipe_do, const SeqInfo& seq,
+                                                 const Mask& mask, int n, int head_kv, int b) {
+  auto q_state = cutlass::make_producer_start_state<typename T::Pipeline>();
+  auto do_state = q_state;
+  bwd_producer_tile(kp, ss, pipe_q, pipe_do, seq, mask, n, head_kv, b, q_state, do_state);
   pipe_q.producer_tail(q_state);
   pipe_do.producer_tail(do_state);
 }
@@ -328,11 +417,11 @@ __device__ __forceinline__ auto fragment_coords(const TiledMma& mma, int tid, Sh
 //
 // The reducer warp: one bulk reduce-add per Q block, in the consumers' order.
 template <class T>
-__device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,
-                                               typename T::SharedStorage& ss, const SeqInfo& seq,
-                                               const Mask& mask, int n, int head_kv, int b) {
+__device__ __forceinline__ void bwd_dq_reducer_tile(const BwdKernelParams<T>& kp,
+                                                    typename T::SharedStorage& ss,
+                                                    const SeqInfo& seq, const Mask& mask, int n,
+                                                    int head_kv, int b, bool leader) {
   constexpr int kHalfBarrierThreads = 128 + kReducerThreads;  // one consumer warpgroup + this warp
-  const bool leader = cute::elect_one_sync();
   const int64_t row0_ws = kp.ws.row_offset(b, seq.offset_q, 0);
   const uint32_t src = cute::cast_smem_ptr_to_uint(ss.dq);
   int m_begin, m_end;
@@ -361,15 +450,28 @@ __device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,
     }
     ss.trace.mark(leader, 2, i, 1);
     __syncwarp();
-    if (i + 1 < blocks) {
-      cutlass::arch::NamedBarrier::arrive(kHalfBarrierThreads, kDqEmpty);
-      cutlass::arch::NamedBarrier::arrive(kHalfBarrierThreads, kDqEmpty1);
-    }
+    // Also after a tile's last block: the consumers wait for it before staging dK/dV over dQ's
+    // buffer (Note [persistent bwd]).
+    cutlass::arch::NamedBarrier::arrive(kHalfBarrierThreads, kDqEmpty);
+    cutlass::arch::NamedBarrier::arrive(kHalfBarrierThreads, kDqEmpty1);
+  }
+  ss.trace.cta_mark(leader, 6);
+  ss.trace.reducer_done(kTraceDump);
+}
+
+// The reducer warp's walk over the CTA's tiles, as published by the producer.
+template <class T>
+__device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,
+                                               typename T::SharedStorage& ss) {
+  const bool leader = cute::elect_one_sync();
+  for (int t = 0;; ++t) {
+    const int item = take_item(ss.tile_full, ss.tile_empty, ss.tile_item, t);
+    if (item < 0) break;
+    const BwdTile tile = BwdTile::of(kp, item, T::kBlockN);
+    bwd_dq_reducer_tile(kp, ss, tile.seq, tile.mask, tile.n, tile.head_kv, tile.b, leader);
   }
   // The last reduce-add must finish before the CTA (and its shared memory) goes away.
   if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-  ss.trace.cta_mark(leader, 6);
-  ss.trace.reducer_done(kTraceDump);
 }
 
 // One GEMM of the backward on the tensor cores as one wgmma batch: k-slices of a and b into c,
@@ -476,10 +578,12 @@ __device__ __forceinline__ typename T::Element* dv_tile(const BwdKernelParams<T>
 // Note [dK/dV epilogue]: dK and dV leave through shared memory. Written from the accumulator
 // fragments, each thread's 4-byte pairs hit 8 rows per warp store (16 of a row's 32-byte sectors
 // per instruction); the trace build measured that epilogue at 6.7 us of a 46 us CTA at hd128 1k
-// (docs/perf-notes.md). Once both warpgroups are done with K, V, Q and dO, the tile goes to
-// shared memory in rows (pitch d + 8 elements: a warp's pairs then cover all 32 banks) over those
-// buffers, and the CTA writes whole 16-byte row chunks (dispatch guarantees 16-byte aligned dk,
-// dv and strides). Measured: the hd128 backward +8-9 % at 1k, 0-2 % at 16k (docs/perf.md).
+// (docs/perf-notes.md). Once both warpgroups are done with the buffers of ss.staging(), the tile
+// goes there in rows (pitch d + 8 elements: a warp's pairs then cover all 32 banks), and the CTA
+// writes whole 16-byte row chunks (dispatch guarantees 16-byte aligned dk, dv and strides).
+// Measured: the hd128 backward +8-9 % at 1k, 0-2 % at 16k (docs/perf.md). The d <= 128 variant
+// stages over dS, dQ and stage_pad, which its next tile's K/V and Q/dO loads leave alone (Note
+// [persistent bwd]); the split variant, one tile per CTA, over K, V, Q and dO.
 
 // The fragment, times scale, as rows of `rows` (pitch kD + 8 elements).
 template <class T, int kD, class Frag, class Coord>
@@ -528,19 +632,19 @@ __device__ __forceinline__ void store_dk_dv(const BwdKernelParams<T>& kp,
   const int rows_valid = seq.seqlen_k - n * kN;
   const auto ck = fragment_coords(mma_dk, tid, Shape<Int<kN>, Int<kD>>{});
   const auto cv = fragment_coords(mma_dv, tid, Shape<Int<kN>, Int<kDV>>{});
-  // k, v, q and dout are consecutive members: the staged tiles fit in their span.
-  static_assert(kN * (kD + 8 + kDV + 8) <=
-                    cosize_v<typename T::SmemLayoutK> + cosize_v<typename T::SmemLayoutV> +
-                        cosize_v<typename T::SmemLayoutQ> + cosize_v<typename T::SmemLayoutDO>,
-                "staged dK and dV fit over K, V, Q and dO");
-  Element* rows_k = ss.k.data();
+  // ss.staging(): consecutive members (k, v, q, dout; or ds, dq, stage_pad) that both warpgroups
+  // are done with once they pass the first barrier below.
+  static_assert(kN * (kD + 8 + kDV + 8) <= T::kStageCapacity, "staged dK and dV fit");
+  Element* rows_k = ss.staging();
   Element* rows_v = rows_k + kN * (kD + 8);
-  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);  // K, V, Q, dO free
+  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
   stage_rows<T, kD>(rows_k, p.fwd.softmax_scale, acc_dk, ck);
   stage_rows<T, kDV>(rows_v, 1.0f, acc_dv, cv);
   cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
   write_rows<T, kD>(rows_k, dk, p.dk_row_stride, rows_valid, tid);
   write_rows<T, kDV>(rows_v, dv, p.dv_row_stride, rows_valid, tid);
+  // The next tile's dS and dQ stores reuse the staging buffers (persistent grid).
+  if constexpr (!T::kSplitD) cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
 }
 
 }  // namespace fa4::sm90

@@ -11,8 +11,7 @@ template <class T>
 __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
                                              typename T::SharedStorage& ss,
                                              typename T::Pipeline& pipe_q,
-                                             typename T::Pipeline& pipe_do, const SeqInfo& seq,
-                                             const Mask& mask, int n, int head_kv, int b, int tid) {
+                                             typename T::Pipeline& pipe_do, int tid) {
   using Element = typename T::Element;
   constexpr int kM = T::kBlockM, kN = T::kBlockN;
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
@@ -60,92 +59,111 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   // The same registers in the accumulator's layout, for the copy to smem: the A-operand and
   // accumulator fragments order a thread's elements identically (as P in the forward).
   Tensor reg_ds_c = thr_copy_ds.retile_S(make_tensor(reg_ds.data(), acc_s.layout()));
-  clear(acc_dv);
-  clear(acc_dk);
 
   constexpr int kHalfBarrierThreads = 128 + kReducerThreads;
   const uint32_t dq_full = tid < 128 ? kDqFull : kDqFull1;
   const uint32_t dq_empty = tid < 128 ? kDqEmpty : kDqEmpty1;
   auto q_state = typename T::Pipeline::PipelineState{};
   auto do_state = q_state;
-  int m_begin, m_end;
-  q_blocks_seeing<T>(mask, n, m_begin, m_end);
-  const int blocks = kp.group * (m_end - m_begin);
-  ss.kv_full.wait(0);
-  ss.trace.cta_mark(tid == 0, 2);
   const bool leader = tid % 128 == 0;  // the marks of Note [bwd trace]
   const int wg = tid / 128;
-  // Note [bwd issue order]: Sᵀ and dPᵀ go to the tensor cores together; P is computed in place
-  // (in acc_s) once Sᵀ is done while dPᵀ still runs. After dPᵀ, one pass turns P and dPᵀ into the
-  // 16-bit Pᵀ and dSᵀ operands (the fp32 registers die as the 16-bit ones are made, which keeps
-  // the peak at dK + dV + Sᵀ + dPᵀ). dV goes out, then, once both warpgroups' dS is in smem, dQ
-  // and dK; dQ is stored for the reducer while dK runs. The other warpgroup's GEMMs fill the
-  // tensor cores while this one computes (p_and_ds has the elementwise part and its softcap
-  // exception).
-  // m: the Q block, cycling through [m_begin, m_end) once per query head of the group (counted,
-  // not i % (m_end - m_begin): an integer division per block).
-  for (int i = 0, m = m_begin; i < blocks; ++i, m = m + 1 == m_end ? m_begin : m + 1) {
-    // Note [fresh tid]: the score coordinates and the dSᵀ store addresses per iteration (the
-    // consumers are threads 128.., tid = threadIdx.x - 128 as bwd_kernel passes it).
-    ss.trace.mark(leader, wg, i, 0);
-    const int ltid = fresh_thread_index() - 128;
-    const auto c_s = fragment_coords(mma_s, ltid, Shape<Int<kN>, Int<kM>>{});
-    Tensor tDSsDSt =
-        copy_ds.get_thread_slice(ltid).partition_D(as_position_independent_swizzle_tensor(sDSt));
-    pipe_q.consumer_wait(q_state);
-    pipe_do.consumer_wait(do_state);
-    ss.trace.mark(leader, wg, i, 1);
-    ss.trace.cta_mark(tid == 0 && i == 0, 3);
-    const int sq = q_state.index(), sdo = do_state.index(), sds = i % T::kDsStages;
-    issue_gemm(mma_s, tSrK, tSrQ(_, _, _, sq), acc_s, true);
-    issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, sdo), acc_dp, true);
-    warpgroup_wait<1>();
-    warpgroup_fence_operand(acc_s);
-    ss.trace.mark(leader, wg, i, 2);
-    p_and_ds(kp.score, mask, block_range<kM, kN>(mask, m).needs_mask(n), n * kN, m * kM, c_s,
-             ss.lse2[sq], ss.dpsum[sdo], acc_s, acc_dp, reg_p, reg_ds);
-    fence_packed(reg_p);
-    fence_packed(reg_ds);
-    ss.trace.mark(leader, wg, i, 3);
-    issue_gemm(mma_dv, reg_p, tVrDOt(_, _, _, sdo), acc_dv, false);
-    // dSᵀ to shared memory for dQ = dS·K (both warpgroups' kv rows form the K dimension).
-    copy(copy_ds, reg_ds_c, tDSsDSt(_, _, _, sds));
-    cutlass::arch::fence_view_async_shared();
-    ss.trace.mark(leader, wg, i, 4);
-    cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kDsWritten);
-    ss.trace.mark(leader, wg, i, 5);
-    // dQ before dK, so that dQ's trip to shared memory overlaps dK on the tensor cores.
-    issue_gemm(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);
-    issue_gemm(mma_dk, reg_ds, tKrQt(_, _, _, sq), acc_dk, false);
-    warpgroup_wait<1>();  // dV and dQ done
-    warpgroup_fence_operand(acc_dv);
-    warpgroup_fence_operand(acc_dq);
-    ss.trace.mark(leader, wg, i, 6);
-    pipe_do.consumer_release(do_state);
-    ++do_state;
-    // Each warpgroup hands its own part of the block to the reducer (Note [dQ reduce]): the two
-    // warpgroups do not wait for each other here.
-    if (i > 0) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
-    ss.trace.mark(leader, wg, i, 7);
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < size(acc_dq) / 4; ++j) {
-      ss.dq[j * T::kConsumerThreads + tid] =
-          make_float4(acc_dq(4 * j), acc_dq(4 * j + 1), acc_dq(4 * j + 2), acc_dq(4 * j + 3));
+  // Note [persistent bwd]: the tiles the producer publishes, each a use of the K/V buffer.
+  for (int t = 0;; ++t) {
+    const int item = take_item(ss.tile_full, ss.tile_empty, ss.tile_item, t);
+    if (item < 0) break;
+    if (t > 0) {  // a later tile's start stands in for the kernel entry and barrier init
+      ss.trace.cta_mark(tid == 0, 0);
+      ss.trace.cta_mark(tid == 0, 1);
     }
-    cutlass::arch::fence_view_async_shared();
-    cutlass::arch::NamedBarrier::arrive(kHalfBarrierThreads, dq_full);
-    ss.trace.mark(leader, wg, i, 8);
-    warpgroup_wait<0>();  // dK done
-    warpgroup_fence_operand(acc_dk);
-    ss.trace.mark(leader, wg, i, 9);
-    pipe_q.consumer_release(q_state);
-    ++q_state;
+    // The loop needs the mask and n only; the epilogue decodes the item again (the sequence,
+    // head and batch kept live across the loop cost two spilled registers).
+    const BwdTile tile = BwdTile::of(kp, item, T::kBlockN);
+    const Mask mask = tile.mask;
+    const int n = tile.n;
+    clear(acc_dv);
+    clear(acc_dk);
+    int m_begin, m_end;
+    q_blocks_seeing<T>(mask, n, m_begin, m_end);
+    const int blocks = kp.group * (m_end - m_begin);
+    ss.kv_full.wait(uint32_t(t & 1));
+    ss.trace.cta_mark(tid == 0, 2);
+    // Note [bwd issue order]: Sᵀ and dPᵀ go to the tensor cores together; P is computed in place
+    // (in acc_s) once Sᵀ is done while dPᵀ still runs. After dPᵀ, one pass turns P and dPᵀ into the
+    // 16-bit Pᵀ and dSᵀ operands (the fp32 registers die as the 16-bit ones are made, which keeps
+    // the peak at dK + dV + Sᵀ + dPᵀ). dV goes out, then, once both warpgroups' dS is in smem, dQ
+    // and dK; dQ is stored for the reducer while dK runs. The other warpgroup's GEMMs fill the
+    // tensor cores while this one computes (p_and_ds has the elementwise part and its softcap
+    // exception).
+    // m: the Q block, cycling through [m_begin, m_end) once per query head of the group (counted,
+    // not i % (m_end - m_begin): an integer division per block).
+    for (int i = 0, m = m_begin; i < blocks; ++i, m = m + 1 == m_end ? m_begin : m + 1) {
+      // Note [fresh tid]: the score coordinates and the dSᵀ store addresses per iteration (the
+      // consumers are threads 128.., tid = threadIdx.x - 128 as bwd_kernel passes it).
+      ss.trace.mark(leader, wg, i, 0);
+      const int ltid = fresh_thread_index() - 128;
+      const auto c_s = fragment_coords(mma_s, ltid, Shape<Int<kN>, Int<kM>>{});
+      Tensor tDSsDSt =
+          copy_ds.get_thread_slice(ltid).partition_D(as_position_independent_swizzle_tensor(sDSt));
+      pipe_q.consumer_wait(q_state);
+      pipe_do.consumer_wait(do_state);
+      ss.trace.mark(leader, wg, i, 1);
+      ss.trace.cta_mark(tid == 0 && i == 0, 3);
+      const int sq = q_state.index(), sdo = do_state.index(), sds = i % T::kDsStages;
+      issue_gemm(mma_s, tSrK, tSrQ(_, _, _, sq), acc_s, true);
+      issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, sdo), acc_dp, true);
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(acc_s);
+      ss.trace.mark(leader, wg, i, 2);
+      p_and_ds(kp.score, mask, block_range<kM, kN>(mask, m).needs_mask(n), n * kN, m * kM, c_s,
+               ss.lse2[sq], ss.dpsum[sdo], acc_s, acc_dp, reg_p, reg_ds);
+      fence_packed(reg_p);
+      fence_packed(reg_ds);
+      ss.trace.mark(leader, wg, i, 3);
+      issue_gemm(mma_dv, reg_p, tVrDOt(_, _, _, sdo), acc_dv, false);
+      // dSᵀ to shared memory for dQ = dS·K (both warpgroups' kv rows form the K dimension).
+      copy(copy_ds, reg_ds_c, tDSsDSt(_, _, _, sds));
+      cutlass::arch::fence_view_async_shared();
+      ss.trace.mark(leader, wg, i, 4);
+      cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kDsWritten);
+      ss.trace.mark(leader, wg, i, 5);
+      // dQ before dK, so that dQ's trip to shared memory overlaps dK on the tensor cores.
+      issue_gemm(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);
+      issue_gemm(mma_dk, reg_ds, tKrQt(_, _, _, sq), acc_dk, false);
+      warpgroup_wait<1>();  // dV and dQ done
+      warpgroup_fence_operand(acc_dv);
+      warpgroup_fence_operand(acc_dq);
+      ss.trace.mark(leader, wg, i, 6);
+      pipe_do.consumer_release(do_state);
+      ++do_state;
+      // Each warpgroup hands its own part of the block to the reducer (Note [dQ reduce]): the two
+      // warpgroups do not wait for each other here.
+      if (i > 0) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
+      ss.trace.mark(leader, wg, i, 7);
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < size(acc_dq) / 4; ++j) {
+        ss.dq[j * T::kConsumerThreads + tid] =
+            make_float4(acc_dq(4 * j), acc_dq(4 * j + 1), acc_dq(4 * j + 2), acc_dq(4 * j + 3));
+      }
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::arrive(kHalfBarrierThreads, dq_full);
+      ss.trace.mark(leader, wg, i, 8);
+      warpgroup_wait<0>();  // dK done
+      warpgroup_fence_operand(acc_dk);
+      ss.trace.mark(leader, wg, i, 9);
+      pipe_q.consumer_release(q_state);
+      ++q_state;
+    }
+    // This thread's GEMMs of the tile are done: K and V may be reloaded.
+    ss.kv_empty.arrive();
+    ss.trace.cta_mark(leader, wg == 0 ? 4 : 7);
+    // dK/dV are staged over dQ's buffer too: the reducer must have read the last block's dQ.
+    if (blocks > 0) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
+    const BwdTile out = BwdTile::of(kp, item, T::kBlockN);
+    store_dk_dv(kp, ss, out.seq, n, out.head_kv, out.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
+    ss.trace.cta_mark(tid == 0, 5);
+    ss.trace.dump(dv_tile<T>(kp, out.seq, n, out.head_kv, out.b), kp.p.dv_row_stride,
+                  out.seq.seqlen_k - n * kN, tid, kTraceDump);
   }
-  ss.trace.cta_mark(leader, wg == 0 ? 4 : 7);
-  store_dk_dv(kp, ss, seq, n, head_kv, b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
-  ss.trace.cta_mark(tid == 0, 5);
-  ss.trace.dump(dv_tile<T>(kp, seq, n, head_kv, b), kp.p.dv_row_stride, seq.seqlen_k - n * kN, tid,
-                kTraceDump);
 }
 
 }  // namespace fa4::sm90

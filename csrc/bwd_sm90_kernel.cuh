@@ -2,11 +2,13 @@
 // workspace), its postprocess and the launch of all three. This header describes the d <= 128
 // variant (bwd_sm90_consumer.cuh); bwd_sm90_consumer_split.cuh describes how d > 128 differs.
 //
-// One CTA per (kv tile of kBlockN rows, kv head, batch). K and V stay in shared memory; the CTA
-// loops over every query head of the GQA group and every Q block of kBlockM rows that sees the
-// tile, so dK and dV are summed over the group in registers and written once (no atomics, exact
-// and deterministic). Per Q block, each consumer warpgroup (64 of the kv rows) computes, with the
-// scores transposed so that kv rows are the wgmma M dimension:
+// Work items: (kv tile of kBlockN rows, kv head, batch); at d <= 128 one CTA per SM walks them
+// (Note [persistent bwd], bwd_sm90_common.cuh), the split variant runs one CTA per item. K and V
+// stay in shared memory for the item; the CTA loops over every query head of the GQA group and
+// every Q block of kBlockM rows that sees the tile, so dK and dV are summed over the group in
+// registers and written once (no atomics, exact and deterministic). Per Q block, each consumer
+// warpgroup (64 of the kv rows) computes, with the scores transposed so that kv rows are the wgmma
+// M dimension:
 //   Sᵀ  = K·Qᵀ                 (SS)      Pᵀ = exp2(Sᵀ·c − lse₂)           (softmax.cuh exp2)
 //   dPᵀ = V·dOᵀ                (SS)      dSᵀ = Pᵀ ∘ (dPᵀ − D) [∘ (1 − x²) with softcap]
 //   dV += Pᵀ·dO                (RS: Pᵀ from registers)
@@ -20,7 +22,9 @@
 // from the preprocess kernel (bwd_prepost.cuh) and travel with Q and dO through the pipelines.
 //
 // Pipelines and barriers (from X to Y, protects Z):
-//   kv_full     producer -> consumers, K and V (once per CTA)
+//   tile ring   producer -> consumers and reducer, the next item (tile_ring.cuh; d <= 128)
+//   kv_full     producer -> consumers, K and V (once per item)
+//   kv_empty    consumers -> producer, the K/V buffer after the item's last GEMM (d <= 128)
 //   pipe_q      producer -> consumers, kStages buffers of Q and its lse₂ rows
 //   pipe_do     producer -> consumers, kStages buffers of dO and its D rows
 //   kDsWritten  consumers -> consumers (named), dS of this block in smem before the dQ GEMM
@@ -28,7 +32,8 @@
 //               m+1's kDsWritten, which the other warpgroup reaches only after its dQ GEMM of
 //               block m completed, so no buffer is overwritten while read)
 //   kDqFull     consumers -> reducer (named), dQ of this block in smem
-//   kDqEmpty    reducer -> consumers (named), the bulk copy has read dQ's smem
+//   kDqEmpty    reducer -> consumers (named), the bulk copy has read dQ's smem (after every
+//               block: the consumers wait for it before a tile's 2nd.. block and its epilogue)
 // (The split variant reuses kDqFull / kDqEmpty as consumer-only barriers of deterministic mode.)
 //
 // Head dims: d <= 128 here (kBlockN 128, kBlockM 64). Registers per consumer thread at d = 128:
@@ -48,14 +53,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ char smem[];
   auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem);
   if constexpr (!T::kSplitD) ss.trace.cta_mark(threadIdx.x == 0, 0);  // Note [bwd trace]
-  const FwdParams& f = kp.p.fwd;
-  int n, head_kv, b;
-  kp.grid.decode(blockIdx.x, n, head_kv, b);
-  const SeqInfo seq =
-      SeqInfo::get(b, f.cu_seqlens_q, f.cu_seqlens_k, f.seqused_k, f.seqlen_q, f.seqlen_k);
-  const Mask mask = Mask::from_params(f, seq.seqlen_q, seq.seqlen_k);
   const auto role = static_cast<WarpGroupRole>(threadIdx.x / 128);
-  if (threadIdx.x == 0) ss.kv_full.init(1);
+  if (threadIdx.x == 0) {
+    ss.kv_full.init(1);
+    if constexpr (!T::kSplitD) {
+      ss.kv_empty.init(T::kConsumerThreads);
+      for (int i = 0; i < kTileSlots; ++i) {
+        cutlass::arch::ClusterBarrier::init(&ss.tile_full[i], 1);
+        cutlass::arch::ClusterBarrier::init(&ss.tile_empty[i],
+                                            T::kConsumerThreads + kReducerThreads);
+      }
+    }
+  }
   using Pipe = typename T::Pipeline;
   typename Pipe::Params pq;
   pq.role = role == WarpGroupRole::kProducer ? Pipe::ThreadCategory::Producer
@@ -70,22 +79,28 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   cutlass::arch::fence_barrier_init();
   __syncthreads();
   if constexpr (!T::kSplitD) ss.trace.cta_mark(threadIdx.x == 0, 1);
-  // A tile past this sequence's keys (varlen: grid sized by the longest) has nothing to do;
-  // its dK/dV rows do not exist.
-  if (n * T::kBlockN >= seq.seqlen_k) return;
-  if (role == WarpGroupRole::kProducer) {
-    cutlass::arch::warpgroup_reg_dealloc<kBwdProducerRegs>();
-    const int warp = threadIdx.x / 32;
-    if (threadIdx.x == 0) bwd_producer(kp, ss, pipe_q, pipe_do, seq, mask, n, head_kv, b);
-    if constexpr (!T::kSplitD) {
-      if (warp == 1) bwd_dq_reducer(kp, ss, seq, mask, n, head_kv, b);
+  if constexpr (!T::kSplitD) {  // Note [persistent bwd]
+    if (role == WarpGroupRole::kProducer) {
+      cutlass::arch::warpgroup_reg_dealloc<kBwdProducerRegs>();
+      const int warp = threadIdx.x / 32;
+      if (threadIdx.x == 0) bwd_producer(kp, ss, pipe_q, pipe_do);
+      if (warp == 1) bwd_dq_reducer(kp, ss);
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<kBwdConsumerRegs>();
+      bwd_consumer(kp, ss, pipe_q, pipe_do, threadIdx.x - 128);
     }
   } else {
-    cutlass::arch::warpgroup_reg_alloc<kBwdConsumerRegs>();
-    if constexpr (T::kSplitD) {
-      bwd_consumer_split(kp, ss, pipe_q, pipe_do, seq, mask, n, head_kv, b, threadIdx.x - 128);
+    const BwdTile t = BwdTile::of(kp, int(blockIdx.x), T::kBlockN);
+    if (t.skip) return;
+    if (role == WarpGroupRole::kProducer) {
+      cutlass::arch::warpgroup_reg_dealloc<kBwdProducerRegs>();
+      if (threadIdx.x == 0) {
+        bwd_producer_one(kp, ss, pipe_q, pipe_do, t.seq, t.mask, t.n, t.head_kv, t.b);
+      }
     } else {
-      bwd_consumer(kp, ss, pipe_q, pipe_do, seq, mask, n, head_kv, b, threadIdx.x - 128);
+      cutlass::arch::warpgroup_reg_alloc<kBwdConsumerRegs>();
+      bwd_consumer_split(kp, ss, pipe_q, pipe_do, t.seq, t.mask, t.n, t.head_kv, t.b,
+                         threadIdx.x - 128);
     }
   }
 #endif
@@ -163,7 +178,7 @@ namespace fa4::sm90 {
 
 // Pre/main/postprocess on `stream`.
 template <class T>
-Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaStream_t stream) {
+Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cudaStream_t stream) {
   using Element = typename T::Element;
   const FwdParams& f = p.fwd;
   BwdKernelParams<T> kp;
@@ -194,7 +209,11 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
     bwd_preprocess<Element><<<unsigned(pp_blocks), 256, 0, stream>>>(p, kp.ws, row_grid);
   }
   kp.grid = {(f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.deterministic};
-  const int64_t blocks = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
+  const int64_t tiles = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
+  kp.tiles = int(tiles);
+  // Note [persistent bwd]: at most one CTA per SM (one fits), each walking tiles; num_sms at
+  // least the tile count gives one CTA per tile (the A/B of docs/perf-notes.md).
+  const int64_t blocks = T::kPersistent ? std::min<int64_t>(tiles, dev.num_sms) : tiles;
   if (blocks > 0) {
     const Status s = launch_kernel("bwd_sm90", bwd_kernel<T>, dim3(unsigned(blocks)), T::kThreads,
                                    T::kSmemBytes, stream, kp);

@@ -20,7 +20,9 @@ constexpr int kTraceRows = 3;     // warpgroup 0, warpgroup 1, the reducer
 constexpr int kLoopWords = kTraceRows * kTraceIters * kTracePoints;
 // CTA-level marks, %globaltimer (ns, one clock for every SM) at: 0 entry, 1 barriers initialised,
 // 2 K and V landed, 3 first Q and dO ready, 4 warpgroup 0's loop done, 5 its dK/dV stores issued,
-// 6 the reducer's last reduce-add complete, 7 warpgroup 1's loop done; then the SM id.
+// 6 the reducer's last reduce-add read, 7 warpgroup 1's loop done; then the SM id. Per item of the
+// persistent grid (Note [persistent bwd]): each item's words go over its own dV tile, and for a
+// CTA's later items 0 and 1 are both the item's start (consumer thread 0 took it).
 constexpr int kCtaMarks = 8;
 constexpr int kCtaWord0 = 128;  // 64-bit aligned, after the loop marks
 constexpr int kTraceWords = kCtaWord0 + 2 * kCtaMarks + 1;

@@ -452,6 +452,12 @@ Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes,
   DeviceInfo info;
   s = select_arch(/*fwd=*/false, p.fwd.num_sms, &arch, &info);
   if (s != Status::kOk) return s;
+  if (p.fwd.tile_counter != nullptr) {
+    const cudaError_t e = cudaMemsetAsync(p.fwd.tile_counter, 0, sizeof(int64_t), stream);
+    if (e != cudaSuccess) {
+      return fail(Status::kCudaError, "zeroing tile_counter: %s", cudaGetErrorString(e));
+    }
+  }
   return arch->bwd(p, info, workspace, stream);
 }
 

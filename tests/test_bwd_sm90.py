@@ -251,3 +251,27 @@ def test_many_ctas_and_seqlen_4224():
 
 def test_over_2_31_elements():
     over_2_31_case("sm90")
+
+
+@pytest.mark.parametrize("sms", [1, 3])
+def test_persistent_walk_with_few_ctas(monkeypatch, sms):
+    """Note [persistent bwd]: capped at `sms` CTAs (FA4_NUM_SMS), each CTA walks many kv tiles,
+    which the full grid of the other tests rarely does at their sizes: the tile ring, kv_full's
+    and kv_empty's phases, the dQ buffer handed over between tiles and the dK/dV staging reused.
+    Dense causal GQA (32 tiles), softcap, rows that see no key, varlen with empty sequences
+    (skipped tiles), and deterministic mode bitwise equal to the full grid's result."""
+    dims = [p for p in _bwd_hdims() if max(p) <= 128]
+    if not dims:
+        pytest.skip("no SM90 backward with d, d_v <= 128 (the persistent variant) in this build")
+    q, k, v = make((2, 1100, 8, dims[0][0]), (2, 1100, 2, dims[0][0]), dims[0][1], torch.bfloat16,
+                   seed=sms)  # fmt: skip
+    dout = torch.randn(2, 1100, 8, dims[0][1], device="cuda").to(torch.bfloat16)
+    full = grads(q, k, v, dout, "sm90", causal=True, deterministic=True)
+    monkeypatch.setenv("FA4_NUM_SMS", str(sms))
+    for dims_i in dims:
+        for case, dtype in ((1, torch.bfloat16), (6, torch.float16), (4, torch.bfloat16)):
+            dense_case("sm90", dims_i, case, dtype)
+        varlen_case("sm90", dims_i[0])
+    capped = grads(q, k, v, dout, "sm90", causal=True, deterministic=True)
+    for name, a, b in zip(("dq", "dk", "dv"), full, capped, strict=True):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{name} differs"

@@ -198,15 +198,15 @@ def test_bwd_sass_has(compiled_bwd, op, why):
 
 
 def test_bwd_spills_bounded(compiled_bwd):
-    """At d = 128 the kernel spills at most 136 bytes (124 at 2b018fc). At 76fdb8b the 136 were 132
-    in the producer warpgroup (the TMA thread and the dQ reducer at 40 registers) and one value
-    in the consumers' softcap-and-mask variant.
+    """At d = 128 the kernel spills at most 252 bytes (124 at 2b018fc, before the persistent grid
+    of Note [persistent bwd]): the producer warpgroup's TMA thread and dQ reducer at 40 registers
+    now also walk the tile ring, and the consumers' softcap variant spills 16 bytes (below).
     The paired P/dS conversion (docs/perf-notes.md) had pushed two per-thread offsets out of the
     consumers' registers, reloaded from L2 every Q block (148 bytes, the loop's top stall in ncu);
     Note [fresh tid] rebuilds them in the loop instead."""
     ptxas, _ = compiled_bwd
     spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", ptxas)]
-    assert spills and max(spills) <= 136, ptxas
+    assert spills and max(spills) <= 252, ptxas
 
 
 @pytest.mark.parametrize("variant", ["compiled_bwd", "compiled_bwd_split"])
@@ -238,11 +238,12 @@ def test_bwd_descriptors_uniform_and_pairs_converted(compiled_bwd):
 
 
 def test_bwd_loop_reads_local_memory_once(compiled_bwd):
-    """Local memory is read inside the Q-block loop only by the rare softcap-and-mask variant
-    (Note [fresh tid]); the two per-thread offsets spilled by the paired conversion were reloaded
-    every block (4 LDL in the loop's span over the four variants before)."""
+    """Local memory is read inside the Q-block loop only by the softcap variant, which spills four
+    temporaries of its own block since the persistent grid's tile state (item, ring index) stays
+    live across the loop (Note [persistent bwd]); the per-thread offsets that the paired
+    conversion had spilled were reloaded on every path of every block (Note [fresh tid])."""
     ops = _main_loop_ops(compiled_bwd[1])
-    assert ops.count("LDL") <= 1, ops.count("LDL")
+    assert ops.count("LDL") <= 4, ops.count("LDL")
 
 
 @pytest.mark.parametrize(
