@@ -341,13 +341,13 @@ __device__ __forceinline__ void bwd_producer_tile(const BwdKernelParams<T>& kp,
 // Note [persistent bwd]: the producer thread of the d <= 128 variant walks the CTA's items
 // (tile_ring.cuh: the first is blockIdx.x, each next one claimed once the current tile's loads
 // are issued) and publishes each that has keys to the consumers and the reducer before loading
-// it. A tile's K
-// and V go into the single K/V buffer once the consumers have finished the previous tile's
-// GEMMs (kv_empty), while they still run its epilogue, so the next tile's K, V and first Q/dO
-// blocks land behind that epilogue instead of after it (the one-CTA-per-tile grid paid, per CTA
-// at hd128 1k, K/V landing 1.8 us, the first Q/dO 1.3, barrier init 0.5 and 1.0 between CTAs
-// of an SM, of ~42 us; docs/perf-notes.md). An item past kp.tiles ends the walk; the end marker
-// (-1) tells the readers.
+// it. A tile's K and V go into the single K/V buffer once the consumers have finished the
+// previous tile's GEMMs (kv_empty), while they still run its epilogue, so the next tile's loads
+// overlap that epilogue. The one-CTA-per-tile grid paid, per CTA at hd128 1k of ~42 us, K/V
+// landing 1.8 us, the first Q/dO 1.3, barrier init 0.5 and 1.0 between CTAs of an SM; measured
+// with this walk, the first Q/dO and the init are hidden and K/V still land ~1.5 us into the
+// next tile (+7 % at 1k, +4-5 % causal 1k; docs/perf-notes.md, backward step 19). An item past
+// kp.tiles ends the walk; the end marker (-1) tells the readers.
 template <class T>
 __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
                                              typename T::SharedStorage& ss,

@@ -1,5 +1,6 @@
 // Run-time tile claiming for the persistent forward kernels of both architectures (the SM90
-// kernel runs it on the H200; the SM100 kernel, compiled, not executed, uses the same code).
+// kernel runs it on the H200; the SM100 kernel, compiled, not executed, uses the same code) and
+// for the SM90 backward at d <= 128 (Note [persistent bwd], bwd_sm90_common.cuh).
 //
 // Note [dynamic tiles]: with a static stride (CTA c takes items c, c + grid, ...), the causal
 // LPT order hands CTA 0 the most expensive tile of every round: CTAs' shares differ by up to
