@@ -148,10 +148,18 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
     ctx.max_seqlens = (max_q, max_k)
     ctx.opts = opts
+    # An unused LSE's gradient stays None instead of a zero tensor of LSE's size, which autograd
+    # would allocate and fill, and the backward's preprocess would read, on every step (1 MiB,
+    # the difference to flash-attn-4's peak backward memory in docs/perf.md).
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
+    if dout is None and dlse is None:
+        return (None,) * (3 + 3 + 2 + len(_OPTS))
+    if dout is None:  # a loss on the LSE alone
+        dout = torch.zeros_like(out)
     dq, dk, dv = bwd(
         dout.contiguous(),
         q,

@@ -156,6 +156,27 @@ def test_lse_gradient_flows():
     assert torch.count_nonzero(v.grad) == 0
 
 
+def test_unused_lse_gets_no_materialized_gradient(monkeypatch):
+    """The backward gets dlse=None when the LSE is unused (autograd would otherwise allocate and
+    fill a zero tensor of LSE's size on every step, which the kernel's preprocess then reads),
+    and a zero dout when only the LSE is."""
+    seen = []
+    real = _ops.bwd
+
+    def spy(dout, q, k, v, out, lse, dlse, *rest):
+        seen.append((bool(dout.any()), dlse))
+        return real(dout, q, k, v, out, lse, dlse, *rest)
+
+    monkeypatch.setattr(_ops, "bwd", spy)
+    q, k, v = (randn(1, 9, 2, 64, requires_grad=True) for _ in range(3))
+    fa4.attention(q, k, v).sum().backward()
+    _, lse = fa4.attention(q, k, v, return_lse=True)
+    lse.sum().backward()
+    assert len(seen) == 2
+    assert seen[0][0] and seen[0][1] is None
+    assert not seen[1][0] and seen[1][1] is not None
+
+
 def test_varlen_equals_dense_per_sequence():
     lens_q, lens_k = [5, 0, 17, 1], [9, 3, 17, 0]
     cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
