@@ -361,7 +361,9 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
     const BwdTile tile = BwdTile::of(kp, int(item), T::kBlockN);
     if (tile.skip) continue;  // not published: the readers see only tiles with keys
     publish_item(ss.tile_full, ss.tile_empty, ss.tile_item, t, int(item));
+    ss.trace.producer_mark(t, 8);
     if (t > 0) ss.kv_empty.wait(uint32_t((t - 1) & 1));
+    ss.trace.producer_mark(t, 9);
     bwd_producer_tile(kp, ss, pipe_q, pipe_do, tile.seq, tile.mask, tile.n, tile.head_kv, tile.b,
                       q_state, do_state);
     ++t;

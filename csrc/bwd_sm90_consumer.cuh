@@ -162,7 +162,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     store_dk_dv(kp, ss, out.seq, n, out.head_kv, out.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
     ss.trace.cta_mark(tid == 0, 5);
     ss.trace.dump(dv_tile<T>(kp, out.seq, n, out.head_kv, out.b), kp.p.dv_row_stride,
-                  out.seq.seqlen_k - n * kN, tid, kTraceDump);
+                  out.seq.seqlen_k - n * kN, tid, kTraceDump, t);
   }
 }
 

@@ -19,7 +19,7 @@ import fa4
 
 FIRST, ITERS, POINTS, ROWS = 8, 4, 10, 3  # csrc/bwd_sm90_trace.cuh
 LOOP_WORDS = ROWS * ITERS * POINTS
-CTA_MARKS, CTA_WORD0 = 8, 128
+CTA_MARKS, CTA_WORD0 = 10, 128
 WORDS = CTA_WORD0 + 2 * CTA_MARKS + 1
 CTA_PHASES = [  # (name, from mark, to mark) of Note [bwd trace]'s CTA-level marks
     ("barrier init", 0, 1),
@@ -28,6 +28,8 @@ CTA_PHASES = [  # (name, from mark, to mark) of Note [bwd trace]'s CTA-level mar
     ("loop (warpgroup 0)", 3, 4),
     ("dK, dV stores issued", 4, 5),
     ("last reduce-add done", 4, 6),
+    ("producer: K/V buffer wait", 8, 9),
+    ("K/V issued to landed", 9, 2),
 ]
 MARKS = [
     "loop top",
@@ -115,6 +117,17 @@ def cta_report(cta, sm):
     print(
         f"  {'previous CTA end to entry':26s} {med:8.0f} {p90:8.0f}  (same SM, {g.numel()} pairs)"
     )
+    # Persistent grid (Note [persistent bwd]): when the producer issued a tile's K/V, after the
+    # previous tile's loops on that SM were done (both warpgroups: marks 4 and 7).
+    loop_done = torch.maximum(cta[:, 4], cta[:, 7])
+    lag = []
+    for s_id in sm.unique().tolist():
+        idx = (sm == s_id).nonzero().flatten()
+        order = idx[torch.argsort(cta[idx, 0])]
+        lag.append(cta[order[1:], 9] - loop_done[order[:-1]])
+    g = torch.cat(lag)
+    med, p90 = g.median().item(), g.quantile(0.9).item()
+    print(f"  {'previous loop done to K/V issue':26s} {med:8.0f} {p90:8.0f}  (same SM)")
     span = (end.max() - cta[:, 0].min()).item()
     print(f"  kernel span from the marks: {span / 1e3:.1f} us")
 
