@@ -210,7 +210,7 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
   }
   kp.grid = {(f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.deterministic};
   const int64_t tiles = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
-  kp.tiles = int(tiles);
+  kp.tiles = int(tiles);  // < 2^31 as any grid above: 2^31 tiles of K are 2^38 rows
   // Note [persistent bwd]: at most one CTA per SM (one fits), each walking tiles; num_sms at
   // least the tile count gives one CTA per tile (the A/B of docs/perf-notes.md).
   const int64_t blocks = T::kPersistent ? std::min<int64_t>(tiles, dev.num_sms) : tiles;
