@@ -149,8 +149,9 @@ def _setup_context(ctx, inputs, output):
     ctx.max_seqlens = (max_q, max_k)
     ctx.opts = opts
     # An unused LSE's gradient stays None instead of a zero tensor of LSE's size, which autograd
-    # would allocate and fill, and the backward's preprocess would read, on every step (1 MiB,
-    # the difference to flash-attn-4's peak backward memory in docs/perf.md).
+    # would allocate and fill, and the backward's preprocess would read, on every step (1 MiB in
+    # the bench's shapes: likely the 1 MiB by which our peak backward memory exceeded
+    # flash-attn-4's at its causal points in docs/perf.md; not yet re-measured).
     ctx.set_materialize_grads(False)
 
 
