@@ -15,7 +15,10 @@
 # SEQLENS (default 1k,2k,16k), OUT (default /tmp/ab: ab.csv, every run's rows with a "run"
 # column, and ab_table.md, the table printed last; one file each, since a device call brings back
 # at most eight), DIR (fwd, or bwd: builds the backward too, benches it and tests
-# tests/test_bwd_sm90.py), TESTS (0 skips the tests).
+# tests/test_bwd_sm90.py), TESTS (0 skips the tests), BASE_TREE (a directory holding another
+# tree of this repository to build base from, e.g. a branch's parent: `git archive main | tar -x
+# -C .base` in the repo root, `/.base/` in .git/info/exclude, carried to the device; var is
+# built from the current tree; both with their FA4_NVCC_EXTRA).
 set -o pipefail
 base_flags=$1
 var_flags=$2
@@ -29,15 +32,17 @@ runs=/tmp/ab_runs  # one CSV per run, combined into $out/ab.csv at the end
 mkdir -p "$out" && rm -rf "$runs" && mkdir -p "$runs"
 export PYTHONUNBUFFERED=1
 
-build() {  # name, flags: builds in place, keeps a copy of the extension in /tmp/ab_so_<name>
-  local t0=$SECONDS
-  FA4_CUDA_ARCHS=90a FA4_HDIMS=$hdims FA4_DISABLE_BWD=$disable_bwd FA4_NVCC_EXTRA="$2" MAX_JOBS=16 \
-    python3 -m pip install --no-build-isolation --no-deps --no-index -e . >"/tmp/ab_build_$1.log" 2>&1 ||
+build() {  # name, flags, tree (default .): builds it in place (editable install), keeps a copy
+  # of the extension and its build config in /tmp/ab_so_<name>
+  local t0=$SECONDS tree=${3:-.}
+  (cd "$tree" && FA4_CUDA_ARCHS=90a FA4_HDIMS=$hdims FA4_DISABLE_BWD=$disable_bwd \
+    FA4_NVCC_EXTRA="$2" MAX_JOBS=16 \
+    python3 -m pip install --no-build-isolation --no-deps --no-index -e .) >"/tmp/ab_build_$1.log" 2>&1 ||
     { tail -40 "/tmp/ab_build_$1.log"; return 1; }
   local so
-  so=$(python3 -c "import fa4._C as c; print(c.__file__)") || return 1
-  mkdir -p "/tmp/ab_so_$1" && cp "$so" fa4/_build_config.py "/tmp/ab_so_$1/" || return 1
-  echo "built $1 ($2) in $((SECONDS - t0)) s: $so"
+  so=$(cd "$tree" && python3 -c "import fa4._C as c; print(c.__file__)") || return 1
+  mkdir -p "/tmp/ab_so_$1" && cp "$so" "$tree/fa4/_build_config.py" "/tmp/ab_so_$1/" || return 1
+  echo "built $1 ($2) from $tree in $((SECONDS - t0)) s: $so"
 }
 
 use() {  # name: puts that build's extension in place
@@ -55,8 +60,8 @@ bench() {  # name, csv name, hdims, impls
 }
 
 other=$(python3 -c "import sys; a, b = sys.argv[1:]; print(','.join(h for h in a.split(',') if h not in b.split(',')))" "$hdims" "$peer_hdims")
-build base "$base_flags" || exit 1
-build var "$var_flags" || exit 1
+build base "$base_flags" "${BASE_TREE:-.}" || exit 1
+build var "$var_flags" || exit 1  # last, so that fa4 imports from this tree
 # The variant's correctness; the timings run either way (a failure is in the log).
 [ "${TESTS:-1}" = 0 ] || { use var && python3 -m pytest "tests/test_${dir}_sm90.py" -q -rs 2>&1 | tail -15; }
 bench base base "$peer_hdims" fa4 || exit 1
