@@ -45,6 +45,26 @@ MARKS = [
 ]
 
 
+def words_from_dv(g, n_tile=128):
+    """Each tile's dump (Note [bwd trace]: word j at row j // 64, 32-bit column j % 64 of its dV
+    tile) from dV (b, s, h, d), as int64 rows (tiles, WORDS); tiles in (b, tile, h) order."""
+    b, s, h, d = g.shape
+    tiles = s // n_tile
+    rows = (WORDS + 63) // 64
+    x = g[:, : tiles * n_tile].reshape(b, tiles, n_tile, h, d)[:, :, :rows]
+    w = x.permute(0, 1, 3, 2, 4).contiguous().view(torch.int32)  # (b, tiles, h, rows, 64)
+    return w.reshape(-1, rows * 64)[:, :WORDS].to(torch.int64) & 0xFFFFFFFF
+
+
+def split_words(words):
+    """(loop marks (tiles, ROWS, ITERS, POINTS), CTA-level marks in ns (tiles, CTA_MARKS), SM
+    id per tile)."""
+    w = words[:, :LOOP_WORDS].reshape(-1, ROWS, ITERS, POINTS)
+    cta = words[:, CTA_WORD0 : CTA_WORD0 + 2 * CTA_MARKS].reshape(-1, CTA_MARKS, 2)
+    cta = cta[:, :, 0] + (cta[:, :, 1] << 32)  # ns
+    return w, cta, words[:, CTA_WORD0 + 2 * CTA_MARKS]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqlen", type=int, default=16384)
@@ -62,17 +82,8 @@ def main():
         v.grad = None
         fa4.attention(q, k, v, causal=a.causal).backward(dout)
     torch.cuda.synchronize()
-    g = v.grad.detach()  # (b, s, h, d)
-    tiles = a.seqlen // n_tile
-    rows = (WORDS + 63) // 64
-    # (b, tiles, rows, h, d) -> words of each CTA
-    x = g[:, : tiles * n_tile].reshape(a.batch, tiles, n_tile, h, d)[:, :, :rows]
-    w = x.permute(0, 1, 3, 2, 4).contiguous().view(torch.int32)  # (b, tiles, h, rows, 64)
-    words = w.reshape(-1, rows * 64)[:, :WORDS].to(torch.int64) & 0xFFFFFFFF
-    w = words[:, :LOOP_WORDS].reshape(-1, ROWS, ITERS, POINTS)
-    cta = words[:, CTA_WORD0 : CTA_WORD0 + 2 * CTA_MARKS].reshape(-1, CTA_MARKS, 2)
-    cta = cta[:, :, 0] + (cta[:, :, 1] << 32)  # ns
-    sm = words[:, CTA_WORD0 + 2 * CTA_MARKS]
+    words = words_from_dv(v.grad.detach(), n_tile)
+    w, cta, sm = split_words(words)
     base = w[:, 0:1, :, 0:1]
     rel = (w - base) % (1 << 32)  # clock wraps at 2^32
     rel = torch.where(rel > (1 << 31), rel - (1 << 32), rel).to(torch.float64)
