@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -68,3 +69,12 @@ def load_script(path: Path, name: str):
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def header_constant(header: Path, name: str) -> int:
+    """The value of `constexpr int|uint32_t name = ...;` (decimal or hex) in a C++ header."""
+    m = re.search(
+        rf"constexpr (?:int|uint32_t) {name} = (0x[0-9A-Fa-f]+u?|\d+)", header.read_text()
+    )
+    assert m, f"{name} not in {header}"
+    return int(m.group(1).rstrip("u"), 0)

@@ -9,17 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import load_script
+from helpers import header_constant, load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 tf = load_script(ROOT / "tools" / "trace_fwd.py", "trace_fwd")
 
 
 def _header_constant(name: str) -> int:
-    text = (ROOT / "csrc" / "fwd_sm90_trace.cuh").read_text()
-    m = re.search(rf"constexpr (?:int|uint32_t) {name} = (0x[0-9A-Fa-f]+u?|\d+)", text)
-    assert m, name
-    return int(m.group(1).rstrip("u"), 0)
+    return header_constant(ROOT / "csrc" / "fwd_sm90_trace.cuh", name)
 
 
 def test_layout_matches_the_kernel_header():

@@ -8,17 +8,14 @@ import re
 from pathlib import Path
 
 import torch
-from helpers import load_script
+from helpers import header_constant, load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 tb = load_script(ROOT / "tools" / "trace_bwd.py", "trace_bwd")
 
 
 def _header_constant(name: str) -> int:
-    text = (ROOT / "csrc" / "bwd_sm90_trace.cuh").read_text()
-    m = re.search(rf"constexpr int {name} = (\d+)", text)
-    assert m, name
-    return int(m.group(1))
+    return header_constant(ROOT / "csrc" / "bwd_sm90_trace.cuh", name)
 
 
 def test_layout_matches_the_kernel_header():
