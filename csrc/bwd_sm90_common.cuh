@@ -79,9 +79,9 @@ struct BwdTraits {
   using SmemLayoutKt = TransposedSmem<SmemLayoutK, kBlockN, kHeadDim, 1>;
   using SmemLayoutDSt = TransposedSmem<SmemLayoutDS, kBlockM, kBlockN, kDsStages>;
 
-  // Note [persistent bwd]: one CTA per SM walks kv tiles; dK/dV are staged over dS and dQ's
-  // buffers (and kStagePad more elements), which the next tile's loads do not touch.
-  static constexpr bool kPersistent = true;
+  // Note [persistent bwd]: one CTA per SM walks kv tiles (this variant, !kSplitD); dK/dV are
+  // staged over dS and dQ's buffers (and kStagePad more elements), which the next tile's loads
+  // do not touch.
   static constexpr int kStageElems = kBlockN * (kHeadDim + 8 + kHeadDimV + 8);
   static constexpr int kDsDqElems = cosize_v<SmemLayoutDS> + kDqBytes / sizeof(Element);
   static constexpr int kStagePad = kStageElems > kDsDqElems ? kStageElems - kDsDqElems : 0;
@@ -140,9 +140,8 @@ struct BwdTraitsSplit {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr bool kSplitD = true;
-  // One CTA per kv tile, no tile ring: the dK/dV staging needs K, V, Q and dO's buffers (no
-  // other smem left).
-  static constexpr bool kPersistent = false;
+  // One CTA per kv tile, no tile ring (the kernel tests kSplitD): the dK/dV staging needs K, V,
+  // Q and dO's buffers (no other smem left).
   static constexpr int kBlockM = 64;  // query rows per step, 32 per warpgroup in Sᵀ and dPᵀ
   static constexpr int kBlockN = 64;  // kv rows per CTA
   static constexpr int kStages = 2;
@@ -280,9 +279,11 @@ template <class T, class State>
 __device__ __forceinline__ void bwd_producer_tile(const BwdKernelParams<T>& kp,
                                                   typename T::SharedStorage& ss,
                                                   typename T::Pipeline& pipe_q,
-                                                  typename T::Pipeline& pipe_do, const SeqInfo& seq,
-                                                  const Mask& mask, int n, int head_kv, int b,
+                                                  typename T::Pipeline& pipe_do, const BwdTile& t,
                                                   State& q_state, State& do_state) {
+  const SeqInfo& seq = t.seq;
+  const Mask& mask = t.mask;
+  const int n = t.n, head_kv = t.head_kv, b = t.b;
   const bool varlen = kp.p.fwd.cu_seqlens_q != nullptr;
   const int bidb = varlen ? 0 : b;
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
@@ -364,8 +365,7 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
     ss.trace.producer_mark(t, 8);
     if (t > 0) ss.kv_empty.wait(uint32_t((t - 1) & 1));
     ss.trace.producer_mark(t, 9);
-    bwd_producer_tile(kp, ss, pipe_q, pipe_do, tile.seq, tile.mask, tile.n, tile.head_kv, tile.b,
-                      q_state, do_state);
+    bwd_producer_tile(kp, ss, pipe_q, pipe_do, tile, q_state, do_state);
     ++t;
   }
   publish_item(ss.tile_full, ss.tile_empty, ss.tile_item, t, -1);
@@ -378,11 +378,10 @@ template <class T>
 __device__ __forceinline__ void bwd_producer_one(const BwdKernelParams<T>& kp,
                                                  typename T::SharedStorage& ss,
                                                  typename T::Pipeline& pipe_q,
-                                                 typename T::Pipeline& pipe_do, const SeqInfo& seq,
-                                                 const Mask& mask, int n, int head_kv, int b) {
+                                                 typename T::Pipeline& pipe_do, const BwdTile& t) {
   auto q_state = cutlass::make_producer_start_state<typename T::Pipeline>();
   auto do_state = q_state;
-  bwd_producer_tile(kp, ss, pipe_q, pipe_do, seq, mask, n, head_kv, b, q_state, do_state);
+  bwd_producer_tile(kp, ss, pipe_q, pipe_do, t, q_state, do_state);
   pipe_q.producer_tail(q_state);
   pipe_do.producer_tail(do_state);
 }
@@ -420,9 +419,11 @@ __device__ __forceinline__ auto fragment_coords(const TiledMma& mma, int tid, Sh
 // The reducer warp: one bulk reduce-add per Q block, in the consumers' order.
 template <class T>
 __device__ __forceinline__ void bwd_dq_reducer_tile(const BwdKernelParams<T>& kp,
-                                                    typename T::SharedStorage& ss,
-                                                    const SeqInfo& seq, const Mask& mask, int n,
-                                                    int head_kv, int b, bool leader) {
+                                                    typename T::SharedStorage& ss, const BwdTile& t,
+                                                    bool leader) {
+  const SeqInfo& seq = t.seq;
+  const Mask& mask = t.mask;
+  const int n = t.n, head_kv = t.head_kv, b = t.b;
   constexpr int kHalfBarrierThreads = 128 + kReducerThreads;  // one consumer warpgroup + this warp
   const int64_t row0_ws = kp.ws.row_offset(b, seq.offset_q, 0);
   const uint32_t src = cute::cast_smem_ptr_to_uint(ss.dq);
@@ -469,8 +470,7 @@ __device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,
   for (int t = 0;; ++t) {
     const int item = take_item(ss.tile_full, ss.tile_empty, ss.tile_item, t);
     if (item < 0) break;
-    const BwdTile tile = BwdTile::of(kp, item, T::kBlockN);
-    bwd_dq_reducer_tile(kp, ss, tile.seq, tile.mask, tile.n, tile.head_kv, tile.b, leader);
+    bwd_dq_reducer_tile(kp, ss, BwdTile::of(kp, item, T::kBlockN), leader);
   }
   // The last reduce-add must finish before the CTA (and its shared memory) goes away.
   if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");

@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if (role == WarpGroupRole::kProducer) {
       cutlass::arch::warpgroup_reg_dealloc<kBwdProducerRegs>();
       if (threadIdx.x == 0) {
-        bwd_producer_one(kp, ss, pipe_q, pipe_do, t.seq, t.mask, t.n, t.head_kv, t.b);
+        bwd_producer_one(kp, ss, pipe_q, pipe_do, t);
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kBwdConsumerRegs>();
@@ -213,7 +213,7 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
   kp.tiles = int(tiles);  // < 2^31 as any grid above: 2^31 tiles of K are 2^38 rows
   // Note [persistent bwd]: at most one CTA per SM (one fits), each walking tiles; num_sms at
   // least the tile count gives one CTA per tile (the A/B of docs/perf-notes.md).
-  const int64_t blocks = T::kPersistent ? std::min<int64_t>(tiles, dev.num_sms) : tiles;
+  const int64_t blocks = T::kSplitD ? tiles : std::min<int64_t>(tiles, dev.num_sms);
   if (blocks > 0) {
     const Status s = launch_kernel("bwd_sm90", bwd_kernel<T>, dim3(unsigned(blocks)), T::kThreads,
                                    T::kSmemBytes, stream, kp);

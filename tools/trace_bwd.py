@@ -106,6 +106,18 @@ def main():
     cta_report(cta, sm)
 
 
+def same_sm_pairs(start, sm):
+    """(earlier, later): index pairs of consecutive dumps (CTAs, or a CTA's tiles) on one SM,
+    ordered by their start marks."""
+    earlier, later = [], []
+    for s_id in sm.unique().tolist():
+        idx = (sm == s_id).nonzero().flatten()
+        order = idx[torch.argsort(start[idx])]
+        earlier.append(order[:-1])
+        later.append(order[1:])
+    return torch.cat(earlier), torch.cat(later)
+
+
 def cta_report(cta, sm):
     """Per-CTA phases (ns, median over CTAs) and the gap between CTAs on one SM."""
     cta = cta.to(torch.float64)
@@ -118,25 +130,15 @@ def cta_report(cta, sm):
     print(
         f"  {'entry to last mark':26s} {life.median().item():8.0f} {life.quantile(0.9).item():8.0f}"
     )
-    gaps = []
-    for s_id in sm.unique().tolist():
-        idx = (sm == s_id).nonzero().flatten()
-        order = idx[torch.argsort(cta[idx, 0])]
-        gaps.append(cta[order[1:], 0] - end[order[:-1]])
-    g = torch.cat(gaps)
+    earlier, later = same_sm_pairs(cta[:, 0], sm)
+    g = cta[later, 0] - end[earlier]
     med, p90 = g.median().item(), g.quantile(0.9).item()
     print(
         f"  {'previous CTA end to entry':26s} {med:8.0f} {p90:8.0f}  (same SM, {g.numel()} pairs)"
     )
     # Persistent grid (Note [persistent bwd]): when the producer issued a tile's K/V, after the
     # previous tile's loops on that SM were done (both warpgroups: marks 4 and 7).
-    loop_done = torch.maximum(cta[:, 4], cta[:, 7])
-    lag = []
-    for s_id in sm.unique().tolist():
-        idx = (sm == s_id).nonzero().flatten()
-        order = idx[torch.argsort(cta[idx, 0])]
-        lag.append(cta[order[1:], 9] - loop_done[order[:-1]])
-    g = torch.cat(lag)
+    g = cta[later, 9] - torch.maximum(cta[earlier, 4], cta[earlier, 7])
     med, p90 = g.median().item(), g.quantile(0.9).item()
     print(f"  {'previous loop done to K/V issue':26s} {med:8.0f} {p90:8.0f}  (same SM)")
     span = (end.max() - cta[:, 0].min()).item()
