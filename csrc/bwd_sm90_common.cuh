@@ -514,8 +514,12 @@ __device__ __forceinline__ void p_and_ds(const Score& score, const Mask& mask, b
       const float pv = exp2_hw(fmaf(x, score.scale_log2, -lse2[qi]));
       if constexpr (kMasked) {
         const int kv = get<0>(coords(e));
+#ifdef FA4_BWD_COL_BOUNDS_MASK  // A/B only (docs/perf-notes.md backward step 19): the old test
+        return mask.col_bounds(kv0 + kv).contains(q0 + qi) ? pv : 0.0f;
+#else
         const int diff = band0 + (kv - get<0>(coords(0))) - (qi - get<1>(coords(0)));
         return Mask::in_band(diff, mask.key_width(kv0 + kv)) ? pv : 0.0f;
+#endif
       } else {
         return pv;
       }
