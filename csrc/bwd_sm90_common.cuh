@@ -506,13 +506,22 @@ __device__ __forceinline__ void p_and_ds(const Score& score, const Mask& mask, b
                                          const float* dpsum, AccS& acc_s, AccDP& acc_dp,
                                          RegP& reg_p, RegDS& reg_ds) {
   using Element = typename RegP::value_type;
+  // Note [band test] (mask.cuh): element e's key - query is band0 plus coords(e) - coords(0),
+  // a compile-time offset (coords is an identity tensor partitioned by thread).
+  const int band0 = kv0 + get<0>(coords(0)) - (q0 + get<1>(coords(0))) - mask.diag_lo;
   auto run = [&](auto masked_c, auto softcap_c) {
     constexpr bool kMasked = decltype(masked_c)::value, kSoftcap = decltype(softcap_c)::value;
     auto prob = [&](int e, float x) {
       const int qi = get<1>(coords(e));
       const float pv = exp2_hw(fmaf(x, score.scale_log2, -lse2[qi]));
       if constexpr (kMasked) {
-        return mask.col_bounds(kv0 + get<0>(coords(e))).contains(q0 + qi) ? pv : 0.0f;
+        const int kv = get<0>(coords(e));
+#ifdef FA4_BWD_COL_BOUNDS_MASK  // A/B only (docs/perf-notes.md backward step 19): the old test
+        return mask.col_bounds(kv0 + kv).contains(q0 + qi) ? pv : 0.0f;
+#else
+        const int diff = band0 + (kv - get<0>(coords(0))) - (qi - get<1>(coords(0)));
+        return Mask::in_band(diff, mask.key_width(kv0 + kv)) ? pv : 0.0f;
+#endif
       } else {
         return pv;
       }
