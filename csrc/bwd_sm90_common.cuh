@@ -21,6 +21,10 @@
 #include "softmax.cuh"
 #include "tile_ring.cuh"
 
+#ifndef FA4_BWD_KV_PREFETCH
+#define FA4_BWD_KV_PREFETCH 1  // 0: no L2 prefetch of the next tile's K/V (A/B, Note [kv prefetch])
+#endif
+
 namespace fa4::sm90 {
 
 template <int kHeadDim_, int kHeadDimV_, class Element_>
@@ -274,6 +278,27 @@ struct BwdTile {
   }
 };
 
+// The TMA partitions of this kv tile's K and V: (global K, smem K, global V, smem V).
+template <class T>
+__device__ __forceinline__ auto kv_partitions(const BwdKernelParams<T>& kp,
+                                              typename T::SharedStorage& ss, const SeqInfo& seq,
+                                              int n, int head_kv, int b) {
+  const int bidb = kp.p.fwd.cu_seqlens_q != nullptr ? 0 : b;
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
+  Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_k);
+  Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_v);
+  Tensor gK = local_tile(domain_offset(make_coord(seq.offset_k, _0{}), mK(_, _, head_kv, bidb)),
+                         Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, make_coord(n, _0{}));
+  Tensor gV = local_tile(domain_offset(make_coord(seq.offset_k, _0{}), mV(_, _, head_kv, bidb)),
+                         Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, make_coord(n, _0{}));
+  auto [tKgK, tKsK] =
+      tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+  auto [tVgV, tVsV] =
+      tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+  return cute::make_tuple(tKgK, tKsK, tVgV, tVsV);
+}
+
 // The loads of one kv tile (the producer thread): K and V once (kv_full), then Q and dO of every
 // block that sees the tile through the pipelines, whose states continue across tiles.
 template <class T, class State>
@@ -287,18 +312,7 @@ __device__ __forceinline__ void bwd_producer_tile(const BwdKernelParams<T>& kp,
   const int bidb = varlen ? 0 : b;
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
   Tensor sDO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutDO{});
-  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
-  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
-  Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_k);
-  Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_v);
-  Tensor gK = local_tile(domain_offset(make_coord(seq.offset_k, _0{}), mK(_, _, head_kv, bidb)),
-                         Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, make_coord(n, _0{}));
-  Tensor gV = local_tile(domain_offset(make_coord(seq.offset_k, _0{}), mV(_, _, head_kv, bidb)),
-                         Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, make_coord(n, _0{}));
-  auto [tKgK, tKsK] =
-      tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-  auto [tVgV, tVsV] =
-      tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+  auto [tKgK, tKsK, tVgV, tVsV] = kv_partitions(kp, ss, seq, n, head_kv, b);
   ss.kv_full.arrive_and_expect_tx(T::kKVBytes);
   copy(kp.tma_k.with(reinterpret_cast<uint64_t&>(ss.kv_full), 0), tKgK, tKsK(_, 0));
   copy(kp.tma_v.with(reinterpret_cast<uint64_t&>(ss.kv_full), 0), tVgV, tVsV(_, 0));
@@ -361,6 +375,15 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
     const BwdTile tile = BwdTile::of(kp, int(item), T::kBlockN);
     if (tile.skip) continue;  // not published: the readers see only tiles with keys
     publish_item(ss.tile_full, ss.tile_empty, ss.tile_item, t, int(item));
+#if FA4_BWD_KV_PREFETCH
+    // Note [kv prefetch]: claimed ~2 Q blocks before the previous tile ends; its K and V head for
+    // L2 now, so that the load after kv_empty reads L2 instead of HBM.
+    if (t > 0) {
+      auto [tKgK, tKsK, tVgV, tVsV] = kv_partitions(kp, ss, tile.seq, tile.n, tile.head_kv, tile.b);
+      prefetch(kp.tma_k, tKgK);
+      prefetch(kp.tma_v, tVgV);
+    }
+#endif
     ss.trace.producer_mark(t, 8);
     if (t > 0) ss.kv_empty.wait(uint32_t((t - 1) & 1));
     ss.trace.producer_mark(t, 9);
