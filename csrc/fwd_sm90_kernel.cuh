@@ -70,6 +70,11 @@
 #ifndef FA4_SM90_THREE_CONSUMERS
 #define FA4_SM90_THREE_CONSUMERS 1
 #endif
+// Note [short causal hd64]: causal or local hd64 problems with at most this many query rows per
+// sequence run the two-warpgroup kernel (0: never; an A/B switch).
+#ifndef FA4_SM90_HD64_TWO_WG_ROWS
+#define FA4_SM90_HD64_TWO_WG_ROWS 2048
+#endif
 
 namespace fa4::sm90 {
 
@@ -109,8 +114,8 @@ struct TileRing {
   __device__ TileCoord take(int n) { return take_item(full, empty, item, n); }
 };
 
-// Compile-time options of one forward kernel.
-template <int kHeadDim_, int kHeadDimV_, class Element_>
+// Compile-time options of one forward kernel; kConsumerWGs_ 0 takes the head dim's default.
+template <int kHeadDim_, int kHeadDimV_, class Element_, int kConsumerWGs_ = 0>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -119,7 +124,8 @@ struct FwdTraits {
   // exponentials at 16/clk) as on the tensor cores (two 64-deep GEMMs), so two warpgroups in
   // ping-pong leave no slack; a third warpgroup (192-row tiles, 160 registers each: S 64 + P 32
   // + O 32) gives the scheduler another's softmax or GEMMs to fill each gap.
-  static constexpr int kConsumerWGs = FA4_SM90_THREE_CONSUMERS && kHeadDim <= 64 ? 3 : 2;
+  static constexpr int kConsumerWGs =
+      kConsumerWGs_ != 0 ? kConsumerWGs_ : (FA4_SM90_THREE_CONSUMERS && kHeadDim <= 64 ? 3 : 2);
   static constexpr int kBlockM = 64 * kConsumerWGs;
   // Note [hd256 kBlockN 80]: at hd 256, 80 keys per block (S 40 registers per thread, K and V
   // 2 × 40 KB each, 224 KB of shared memory with Q) measured +8 % at 16k against 64; hd 192
@@ -733,8 +739,29 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
                        kp);
 }
 
+// Note [short causal hd64]: the 192-row tiles of Note [three consumers at hd64] lost 6 % at
+// causal 1k against two warpgroups' 128-row tiles (docs/perf-notes.md forward step 6: 1024 rows
+// are 5 1/3 tiles of 192, and a causal sequence's last, partial tile holds its only diagonal
+// block), while winning 5 % at causal 4k; short causal and local problems take the two.
+template <int D, int DV>
+bool two_consumer_variant(const FwdParams& p) {
+  if constexpr (FwdTraits<D, DV, cutlass::half_t>::kConsumerWGs != 3) {
+    return false;
+  } else {
+    const bool banded = p.causal || p.window_left >= 0 || p.window_right >= 0;
+    return banded && p.seqlen_q <= FA4_SM90_HD64_TWO_WG_ROWS;
+  }
+}
+
 template <int D, int DV>
 Status launch_dtype(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+  if constexpr (FwdTraits<D, DV, cutlass::half_t>::kConsumerWGs == 3) {
+    if (two_consumer_variant<D, DV>(p)) {
+      if (p.dtype == DType::kBFloat16)
+        return launch<FwdTraits<D, DV, cutlass::bfloat16_t, 2>>(p, dev, stream);
+      return launch<FwdTraits<D, DV, cutlass::half_t, 2>>(p, dev, stream);
+    }
+  }
   if (p.dtype == DType::kBFloat16)
     return launch<FwdTraits<D, DV, cutlass::bfloat16_t>>(p, dev, stream);
   return launch<FwdTraits<D, DV, cutlass::half_t>>(p, dev, stream);
