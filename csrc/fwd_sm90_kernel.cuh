@@ -423,11 +423,20 @@ __device__ __forceinline__ void store_tile(const KernelParams<T>& kp, const Tile
         pair[1] = Element(o[Frag::idx(r, 2 * g + 1)]);
         w[k] = reinterpret_cast<const uint32_t&>(pair);
       }
+#ifdef FA4_SM90_PAIR_STORES  // A/B only: the 4-byte stores of before Note [quad transpose]
+      if (in_seq) {
+        FA4_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          *reinterpret_cast<uint32_t*>(out + 8 * (4 * j + k) + 2 * quad_lane) = w[k];
+        }
+      }
+#else
       quad_transpose(w, quad_lane);
       if (in_seq) {
         *reinterpret_cast<uint4*>(out + 8 * (4 * j + quad_lane)) =
             make_uint4(w[0], w[1], w[2], w[3]);
       }
+#endif
     }
     if (!in_seq) continue;
     if (p.lse != nullptr && quad_lane == 0) {
