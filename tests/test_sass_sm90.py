@@ -185,6 +185,17 @@ def test_o_store_is_one_tma_box_per_64_columns(compiled, compiled_hd64):
         assert len(re.findall(r"UTMASTG", body)) == stores
 
 
+def test_register_epilogue_stores_16_bytes(compiled):
+    """Note [quad transpose]: the register epilogue (varlen, and d_v = 256 everywhere) writes O
+    with 16-byte stores after a quad transpose: 2 rows x d_v / 32 per thread, 8 at hd128; the
+    only 4-byte global stores left are the LSE's (two rows in each of the two epilogues). Before,
+    O went out in 64 4-byte stores per thread at hd128."""
+    _, body = _bf16_body(compiled[1], "fwd_kernel")
+    stores = re.findall(r"\bSTG\.[A-Z0-9_.]+", body)
+    assert stores.count("STG.E.128") == 8, sorted(set(stores))
+    assert set(stores) == {"STG.E", "STG.E.128"} and stores.count("STG.E") <= 4, stores
+
+
 def test_p_is_register_operand(compiled):
     """O += P·V takes P from registers: some HGMMA has a register (not descriptor) A operand."""
     _, sass = compiled
