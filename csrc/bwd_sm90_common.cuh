@@ -21,6 +21,10 @@
 #include "softmax.cuh"
 #include "tile_ring.cuh"
 
+#ifndef FA4_BWD_KV_PREFETCH
+#define FA4_BWD_KV_PREFETCH 1  // 0: no L2 prefetch of the next tile's K/V (A/B, Note [kv prefetch])
+#endif
+
 namespace fa4::sm90 {
 
 template <int kHeadDim_, int kHeadDimV_, class Element_>
@@ -273,6 +277,27 @@ struct BwdTile {
   }
 };
 
+// The TMA partitions of this kv tile's K and V: (global K, smem K, global V, smem V).
+template <class T>
+__device__ __forceinline__ auto kv_partitions(const BwdKernelParams<T>& kp,
+                                              typename T::SharedStorage& ss, const SeqInfo& seq,
+                                              int n, int head_kv, int b) {
+  const int bidb = kp.p.fwd.cu_seqlens_q != nullptr ? 0 : b;
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
+  Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_k);
+  Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_v);
+  Tensor gK = local_tile(domain_offset(make_coord(seq.offset_k, _0{}), mK(_, _, head_kv, bidb)),
+                         Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, make_coord(n, _0{}));
+  Tensor gV = local_tile(domain_offset(make_coord(seq.offset_k, _0{}), mV(_, _, head_kv, bidb)),
+                         Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, make_coord(n, _0{}));
+  auto [tKgK, tKsK] =
+      tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+  auto [tVgV, tVsV] =
+      tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+  return cute::make_tuple(tKgK, tKsK, tVgV, tVsV);
+}
+
 // The loads of one kv tile (the producer thread): K and V once (kv_full), then Q and dO of every
 // block that sees the tile through the pipelines, whose states continue across tiles.
 template <class T, class State>
@@ -288,18 +313,7 @@ __device__ __forceinline__ void bwd_producer_tile(const BwdKernelParams<T>& kp,
   const int bidb = varlen ? 0 : b;
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
   Tensor sDO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutDO{});
-  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
-  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
-  Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_k);
-  Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_v);
-  Tensor gK = local_tile(domain_offset(make_coord(seq.offset_k, _0{}), mK(_, _, head_kv, bidb)),
-                         Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, make_coord(n, _0{}));
-  Tensor gV = local_tile(domain_offset(make_coord(seq.offset_k, _0{}), mV(_, _, head_kv, bidb)),
-                         Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, make_coord(n, _0{}));
-  auto [tKgK, tKsK] =
-      tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-  auto [tVgV, tVsV] =
-      tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+  auto [tKgK, tKsK, tVgV, tVsV] = kv_partitions(kp, ss, seq, n, head_kv, b);
   ss.kv_full.arrive_and_expect_tx(T::kKVBytes);
   copy(kp.tma_k.with(reinterpret_cast<uint64_t&>(ss.kv_full), 0), tKgK, tKsK(_, 0));
   copy(kp.tma_v.with(reinterpret_cast<uint64_t&>(ss.kv_full), 0), tVgV, tVsV(_, 0));
@@ -362,6 +376,15 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
     const BwdTile tile = BwdTile::of(kp, int(item), T::kBlockN);
     if (tile.skip) continue;  // not published: the readers see only tiles with keys
     publish_item(ss.tile_full, ss.tile_empty, ss.tile_item, t, int(item));
+#if FA4_BWD_KV_PREFETCH
+    // Note [kv prefetch]: claimed ~2 Q blocks before the previous tile ends; its K and V head for
+    // L2 now, so that the load after kv_empty reads L2 instead of HBM.
+    if (t > 0) {
+      auto [tKgK, tKsK, tVgV, tVsV] = kv_partitions(kp, ss, tile.seq, tile.n, tile.head_kv, tile.b);
+      prefetch(kp.tma_k, tKgK);
+      prefetch(kp.tma_v, tVgV);
+    }
+#endif
     ss.trace.producer_mark(t, 8);
     if (t > 0) ss.kv_empty.wait(uint32_t((t - 1) & 1));
     ss.trace.producer_mark(t, 9);
@@ -506,13 +529,22 @@ __device__ __forceinline__ void p_and_ds(const Score& score, const Mask& mask, b
                                          const float* dpsum, AccS& acc_s, AccDP& acc_dp,
                                          RegP& reg_p, RegDS& reg_ds) {
   using Element = typename RegP::value_type;
+  // Note [band test] (mask.cuh): element e's key - query is band0 plus coords(e) - coords(0),
+  // a compile-time offset (coords is an identity tensor partitioned by thread).
+  const int band0 = kv0 + get<0>(coords(0)) - (q0 + get<1>(coords(0))) - mask.diag_lo;
   auto run = [&](auto masked_c, auto softcap_c) {
     constexpr bool kMasked = decltype(masked_c)::value, kSoftcap = decltype(softcap_c)::value;
     auto prob = [&](int e, float x) {
       const int qi = get<1>(coords(e));
       const float pv = exp2_hw(fmaf(x, score.scale_log2, -lse2[qi]));
       if constexpr (kMasked) {
-        return mask.col_bounds(kv0 + get<0>(coords(e))).contains(q0 + qi) ? pv : 0.0f;
+        const int kv = get<0>(coords(e));
+#ifdef FA4_BWD_COL_BOUNDS_MASK  // A/B only (docs/perf-notes.md backward step 19): the old test
+        return mask.col_bounds(kv0 + kv).contains(q0 + qi) ? pv : 0.0f;
+#else
+        const int diff = band0 + (kv - get<0>(coords(0))) - (qi - get<1>(coords(0)));
+        return Mask::in_band(diff, mask.key_width(kv0 + kv)) ? pv : 0.0f;
+#endif
       } else {
         return pv;
       }

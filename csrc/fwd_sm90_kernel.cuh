@@ -70,6 +70,11 @@
 #ifndef FA4_SM90_THREE_CONSUMERS
 #define FA4_SM90_THREE_CONSUMERS 1
 #endif
+// Note [short causal hd64]: causal or local hd64 problems with at most this many query rows per
+// sequence run the two-warpgroup kernel (0: never; an A/B switch).
+#ifndef FA4_SM90_HD64_TWO_WG_ROWS
+#define FA4_SM90_HD64_TWO_WG_ROWS 2048
+#endif
 
 namespace fa4::sm90 {
 
@@ -109,8 +114,8 @@ struct TileRing {
   __device__ TileCoord take(int n) { return take_item(full, empty, item, n); }
 };
 
-// Compile-time options of one forward kernel.
-template <int kHeadDim_, int kHeadDimV_, class Element_>
+// Compile-time options of one forward kernel; kConsumerWGs_ 0 takes the head dim's default.
+template <int kHeadDim_, int kHeadDimV_, class Element_, int kConsumerWGs_ = 0>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -119,7 +124,8 @@ struct FwdTraits {
   // exponentials at 16/clk) as on the tensor cores (two 64-deep GEMMs), so two warpgroups in
   // ping-pong leave no slack; a third warpgroup (192-row tiles, 160 registers each: S 64 + P 32
   // + O 32) gives the scheduler another's softmax or GEMMs to fill each gap.
-  static constexpr int kConsumerWGs = FA4_SM90_THREE_CONSUMERS && kHeadDim <= 64 ? 3 : 2;
+  static constexpr int kConsumerWGs =
+      kConsumerWGs_ != 0 ? kConsumerWGs_ : (FA4_SM90_THREE_CONSUMERS && kHeadDim <= 64 ? 3 : 2);
   static constexpr int kBlockM = 64 * kConsumerWGs;
   // Note [hd256 kBlockN 80]: at hd 256, 80 keys per block (S 40 registers per thread, K and V
   // 2 × 40 KB each, 224 KB of shared memory with Q) measured +8 % at 16k against 64; hd 192
@@ -368,32 +374,77 @@ __device__ __forceinline__ void producer(const KernelParams<T>& kp, typename T::
   pipe_v.producer_tail(v_state);
 }
 
+// Note [quad transpose]: in the accumulator a quad's four lanes hold one row, lane q the pair of
+// columns 8g + 2q (g = 0 .. d_v/8 - 1): a 4-byte store each, half of every 32-byte sector per
+// warp instruction. Over four consecutive groups the quad exchanges pairs (two xor-shuffle
+// rounds, a 4 × 4 transpose of 32-bit words: round 1 swaps bit 1 of the lane with bit 1 of the
+// group, round 2 bit 0), after which lane q holds group 4j + q's four pairs, 8 consecutive
+// columns: one 16-byte store. d_v / 8 is a multiple of 4 for every head dim.
+__device__ __forceinline__ void quad_transpose(uint32_t (&w)[4], int quad_lane) {
+  FA4_UNROLL
+  for (int bit = 2; bit >= 1; bit /= 2) {
+    const bool upper = quad_lane & bit;
+    FA4_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      if (k & bit) continue;  // the pair (k, k + bit)
+      const uint32_t send = upper ? w[k] : w[k + bit];
+      const uint32_t recv = __shfl_xor_sync(0xffffffffu, send, bit);
+      if (upper) {
+        w[k] = recv;
+      } else {
+        w[k + bit] = recv;
+      }
+    }
+  }
+}
+
 // Writes the consumer's rows of O (scaled by 1/l) and the LSE; rows past the sequence are
 // skipped. o: the P·V accumulator (QuadFrag<kHeadDimV>), row r of this thread is
-// row0 + 8r within the tile.
+// row0 + 8r within the tile. 16-byte stores (Note [quad transpose]); every lane of the warp
+// runs the shuffles, the row test guards only the stores.
 template <class T, class Frag>
 __device__ __forceinline__ void store_tile(const KernelParams<T>& kp, const TileWork& t,
                                            const float* o, const float (&lse)[2], int row_in_tile0,
                                            int quad_lane) {
   using Element = typename T::Element;
+  static_assert(T::kHeadDimV % 32 == 0, "groups of four 8-column chunks");
   const FwdParams& p = kp.p;
   const bool varlen = p.cu_seqlens_q != nullptr;
   FA4_UNROLL
   for (int r = 0; r < 2; ++r) {
     const int row = t.tile.m_block * T::kBlockM + row_in_tile0 + 8 * r;
-    if (row >= t.seq.seqlen_q) continue;
+    const bool in_seq = row < t.seq.seqlen_q;
     const int64_t grow = int64_t(t.seq.offset_q) + row;
     Element* out = static_cast<Element*>(p.out) + grow * p.out_row_stride +
                    int64_t(t.tile.head) * p.out_head_stride +
                    (varlen ? 0 : int64_t(t.tile.batch) * p.out_batch_stride);
     FA4_UNROLL
-    for (int g = 0; g < T::kHeadDimV / 8; ++g) {
-      const int col = 8 * g + 2 * quad_lane;
-      cutlass::Array<Element, 2> pair;
-      pair[0] = Element(o[Frag::idx(r, 2 * g)]);
-      pair[1] = Element(o[Frag::idx(r, 2 * g + 1)]);
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(out + col) = pair;
+    for (int j = 0; j < T::kHeadDimV / 32; ++j) {
+      uint32_t w[4];
+      FA4_UNROLL
+      for (int k = 0; k < 4; ++k) {
+        const int g = 4 * j + k;
+        cutlass::Array<Element, 2> pair;
+        pair[0] = Element(o[Frag::idx(r, 2 * g)]);
+        pair[1] = Element(o[Frag::idx(r, 2 * g + 1)]);
+        w[k] = reinterpret_cast<const uint32_t&>(pair);
+      }
+#ifdef FA4_SM90_PAIR_STORES  // A/B only: the 4-byte stores of before Note [quad transpose]
+      if (in_seq) {
+        FA4_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          *reinterpret_cast<uint32_t*>(out + 8 * (4 * j + k) + 2 * quad_lane) = w[k];
+        }
+      }
+#else
+      quad_transpose(w, quad_lane);
+      if (in_seq) {
+        *reinterpret_cast<uint4*>(out + 8 * (4 * j + quad_lane)) =
+            make_uint4(w[0], w[1], w[2], w[3]);
+      }
+#endif
     }
+    if (!in_seq) continue;
     if (p.lse != nullptr && quad_lane == 0) {
       float* l = p.lse + int64_t(t.tile.head) * p.lse_head_stride +
                  (varlen ? grow : int64_t(t.tile.batch) * p.lse_batch_stride + row);
@@ -733,8 +784,29 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
                        kp);
 }
 
+// Note [short causal hd64]: the 192-row tiles of Note [three consumers at hd64] lost 6 % at
+// causal 1k against two warpgroups' 128-row tiles (docs/perf-notes.md forward step 6: 1024 rows
+// are 5 1/3 tiles of 192, and a causal sequence's last, partial tile holds its only diagonal
+// block), while winning 5 % at causal 4k; short causal and local problems take the two.
+template <int D, int DV>
+bool two_consumer_variant(const FwdParams& p) {
+  if constexpr (FwdTraits<D, DV, cutlass::half_t>::kConsumerWGs != 3) {
+    return false;
+  } else {
+    const bool banded = p.causal || p.window_left >= 0 || p.window_right >= 0;
+    return banded && p.seqlen_q <= FA4_SM90_HD64_TWO_WG_ROWS;
+  }
+}
+
 template <int D, int DV>
 Status launch_dtype(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+  if constexpr (FwdTraits<D, DV, cutlass::half_t>::kConsumerWGs == 3) {
+    if (two_consumer_variant<D, DV>(p)) {
+      if (p.dtype == DType::kBFloat16)
+        return launch<FwdTraits<D, DV, cutlass::bfloat16_t, 2>>(p, dev, stream);
+      return launch<FwdTraits<D, DV, cutlass::half_t, 2>>(p, dev, stream);
+    }
+  }
   if (p.dtype == DType::kBFloat16)
     return launch<FwdTraits<D, DV, cutlass::bfloat16_t>>(p, dev, stream);
   return launch<FwdTraits<D, DV, cutlass::half_t>>(p, dev, stream);

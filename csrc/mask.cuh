@@ -93,6 +93,19 @@ struct Mask {
     if (col < 0 || col >= seqlen_k) return {0, 0};
     return {detail::imax(0, col - diag_hi + 1), detail::imin(seqlen_q, col - diag_lo + 1)};
   }
+  // Note [band test]: for 0 <= row < seqlen_q and col >= 0, is_visible(row, col) ==
+  // in_band(col - row - diag_lo, key_width(col)): diag_lo <= col - row < diag_hi is one unsigned
+  // compare, and keys past seqlen_k get width 0. The backward's masked blocks test each element
+  // this way (col - row is the thread's base plus a compile-time offset per element: one add and
+  // one compare, where col_bounds(col).contains(row) cost ~11 instructions per element in the
+  // SASS); their rows past seqlen_q need no test (lse₂ = +inf there, so P = 0). The widths fit:
+  // diag_hi - diag_lo <= seqlen_q + seqlen_k (Note [mask clamping]).
+  __host__ __device__ unsigned key_width(int col) const {
+    return col < seqlen_k ? unsigned(diag_hi - diag_lo) : 0u;
+  }
+  __host__ __device__ static bool in_band(int diff, unsigned width) {
+    return unsigned(diff) < width;
+  }
 };
 
 // The KV blocks one Q tile visits and the sub-range that needs no element mask:

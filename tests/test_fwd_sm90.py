@@ -215,6 +215,17 @@ def test_tile_boundaries(monkeypatch, hdims, kw):
     check(qd, kd, vd, *run(qd, kd, vd, **kw), **kw)
 
 
+@pytest.mark.parametrize("s", [2048, 2049])
+def test_hd64_short_causal_dispatch_boundary(s):
+    """Note [short causal hd64]: causal hd64 problems with at most 2048 query rows per sequence
+    run the two-warpgroup kernel, longer ones the three-warpgroup kernel; both sides of the
+    boundary against the reference (the other tests reach both as well, by their sizes)."""
+    if (64, 64) not in _sm90_hdims():
+        pytest.skip("hd64 not compiled (FA4_HDIMS)")
+    q, k, v = make((1, s, 4, 64), (1, s, 2, 64), 64, torch.bfloat16, seed=s)
+    check(q, k, v, *run(q, k, v, causal=True), causal=True)
+
+
 def test_over_2_31_elements():
     """int64 offsets: q, k, v, out of 2^31 + 2^21 elements each (batch 8320 x 128 x 16 x 128,
     4 GB per tensor). Only the last batch entries, whose offsets are past 2^31 elements, are

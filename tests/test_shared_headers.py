@@ -131,7 +131,8 @@ def test_mask_matches_reference(mask_results):
         assert torch.equal(vis, allowed), f"is_visible differs from allowed_keys: {case}"
         bad = take(1, np.int32)[0]
         assert bad == 0, (
-            f"visible elements outside the sequence, col_bounds wrong, or q_blocks_seeing not the "
+            f"visible elements outside the sequence, col_bounds or the band test wrong, or "
+            f"q_blocks_seeing not the "
             f"scan of block_range: {case}"
         )
         for bm, bn in MASK_SHAPES:

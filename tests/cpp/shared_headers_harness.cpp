@@ -144,14 +144,18 @@ int run_mask(const char* in_path, const char* out_path) {
     }
     put(out, vis);
     // Outside the sequence nothing is visible: rows -1 and [s_q, s_q + 200) (the padding rows of
-    // a last Q tile), and columns -1 and s_k of every row; and col_bounds agrees with is_visible
-    // everywhere in that range.
+    // a last Q tile), and columns -1 and s_k of every row; and col_bounds (and, for rows of the
+    // sequence, the band test) agrees with is_visible everywhere in that range.
     std::vector<int32_t> outside(1, 0);
     for (int i = -1; i < s_q + 200; ++i) {
       for (int j = -1; j <= s_k; ++j) {
         const bool out_of_range = i < 0 || i >= s_q || j < 0 || j == s_k;
         outside[0] += out_of_range && mask.is_visible(i, j);
         outside[0] += mask.col_bounds(j).contains(i) != mask.is_visible(i, j);
+        if (i >= 0 && i < s_q && j >= 0) {  // Note [band test]'s domain, keys past s_k included
+          outside[0] +=
+              fa4::Mask::in_band(j - i - mask.diag_lo, mask.key_width(j)) != mask.is_visible(i, j);
+        }
       }
     }
     outside[0] += q_range_mismatches<128, 128>(mask) + q_range_mismatches<64, 128>(mask) +
