@@ -15,10 +15,12 @@
 # SEQLENS (default 1k,2k,16k), OUT (default /tmp/ab: ab.csv, every run's rows with a "run"
 # column, and ab_table.md, the table printed last; one file each, since a device call brings back
 # at most eight), DIR (fwd, or bwd: builds the backward too, benches it and tests
-# tests/test_bwd_sm90.py), TESTS (0 skips the tests), BASE_TREE (a directory holding another
-# tree of this repository to build base from, e.g. a branch's parent: `git archive main | tar -x
-# -C .base` in the repo root, `/.base/` in .git/info/exclude, carried to the device; var is
-# built from the current tree; both with their FA4_NVCC_EXTRA).
+# tests/test_bwd_sm90.py), BENCH_DIRS (the directions benched, default DIR; "fwd,bwd" with DIR=bwd
+# measures a forward switch and a backward one in one call), TESTS (0 skips the tests),
+# BASE_TREE (a directory holding another tree of this repository to build base from, e.g. a
+# branch's parent: `git archive main | tar -x -C .base` in the repo root, `/.base/` in
+# .git/info/exclude, carried to the device; var is built from the current tree; both with their
+# FA4_NVCC_EXTRA).
 set -o pipefail
 base_flags=$1
 var_flags=$2
@@ -53,7 +55,7 @@ use() {  # name: puts that build's extension in place
 bench() {  # name, csv name, hdims, impls
   use "$1" || return 1
   local t0=$SECONDS
-  python3 bench/bench.py --dirs "$dir" --hdims "$3" --seqlens "$seqlens" --impls "$4" \
+  python3 bench/bench.py --dirs "${BENCH_DIRS:-$dir}" --hdims "$3" --seqlens "$seqlens" --impls "$4" \
     --out "/tmp/ab_bench_$2" || return 1
   cp "/tmp/ab_bench_$2/results.csv" "$runs/$2.csv"
   echo "bench $2 ($1, hd $3, $4) in $((SECONDS - t0)) s"
@@ -90,13 +92,13 @@ for r in runs:
         run = "var" if r == "var_peers" and row["impl"] == "fa4" else r
         run = {"base_other": "base", "var_other": "var", "base_other2": "base2",
                "var_other2": "var2"}.get(run, run)
-        key = (int(row["hdim"]), int(row["causal"]), int(row["seqlen"]))
+        key = (row["direction"], int(row["hdim"]), int(row["causal"]), int(row["seqlen"]))
         name = run if row["impl"] == "fa4" else row["impl"]
         t.setdefault(key, {})[name] = row["tflops"] if row["status"].startswith("ok") else row["status"]
 cols = ["base", "base2", "var", "var2", "sdpa-cudnn", "flash-attn-4"]
-lines = ["| hd | causal | seqlen | " + " | ".join(cols) + " |"]
+lines = ["| dir | hd | causal | seqlen | " + " | ".join(cols) + " |"]
 for key in sorted(t):
-    lines.append("| %d | %d | %d | " % key + " | ".join(t[key].get(c, "") for c in cols) + " |")
+    lines.append("| %s | %d | %d | %d | " % key + " | ".join(t[key].get(c, "") for c in cols) + " |")
 print("\n".join(lines))
 out = Path(sys.argv[2])
 (out / "ab_table.md").write_text("\n".join(lines) + "\n")

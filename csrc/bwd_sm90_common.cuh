@@ -21,10 +21,6 @@
 #include "softmax.cuh"
 #include "tile_ring.cuh"
 
-#ifndef FA4_BWD_KV_PREFETCH
-#define FA4_BWD_KV_PREFETCH 1  // 0: no L2 prefetch of the next tile's K/V (A/B, Note [kv prefetch])
-#endif
-
 namespace fa4::sm90 {
 
 template <int kHeadDim_, int kHeadDimV_, class Element_>
@@ -376,7 +372,6 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
     const BwdTile tile = BwdTile::of(kp, int(item), T::kBlockN);
     if (tile.skip) continue;  // not published: the readers see only tiles with keys
     publish_item(ss.tile_full, ss.tile_empty, ss.tile_item, t, int(item));
-#if FA4_BWD_KV_PREFETCH
     // Note [kv prefetch]: claimed ~2 Q blocks before the previous tile ends; its K and V head for
     // L2 now, so that the load after kv_empty reads L2 instead of HBM.
     if (t > 0) {
@@ -384,7 +379,6 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
       prefetch(kp.tma_k, tKgK);
       prefetch(kp.tma_v, tVgV);
     }
-#endif
     ss.trace.producer_mark(t, 8);
     if (t > 0) ss.kv_empty.wait(uint32_t((t - 1) & 1));
     ss.trace.producer_mark(t, 9);
@@ -539,12 +533,8 @@ __device__ __forceinline__ void p_and_ds(const Score& score, const Mask& mask, b
       const float pv = exp2_hw(fmaf(x, score.scale_log2, -lse2[qi]));
       if constexpr (kMasked) {
         const int kv = get<0>(coords(e));
-#ifdef FA4_BWD_COL_BOUNDS_MASK  // A/B only (docs/perf-notes.md backward step 19): the old test
-        return mask.col_bounds(kv0 + kv).contains(q0 + qi) ? pv : 0.0f;
-#else
         const int diff = band0 + (kv - get<0>(coords(0))) - (qi - get<1>(coords(0)));
         return Mask::in_band(diff, mask.key_width(kv0 + kv)) ? pv : 0.0f;
-#endif
       } else {
         return pv;
       }

@@ -73,7 +73,7 @@
 // Note [short causal hd64]: causal or local hd64 problems with at most this many query rows per
 // sequence run the two-warpgroup kernel (0: never; an A/B switch).
 #ifndef FA4_SM90_HD64_TWO_WG_ROWS
-#define FA4_SM90_HD64_TWO_WG_ROWS 2048
+#define FA4_SM90_HD64_TWO_WG_ROWS 1024
 #endif
 
 namespace fa4::sm90 {
@@ -429,20 +429,11 @@ __device__ __forceinline__ void store_tile(const KernelParams<T>& kp, const Tile
         pair[1] = Element(o[Frag::idx(r, 2 * g + 1)]);
         w[k] = reinterpret_cast<const uint32_t&>(pair);
       }
-#ifdef FA4_SM90_PAIR_STORES  // A/B only: the 4-byte stores of before Note [quad transpose]
-      if (in_seq) {
-        FA4_UNROLL
-        for (int k = 0; k < 4; ++k) {
-          *reinterpret_cast<uint32_t*>(out + 8 * (4 * j + k) + 2 * quad_lane) = w[k];
-        }
-      }
-#else
       quad_transpose(w, quad_lane);
       if (in_seq) {
         *reinterpret_cast<uint4*>(out + 8 * (4 * j + quad_lane)) =
             make_uint4(w[0], w[1], w[2], w[3]);
       }
-#endif
     }
     if (!in_seq) continue;
     if (p.lse != nullptr && quad_lane == 0) {
@@ -787,7 +778,9 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
 // Note [short causal hd64]: the 192-row tiles of Note [three consumers at hd64] lost 6 % at
 // causal 1k against two warpgroups' 128-row tiles (docs/perf-notes.md forward step 6: 1024 rows
 // are 5 1/3 tiles of 192, and a causal sequence's last, partial tile holds its only diagonal
-// block), while winning 5 % at causal 4k; short causal and local problems take the two.
+// block), while winning 5 % at causal 4k; short causal and local problems take the two. Measured
+// with the two for <= 2048 rows (docs/perf.md, 2026-12-01 switch A/B): +11 % at causal 512, +10 %
+// at 1k, but -4..-6 % at 2k (10 2/3 tiles of 192 against 16 of 128), so the limit is 1024 rows.
 template <int D, int DV>
 bool two_consumer_variant(const FwdParams& p) {
   if constexpr (FwdTraits<D, DV, cutlass::half_t>::kConsumerWGs != 3) {
