@@ -372,13 +372,6 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
     const BwdTile tile = BwdTile::of(kp, int(item), T::kBlockN);
     if (tile.skip) continue;  // not published: the readers see only tiles with keys
     publish_item(ss.tile_full, ss.tile_empty, ss.tile_item, t, int(item));
-    // Note [kv prefetch]: claimed ~2 Q blocks before the previous tile ends; its K and V head for
-    // L2 now, so that the load after kv_empty reads L2 instead of HBM.
-    if (t > 0) {
-      auto [tKgK, tKsK, tVgV, tVsV] = kv_partitions(kp, ss, tile.seq, tile.n, tile.head_kv, tile.b);
-      prefetch(kp.tma_k, tKgK);
-      prefetch(kp.tma_v, tVgV);
-    }
     ss.trace.producer_mark(t, 8);
     if (t > 0) ss.kv_empty.wait(uint32_t((t - 1) & 1));
     ss.trace.producer_mark(t, 9);
