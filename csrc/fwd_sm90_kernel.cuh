@@ -780,7 +780,7 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
 // are 5 1/3 tiles of 192, and a causal sequence's last, partial tile holds its only diagonal
 // block), while winning 5 % at causal 4k; short causal and local problems take the two. Measured
 // with the two for <= 2048 rows (docs/perf.md, 2026-12-01 switch A/B): +11 % at causal 512, +10 %
-// at 1k, but -4..-6 % at 2k (10 2/3 tiles of 192 against 16 of 128), so the limit is 1024 rows.
+// at 1k, but -3..-6 % at 2k (10 2/3 tiles of 192 against 16 of 128), so the limit is 1024 rows.
 template <int D, int DV>
 bool two_consumer_variant(const FwdParams& p) {
   if constexpr (FwdTraits<D, DV, cutlass::half_t>::kConsumerWGs != 3) {
