@@ -302,7 +302,7 @@ __device__ __forceinline__ void bwd_producer_tile(const BwdKernelParams<T>& kp,
                                                   typename T::SharedStorage& ss,
                                                   typename T::Pipeline& pipe_q,
                                                   typename T::Pipeline& pipe_do, const BwdTile& t,
-                                                  State& q_state, State& do_state) {
+                                                  State& q_state, State& do_state, int kv_use) {
   const SeqInfo& seq = t.seq;
   const Mask& mask = t.mask;
   const int n = t.n, head_kv = t.head_kv, b = t.b;
@@ -314,6 +314,7 @@ __device__ __forceinline__ void bwd_producer_tile(const BwdKernelParams<T>& kp,
   ss.kv_full.arrive_and_expect_tx(T::kKVBytes);
   copy(kp.tma_k.with(reinterpret_cast<uint64_t&>(ss.kv_full), 0), tKgK, tKsK(_, 0));
   copy(kp.tma_v.with(reinterpret_cast<uint64_t&>(ss.kv_full), 0), tVgV, tVsV(_, 0));
+  if constexpr (FA4_BWD_PROBE == 1) ss.kv_full.wait(uint32_t(kv_use & 1));  // Note [bwd probes]
 
   Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);
   Tensor mDO = kp.tma_do.get_tma_tensor(kp.shape_do);
@@ -377,7 +378,7 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
     ss.trace.producer_mark(t, 8);
     if (t > 0) ss.kv_empty.wait(uint32_t((t - 1) & 1));
     ss.trace.producer_mark(t, 9);
-    bwd_producer_tile(kp, ss, pipe_q, pipe_do, tile, q_state, do_state);
+    bwd_producer_tile(kp, ss, pipe_q, pipe_do, tile, q_state, do_state, t);
     ++t;
   }
   publish_item(ss.tile_full, ss.tile_empty, ss.tile_item, t, -1);
@@ -442,10 +443,12 @@ __device__ __forceinline__ void bwd_dq_reducer_tile(const BwdKernelParams<T>& kp
         dq_turn_wait(sem, dq_turn(block_range<T::kBlockM, T::kBlockN>(mask, m), n));
       }
       float* dst = kp.ws.dq(head) + row * T::kHeadDim;
-      asm volatile(
-          "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
-          "r"(src), "r"(T::kDqBytes)
-          : "memory");
+      if constexpr (FA4_BWD_PROBE != 3) {  // Note [bwd probes]
+        asm volatile(
+            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+            "r"(src), "r"(T::kDqBytes)
+            : "memory");
+      }
       tma_store_arrive();
       if (sem != nullptr) dq_turn_pass(sem);
       tma_store_wait<0>();  // the smem has been read
@@ -647,8 +650,10 @@ __device__ __forceinline__ void store_dk_dv(const BwdKernelParams<T>& kp,
   stage_rows<T, kD>(rows_k, p.fwd.softmax_scale, acc_dk, ck);
   stage_rows<T, kDV>(rows_v, 1.0f, acc_dv, cv);
   cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
-  write_rows<T, kD>(rows_k, dk, p.dk_row_stride, rows_valid, tid);
-  write_rows<T, kDV>(rows_v, dv, p.dv_row_stride, rows_valid, tid);
+  if constexpr (FA4_BWD_PROBE != 2) {  // Note [bwd probes]
+    write_rows<T, kD>(rows_k, dk, p.dk_row_stride, rows_valid, tid);
+    write_rows<T, kDV>(rows_v, dv, p.dv_row_stride, rows_valid, tid);
+  }
   // The next tile's dS and dQ stores reuse the staging buffers (persistent grid).
   cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
 }

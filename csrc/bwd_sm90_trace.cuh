@@ -11,6 +11,22 @@
 
 #include <cutlass/arch/barrier.h>
 
+// Note [bwd probes]: FA4_BWD_PROBE=k (trace builds only: each breaks a result on purpose) takes
+// one thing out of the d <= 128 kernel, so that the trace shows what it costs elsewhere:
+//   1  the producer waits until a tile's K and V have landed before issuing its Q/dO loads
+//      (K/V's landing time alone, without the next Q/dO blocks in flight);
+//   2  the epilogue skips the dK/dV global stores (K/V's landing without them);
+//   3  the reducer skips the dQ bulk reduce-adds (the Sᵀ/dPᵀ phase without their shared-memory
+//      reads and L2 atomics; dQ stays zero).
+// (docs/perf-notes.md, backward step 21: K/V take 5.9 us from issue to landing at hd128 1k; the
+// Sᵀ/dPᵀ phase takes ~1650 cycles for 1024 of tensor work.)
+#ifndef FA4_BWD_PROBE
+#define FA4_BWD_PROBE 0
+#endif
+#if FA4_BWD_PROBE != 0 && !defined(FA4_BWD_TRACE)
+#error "FA4_BWD_PROBE breaks dK, dV or dQ: trace builds only (FA4_BWD_TRACE)"
+#endif
+
 namespace fa4::sm90 {
 
 constexpr int kTraceFirst = 8;  // skip the pipeline fill
