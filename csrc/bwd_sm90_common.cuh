@@ -14,6 +14,7 @@
 
 #include "bwd_common.cuh"
 #include "bwd_prepost.cuh"
+#include "fragment.cuh"
 #include "mask.cuh"
 #include "params.h"
 #include "sm90_common.cuh"
@@ -79,8 +80,8 @@ struct BwdTraits {
   using SmemLayoutKt = TransposedSmem<SmemLayoutK, kBlockN, kHeadDim, 1>;
   using SmemLayoutDSt = TransposedSmem<SmemLayoutDS, kBlockM, kBlockN, kDsStages>;
 
-  // Note [persistent bwd]: one CTA per SM walks kv tiles (this variant, !kSplitD); dK/dV are
-  // staged over dS and dQ's buffers (and kStagePad more elements), which the next tile's loads
+  // Note [persistent bwd]: one CTA per SM walks kv tiles; dK/dV are staged over dS and dQ's
+  // buffers (and kStagePad more elements), which the next tile's loads
   // do not touch.
   static constexpr int kStageElems = kBlockN * (kHeadDim + 8 + kHeadDimV + 8);
   static constexpr int kDsDqElems = cosize_v<SmemLayoutDS> + kDqBytes / sizeof(Element);
@@ -140,8 +141,8 @@ struct BwdTraitsSplit {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr bool kSplitD = true;
-  // One CTA per kv tile, no tile ring (the kernel tests kSplitD): the dK/dV staging needs K, V,
-  // Q and dO's buffers (no other smem left).
+  // Persistent as BwdTraits (Note [persistent bwd]); no shared memory is left to stage dK/dV
+  // in, so they leave from registers (Note [split epilogue]).
   static constexpr int kBlockM = 64;  // query rows per step, 32 per warpgroup in Sᵀ and dPᵀ
   static constexpr int kBlockN = 64;  // kv rows per CTA
   static constexpr int kStages = 2;
@@ -189,9 +190,6 @@ struct BwdTraitsSplit {
   static constexpr int kDqFloats = kBlockM * kHeadDim;
   static_assert(kDqFloats % (4 * 256) == 0, "each consumer thread adds whole float4s");
 
-  static constexpr int kStageCapacity = cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV> +
-                                        cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutDO>;
-
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
@@ -205,8 +203,11 @@ struct BwdTraitsSplit {
     typename Pipeline::SharedStorage pipe_q;
     typename Pipeline::SharedStorage pipe_do;
     cutlass::arch::ClusterTransactionBarrier kv_full;
-    // dK/dV staged over K, V, Q and dO (one tile per CTA: nothing loads into them afterwards).
-    __device__ Element* staging() { return k.data(); }
+    cutlass::arch::ClusterBarrier kv_empty;  // as BwdTraits'
+    uint64_t tile_full[kTileSlots];          // Note [dynamic tiles] (tile_ring.cuh)
+    uint64_t tile_empty[kTileSlots];
+    int tile_item[kTileSlots];
+    BwdTrace trace;  // the producer's marks only (Note [bwd trace] covers d <= 128)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (227 KB per CTA on SM90)");
@@ -350,16 +351,17 @@ __device__ __forceinline__ void bwd_producer_tile(const BwdKernelParams<T>& kp,
   }
 }
 
-// Note [persistent bwd]: the producer thread of the d <= 128 variant walks the CTA's items
-// (tile_ring.cuh: the first is blockIdx.x, each next one claimed once the current tile's loads
-// are issued) and publishes each that has keys to the consumers and the reducer before loading
-// it. A tile's K and V go into the single K/V buffer once the consumers have finished the
-// previous tile's GEMMs (kv_empty), while they still run its epilogue, so the next tile's loads
-// overlap that epilogue. The one-CTA-per-tile grid paid, per CTA at hd128 1k of ~42 us, K/V
-// landing 1.8 us, the first Q/dO 1.3, barrier init 0.5 and 1.0 between CTAs of an SM; measured
-// with this walk, the first Q/dO and the init are hidden and K/V still land ~1.5 us into the
-// next tile (+7 % at 1k, +4-5 % causal 1k; docs/perf-notes.md, backward step 19). An item past
-// kp.tiles ends the walk; the end marker (-1) tells the readers.
+// Note [persistent bwd]: the producer thread walks the CTA's items (tile_ring.cuh: the first is
+// blockIdx.x, each next one claimed once the current tile's loads are issued) and publishes each
+// that has keys to the consumers (and at d <= 128 the reducer) before loading it. A tile's K and V
+// go into the single K/V buffer once the consumers have finished the previous tile's GEMMs
+// (kv_empty), while they still run its epilogue, so the next tile's loads overlap that epilogue.
+// The one-CTA-per-tile grid paid, per CTA at hd128 1k of ~42 us, K/V landing 1.8 us, the first
+// Q/dO 1.3, barrier init 0.5 and 1.0 between CTAs of an SM; measured with this walk, the first Q/dO
+// and the init are hidden and K/V still land ~1.5 us into the next tile (+7 % at 1k, +4-5 % causal
+// 1k; docs/perf-notes.md, backward step 19). The split variant (d > 128) walks the same way since
+// its epilogue left shared memory (Note [split epilogue]). An item past kp.tiles ends the walk; the
+// end marker (-1) tells the readers.
 template <class T>
 __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
                                              typename T::SharedStorage& ss,
@@ -380,19 +382,6 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
     ++t;
   }
   publish_item(ss.tile_full, ss.tile_empty, ss.tile_item, t, -1);
-  pipe_q.producer_tail(q_state);
-  pipe_do.producer_tail(do_state);
-}
-
-// The split variant's producer: its one tile.
-template <class T>
-__device__ __forceinline__ void bwd_producer_one(const BwdKernelParams<T>& kp,
-                                                 typename T::SharedStorage& ss,
-                                                 typename T::Pipeline& pipe_q,
-                                                 typename T::Pipeline& pipe_do, const BwdTile& t) {
-  auto q_state = cutlass::make_producer_start_state<typename T::Pipeline>();
-  auto do_state = q_state;
-  bwd_producer_tile(kp, ss, pipe_q, pipe_do, t, q_state, do_state, 0);
   pipe_q.producer_tail(q_state);
   pipe_do.producer_tail(do_state);
 }
@@ -603,7 +592,7 @@ __device__ __forceinline__ typename T::Element* dv_tile(const BwdKernelParams<T>
 // writes whole 16-byte row chunks (dispatch guarantees 16-byte aligned dk, dv and strides).
 // Measured: the hd128 backward +8-9 % at 1k, 0-2 % at 16k (docs/perf.md). The d <= 128 variant
 // stages over dS, dQ and stage_pad, which its next tile's K/V and Q/dO loads leave alone (Note
-// [persistent bwd]); the split variant, one tile per CTA, over K, V, Q and dO.
+// [persistent bwd]). The split variant has no such buffers (Note [split epilogue]).
 
 // The fragment, times scale, as rows of `rows` (pitch kD + 8 elements).
 template <class T, int kD, class Frag, class Coord>
@@ -652,8 +641,8 @@ __device__ __forceinline__ void store_dk_dv(const BwdKernelParams<T>& kp,
   const int rows_valid = seq.seqlen_k - n * kN;
   const auto ck = fragment_coords(mma_dk, tid, Shape<Int<kN>, Int<kD>>{});
   const auto cv = fragment_coords(mma_dv, tid, Shape<Int<kN>, Int<kDV>>{});
-  // ss.staging(): consecutive members (k, v, q, dout; or ds, dq, stage_pad) that both warpgroups
-  // are done with once they pass the first barrier below.
+  // ss.staging(): ds, dq and stage_pad, which both warpgroups are done with once they pass the
+  // first barrier below.
   static_assert(kN * (kD + 8 + kDV + 8) <= T::kStageCapacity, "staged dK and dV fit");
   Element* rows_k = ss.staging();
   Element* rows_v = rows_k + kN * (kD + 8);
@@ -666,7 +655,71 @@ __device__ __forceinline__ void store_dk_dv(const BwdKernelParams<T>& kp,
     write_rows<T, kDV>(rows_v, dv, p.dv_row_stride, rows_valid, tid);
   }
   // The next tile's dS and dQ stores reuse the staging buffers (persistent grid).
-  if constexpr (!T::kSplitD) cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
+  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
+}
+
+// Note [split epilogue]: the split variant's shared memory is K, V, two stages of Q and dO, and
+// P and dS (224 KB at d = 256). With the persistent grid, K, V, Q and dO take the next tile's
+// loads while this tile's epilogue runs, and P and dS (32 KB) cannot hold a 64-row dK or dV
+// (64 x 264 x 2 bytes each with the padding). So dK and dV go out from the accumulators: per
+// thread and row, each four 8-column groups of the warpgroup's half of d pass through
+// quad_transpose (sm90_common.cuh), and then each lane writes 8 consecutive columns. A warp
+// instruction thus writes 8 rows x 64 bytes, whole 32-byte sectors; the staged rows give 128 B
+// per row, while the pairs before Note [dK/dV epilogue] gave half sectors. No barrier: only
+// registers are read. The accumulator of a warpgroup's wgmma m64nNk16 is QuadFrag<N>
+// (fragment.cuh): N = d / 2 here.
+template <class T, int kCols, class Acc, class Coord>
+__device__ __forceinline__ void write_quad_rows(typename T::Element* base, int64_t row_stride,
+                                                int rows_valid, float scale, const Acc& acc,
+                                                const Coord& coords, int quad_lane) {
+  using Element = typename T::Element;
+  using Frag = QuadFrag<kCols>;
+  static_assert(decltype(size(acc))::value == Frag::kSize, "one m64nNk16 accumulator");
+  static_assert(kCols % 32 == 0, "groups of four 8-column chunks");
+  CUTLASS_PRAGMA_UNROLL
+  for (int r = 0; r < Frag::kRows; ++r) {
+    const int row = get<0>(coords(Frag::idx(r, 0)));
+    const bool in_seq = row < rows_valid;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kCols / 32; ++j) {
+      uint32_t w[4];
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < 4; ++k) {
+        const int e = 2 * (4 * j + k);  // the group's first element in the row
+        cutlass::Array<Element, 2> pair;
+        pair[0] = Element(acc(Frag::idx(r, e)) * scale);
+        pair[1] = Element(acc(Frag::idx(r, e + 1)) * scale);
+        w[k] = reinterpret_cast<const uint32_t&>(pair);
+      }
+      quad_transpose(w, quad_lane);
+      // Group 4j sits at column c0 + 2·quad_lane of this row; lane q now holds group 4j + q.
+      const int col = get<1>(coords(Frag::idx(r, 8 * j))) + 6 * quad_lane;
+      if (in_seq) {
+        *reinterpret_cast<uint4*>(base + row * row_stride + col) =
+            make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+  }
+}
+
+// The split variant's dK, dV of its tile (as store_dk_dv: dK scaled, rows past seqlen_k
+// skipped), straight from the registers.
+template <class T, class MmaK, class AccK, class MmaV, class AccV>
+__device__ __forceinline__ void store_dk_dv_split(const BwdKernelParams<T>& kp, const SeqInfo& seq,
+                                                  int n, int head_kv, int b, int tid,
+                                                  const MmaK& mma_dk, const AccK& acc_dk,
+                                                  const MmaV& mma_dv, const AccV& acc_dv) {
+  constexpr int kN = T::kBlockN, kD = T::kHeadDim, kDV = T::kHeadDimV;
+  const BwdParams& p = kp.p;
+  auto* dk = kv_tile_row0<T>(p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, kp, seq, n,
+                             head_kv, b);
+  auto* dv = dv_tile<T>(kp, seq, n, head_kv, b);
+  const int rows_valid = seq.seqlen_k - n * kN;
+  const auto ck = fragment_coords(mma_dk, tid, Shape<Int<kN>, Int<kD>>{});
+  const auto cv = fragment_coords(mma_dv, tid, Shape<Int<kN>, Int<kDV>>{});
+  write_quad_rows<T, kD / 2>(dk, p.dk_row_stride, rows_valid, p.fwd.softmax_scale, acc_dk, ck,
+                             tid % 4);
+  write_quad_rows<T, kDV / 2>(dv, p.dv_row_stride, rows_valid, 1.0f, acc_dv, cv, tid % 4);
 }
 
 }  // namespace fa4::sm90

@@ -11,6 +11,9 @@
 //   dQ_w -> workspace with 16-byte reduce-adds, in fragment order (Note [dQ reduce]); deterministic
 //   mode orders them with the turn counters (Note [deterministic dQ]), waited here by the
 //   consumers since there is no reducer warp.
+// Per tile (Note [persistent bwd]): the item from the tile ring, K/V (kv_full), the blocks,
+// kv_empty once the last GEMM is done, then dK_w, dV_w from registers (Note [split epilogue])
+// while the producer loads the next tile's K/V and first Q/dO.
 #pragma once
 
 #include "bwd_sm90_common.cuh"
@@ -42,9 +45,7 @@ template <class T>
 __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
                                                    typename T::SharedStorage& ss,
                                                    typename T::Pipeline& pipe_q,
-                                                   typename T::Pipeline& pipe_do,
-                                                   const SeqInfo& seq, const Mask& mask, int n,
-                                                   int head_kv, int b, int tid) {
+                                                   typename T::Pipeline& pipe_do, int tid) {
   using Element = typename T::Element;
   constexpr int kM = T::kBlockM, kN = T::kBlockN;
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
@@ -95,61 +96,77 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
   Tensor reg_p_c = thr_copy_pds.retile_S(reg_p);
   Tensor reg_ds_c = thr_copy_pds.retile_S(reg_ds);
   const auto c_s = fragment_coords(mma_s, tid, Shape<Int<kN>, Int<kM>>{});
-  clear(acc_dv);
-  clear(acc_dk);
 
   const FwdParams& f = kp.p.fwd;
-  const int64_t row0_ws = kp.ws.row_offset(b, seq.offset_q, 0);
   auto q_state = typename T::Pipeline::PipelineState{};
   auto do_state = q_state;
-  int m_begin, m_end;
-  q_blocks_seeing<T>(mask, n, m_begin, m_end);
-  const int blocks = kp.group * (m_end - m_begin);
-  ss.kv_full.wait(0);
-  // Note [split issue order]: as the d <= 128 consumer up to dS (P computed while dPᵀ runs);
-  // then both warpgroups' Pᵀ and dSᵀ must be in smem before any of the three GEMMs that read
-  // them, which go out together under one wait.
-  // (head, m) walk the group's query heads and their Q blocks, counted rather than divided.
-  int head = head_kv * kp.group, m = m_begin;
-  for (int i = 0; i < blocks; ++i, m = m + 1 == m_end ? (++head, m_begin) : m + 1) {
-    pipe_q.consumer_wait(q_state);
-    pipe_do.consumer_wait(do_state);
-    const int sq = q_state.index(), sdo = do_state.index(), sds = i % T::kDsStages;
-    issue_gemm(mma_s, tSrK, tSrQ(_, _, _, sq), acc_s, true);
-    issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, sdo), acc_dp, true);
-    warpgroup_wait<1>();
-    warpgroup_fence_operand(acc_s);
-    p_and_ds(kp.score, mask, block_range<kM, kN>(mask, m).needs_mask(n), n * kN, m * kM, c_s,
-             ss.lse2[sq], ss.dpsum[sdo], acc_s, acc_dp, reg_p, reg_ds);
-    copy(copy_pds, reg_p_c, tPsPt(_, _, _, sds));
-    copy(copy_pds, reg_ds_c, tDSsDSt(_, _, _, sds));
-    cutlass::arch::fence_view_async_shared();
-    cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kDsWritten);
-    issue_gemm(mma_dv, tVrPt(_, _, _, sds), tVrDOt(_, _, _, sdo), acc_dv, false);
-    issue_gemm(mma_dk, tKrDSt(_, _, _, sds), tKrQt(_, _, _, sq), acc_dk, false);
-    issue_gemm(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_dv);
-    warpgroup_fence_operand(acc_dk);
-    warpgroup_fence_operand(acc_dq);
-    pipe_q.consumer_release(q_state);
-    pipe_do.consumer_release(do_state);
-    ++q_state;
-    ++do_state;
-    const int64_t row = row0_ws + int64_t(m) * kM;
-    int* sem = f.deterministic ? kp.ws.sem(head, row) : nullptr;
-    if (sem != nullptr) {
-      dq_turn_wait_all(sem, dq_turn(block_range<kM, kN>(mask, m), n), tid, T::kConsumerThreads);
+  // The P/dS stage alternates over every block of every tile: restarted per tile, a tile with
+  // an odd block count would put its last block and the next tile's first in one stage, which
+  // the other warpgroup may still be reading (no barrier between tiles here, unlike the
+  // staged epilogue of d <= 128).
+  int k = 0;
+  // Note [persistent bwd]: the tiles the producer publishes, each a use of the K/V buffer.
+  for (int t = 0;; ++t) {
+    const int item = take_item(ss.tile_full, ss.tile_empty, ss.tile_item, t);
+    if (item < 0) break;
+    const BwdTile tile = BwdTile::of(kp, item, T::kBlockN);
+    const Mask& mask = tile.mask;
+    const int n = tile.n;
+    clear(acc_dv);
+    clear(acc_dk);
+    const int64_t row0_ws = kp.ws.row_offset(tile.b, tile.seq.offset_q, 0);
+    int m_begin, m_end;
+    q_blocks_seeing<T>(mask, n, m_begin, m_end);
+    const int blocks = kp.group * (m_end - m_begin);
+    ss.kv_full.wait(uint32_t(t & 1));
+    // Note [split issue order]: as the d <= 128 consumer up to dS (P computed while dPᵀ runs);
+    // then both warpgroups' Pᵀ and dSᵀ must be in smem before any of the three GEMMs that read
+    // them, which go out together under one wait.
+    // (head, m) walk the group's query heads and their Q blocks, counted rather than divided.
+    int head = tile.head_kv * kp.group, m = m_begin;
+    for (int i = 0; i < blocks; ++i, ++k, m = m + 1 == m_end ? (++head, m_begin) : m + 1) {
+      pipe_q.consumer_wait(q_state);
+      pipe_do.consumer_wait(do_state);
+      const int sq = q_state.index(), sdo = do_state.index(), sds = k % T::kDsStages;
+      issue_gemm(mma_s, tSrK, tSrQ(_, _, _, sq), acc_s, true);
+      issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, sdo), acc_dp, true);
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(acc_s);
+      p_and_ds(kp.score, mask, block_range<kM, kN>(mask, m).needs_mask(n), n * kN, m * kM, c_s,
+               ss.lse2[sq], ss.dpsum[sdo], acc_s, acc_dp, reg_p, reg_ds);
+      copy(copy_pds, reg_p_c, tPsPt(_, _, _, sds));
+      copy(copy_pds, reg_ds_c, tDSsDSt(_, _, _, sds));
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kDsWritten);
+      issue_gemm(mma_dv, tVrPt(_, _, _, sds), tVrDOt(_, _, _, sdo), acc_dv, false);
+      issue_gemm(mma_dk, tKrDSt(_, _, _, sds), tKrQt(_, _, _, sq), acc_dk, false);
+      issue_gemm(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_dv);
+      warpgroup_fence_operand(acc_dk);
+      warpgroup_fence_operand(acc_dq);
+      pipe_q.consumer_release(q_state);
+      pipe_do.consumer_release(do_state);
+      ++q_state;
+      ++do_state;
+      const int64_t row = row0_ws + int64_t(m) * kM;
+      int* sem = f.deterministic ? kp.ws.sem(head, row) : nullptr;
+      if (sem != nullptr) {
+        dq_turn_wait_all(sem, dq_turn(block_range<kM, kN>(mask, m), n), tid, T::kConsumerThreads);
+      }
+      float* dq = kp.ws.dq(head) + row * T::kHeadDim + 4 * tid;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < size(acc_dq) / 4; ++j) {
+        red_add_f32x4(dq + 4 * j * T::kConsumerThreads, acc_dq(4 * j), acc_dq(4 * j + 1),
+                      acc_dq(4 * j + 2), acc_dq(4 * j + 3));
+      }
+      if (sem != nullptr) dq_turn_pass_all(sem, tid, T::kConsumerThreads);
     }
-    float* dq = kp.ws.dq(head) + row * T::kHeadDim + 4 * tid;
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < size(acc_dq) / 4; ++j) {
-      red_add_f32x4(dq + 4 * j * T::kConsumerThreads, acc_dq(4 * j), acc_dq(4 * j + 1),
-                    acc_dq(4 * j + 2), acc_dq(4 * j + 3));
-    }
-    if (sem != nullptr) dq_turn_pass_all(sem, tid, T::kConsumerThreads);
+    // Every GEMM of the tile has completed (the loop's last wait): K and V may be reloaded
+    // while dK and dV leave from registers (Note [split epilogue]).
+    ss.kv_empty.arrive();
+    store_dk_dv_split(kp, tile.seq, n, tile.head_kv, tile.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
   }
-  store_dk_dv(kp, ss, seq, n, head_kv, b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
 }
 
 }  // namespace fa4::sm90

@@ -2,8 +2,8 @@
 // workspace), its postprocess and the launch of all three. This header describes the d <= 128
 // variant (bwd_sm90_consumer.cuh); bwd_sm90_consumer_split.cuh describes how d > 128 differs.
 //
-// Work items: (kv tile of kBlockN rows, kv head, batch); at d <= 128 one CTA per SM walks them
-// (Note [persistent bwd], bwd_sm90_common.cuh), the split variant runs one CTA per item. K and V
+// Work items: (kv tile of kBlockN rows, kv head, batch); one CTA per SM walks them (Note
+// [persistent bwd], bwd_sm90_common.cuh), in both variants. K and V
 // stay in shared memory for the item; the CTA loops over every query head of the GQA group and
 // every Q block of kBlockM rows that sees the tile, so dK and dV are summed over the group in
 // registers and written once (no atomics, exact and deterministic). Per Q block, each consumer
@@ -22,9 +22,9 @@
 // from the preprocess kernel (bwd_prepost.cuh) and travel with Q and dO through the pipelines.
 //
 // Pipelines and barriers (from X to Y, protects Z):
-//   tile ring   producer -> consumers and reducer, the next item (tile_ring.cuh; d <= 128)
+//   tile ring   producer -> consumers and reducer, the next item (tile_ring.cuh)
 //   kv_full     producer -> consumers, K and V (once per item)
-//   kv_empty    consumers -> producer, the K/V buffer after the item's last GEMM (d <= 128)
+//   kv_empty    consumers -> producer, the K/V buffer after the item's last GEMM
 //   pipe_q      producer -> consumers, kStages buffers of Q and its lse₂ rows
 //   pipe_do     producer -> consumers, kStages buffers of dO and its D rows
 //   kDsWritten  consumers -> consumers (named), dS of this block in smem before the dQ GEMM
@@ -56,13 +56,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const auto role = static_cast<WarpGroupRole>(threadIdx.x / 128);
   if (threadIdx.x == 0) {
     ss.kv_full.init(1);
-    if constexpr (!T::kSplitD) {
-      ss.kv_empty.init(T::kConsumerThreads);
-      for (int i = 0; i < kTileSlots; ++i) {
-        cutlass::arch::ClusterBarrier::init(&ss.tile_full[i], 1);
-        cutlass::arch::ClusterBarrier::init(&ss.tile_empty[i],
-                                            T::kConsumerThreads + kReducerThreads);
-      }
+    ss.kv_empty.init(T::kConsumerThreads);
+    // The tile ring's readers: the consumers, and at d <= 128 the dQ reducer warp.
+    constexpr int kReaders = T::kConsumerThreads + (T::kSplitD ? 0 : kReducerThreads);
+    for (int i = 0; i < kTileSlots; ++i) {
+      cutlass::arch::ClusterBarrier::init(&ss.tile_full[i], 1);
+      cutlass::arch::ClusterBarrier::init(&ss.tile_empty[i], kReaders);
     }
   }
   using Pipe = typename T::Pipeline;
@@ -79,28 +78,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   cutlass::arch::fence_barrier_init();
   __syncthreads();
   if constexpr (!T::kSplitD) ss.trace.cta_mark(threadIdx.x == 0, 1);
-  if constexpr (!T::kSplitD) {  // Note [persistent bwd]
-    if (role == WarpGroupRole::kProducer) {
-      cutlass::arch::warpgroup_reg_dealloc<kBwdProducerRegs>();
-      const int warp = threadIdx.x / 32;
-      if (threadIdx.x == 0) bwd_producer(kp, ss, pipe_q, pipe_do);
-      if (warp == 1) bwd_dq_reducer(kp, ss);
-    } else {
-      cutlass::arch::warpgroup_reg_alloc<kBwdConsumerRegs>();
-      bwd_consumer(kp, ss, pipe_q, pipe_do, threadIdx.x - 128);
+  // Note [persistent bwd], both variants.
+  if (role == WarpGroupRole::kProducer) {
+    cutlass::arch::warpgroup_reg_dealloc<kBwdProducerRegs>();
+    if (threadIdx.x == 0) bwd_producer(kp, ss, pipe_q, pipe_do);
+    if constexpr (!T::kSplitD) {
+      if (threadIdx.x / 32 == 1) bwd_dq_reducer(kp, ss);
     }
   } else {
-    const BwdTile t = BwdTile::of(kp, int(blockIdx.x), T::kBlockN);
-    if (t.skip) return;
-    if (role == WarpGroupRole::kProducer) {
-      cutlass::arch::warpgroup_reg_dealloc<kBwdProducerRegs>();
-      if (threadIdx.x == 0) {
-        bwd_producer_one(kp, ss, pipe_q, pipe_do, t);
-      }
+    cutlass::arch::warpgroup_reg_alloc<kBwdConsumerRegs>();
+    if constexpr (T::kSplitD) {
+      bwd_consumer_split(kp, ss, pipe_q, pipe_do, threadIdx.x - 128);
     } else {
-      cutlass::arch::warpgroup_reg_alloc<kBwdConsumerRegs>();
-      bwd_consumer_split(kp, ss, pipe_q, pipe_do, t.seq, t.mask, t.n, t.head_kv, t.b,
-                         threadIdx.x - 128);
+      bwd_consumer(kp, ss, pipe_q, pipe_do, threadIdx.x - 128);
     }
   }
 #endif
@@ -213,7 +203,7 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
   kp.tiles = int(tiles);  // < 2^31 as any grid above: 2^31 tiles of K are 2^38 rows
   // Note [persistent bwd]: at most one CTA per SM (one fits), each walking tiles; num_sms at
   // least the tile count gives one CTA per tile (the A/B of docs/perf-notes.md).
-  const int64_t blocks = T::kSplitD ? tiles : std::min<int64_t>(tiles, dev.num_sms);
+  const int64_t blocks = std::min<int64_t>(tiles, dev.num_sms);
   if (blocks > 0) {
     const Status s = launch_kernel("bwd_sm90", bwd_kernel<T>, dim3(unsigned(blocks)), T::kThreads,
                                    T::kSmemBytes, stream, kp);

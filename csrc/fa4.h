@@ -140,8 +140,8 @@ struct FwdParams {
   // to its persistent CTAs at run time, which balances causal and local masks (whose tiles
   // differ in cost); null = a static assignment. run_fwd zeroes it on `stream` before the
   // kernel, so it may be reused by calls on the same stream, not concurrently. Both forward
-  // kernels use it (SM100: compiled, not executed), and so does the SM90 backward for head dims
-  // up to 128 (run_bwd zeroes it the same way).
+  // kernels use it (SM100: compiled, not executed), and so does the SM90 backward (run_bwd
+  // zeroes it the same way).
   int64_t* tile_counter = nullptr;
 };
 

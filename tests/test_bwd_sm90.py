@@ -257,21 +257,28 @@ def test_over_2_31_elements():
 def test_persistent_walk_with_few_ctas(monkeypatch, sms):
     """Note [persistent bwd]: capped at `sms` CTAs (FA4_NUM_SMS), each CTA walks many kv tiles,
     which the full grid of the other tests rarely does at their sizes: the tile ring, kv_full's
-    and kv_empty's phases, the dQ buffer handed over between tiles and the dK/dV staging reused.
-    Dense causal GQA (32 tiles), softcap, rows that see no key, varlen with empty sequences
-    (skipped tiles), and deterministic mode bitwise equal to the full grid's result."""
-    dims = [p for p in _bwd_hdims() if max(p) <= 128]
+    and kv_empty's phases, the dQ buffer handed over between tiles, the dK/dV staging reused
+    (d <= 128) and the P/dS stages alternating across tiles with dK/dV stored from registers (the
+    split variant, Note [split epilogue]). Every compiled head dim: dense causal GQA, softcap,
+    rows that see no key, varlen with empty sequences (skipped tiles); deterministic mode bitwise
+    equal to the full grid's result for one head dim of each variant (1100 rows: 9 tiles of 128,
+    18 of 64, so tiles with odd block counts)."""
+    dims = _bwd_hdims()
     if not dims:
-        pytest.skip("no SM90 backward with d, d_v <= 128 (the persistent variant) in this build")
-    q, k, v = make((2, 1100, 8, dims[0][0]), (2, 1100, 2, dims[0][0]), dims[0][1], torch.bfloat16,
-                   seed=sms)  # fmt: skip
-    dout = torch.randn(2, 1100, 8, dims[0][1], device="cuda").to(torch.bfloat16)
-    full = grads(q, k, v, dout, "sm90", causal=True, deterministic=True)
+        pytest.skip("no SM90 backward in this build")
+    reps = [p for p in dims if max(p) <= 128][:1] + [p for p in dims if max(p) > 128][:1]
+    inputs, full = [], []
+    for d, d_v in reps:
+        q, k, v = make((2, 1100, 8, d), (2, 1100, 2, d), d_v, torch.bfloat16, seed=sms)
+        dout = torch.randn(2, 1100, 8, d_v, device="cuda").to(torch.bfloat16)
+        inputs.append((q, k, v, dout))
+        full.append(grads(q, k, v, dout, "sm90", causal=True, deterministic=True))
     monkeypatch.setenv("FA4_NUM_SMS", str(sms))
     for dims_i in dims:
         for case, dtype in ((1, torch.bfloat16), (6, torch.float16), (4, torch.bfloat16)):
             dense_case("sm90", dims_i, case, dtype)
         varlen_case("sm90", dims_i[0])
-    capped = grads(q, k, v, dout, "sm90", causal=True, deterministic=True)
-    for name, a, b in zip(("dq", "dk", "dv"), full, capped, strict=True):
-        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{name} differs"
+    for (d, d_v), (q, k, v, dout), ref in zip(reps, inputs, full, strict=True):
+        capped = grads(q, k, v, dout, "sm90", causal=True, deterministic=True)
+        for name, a, b in zip(("dq", "dk", "dv"), ref, capped, strict=True):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"d={d},{d_v}: {name}"
