@@ -416,6 +416,26 @@ __device__ __forceinline__ auto fragment_coords(const TiledMma& mma, int tid, Sh
 // offsets. Rows past the sequence land in the workspace's per-sequence padding and are never read
 // back.
 //
+// One 16-byte fp32 reduce-add (no return value: atomicAdd(float2*) compiled to ATOMG, which
+// returns the old values): a quarter of the operations of a per-element scheme.
+__device__ __forceinline__ void red_add_f32x4(float* at, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(at), "f"(a), "f"(b), "f"(c),
+               "f"(d)
+               : "memory");
+}
+
+// Note [dQ from registers] (an A/B switch, FA4_BWD_DQ_RED, default 1 on branch bwd-dq-red): at
+// d <= 128 and outside deterministic mode the consumers add their dQ fragment to the workspace
+// with red_add_f32x4 (as the split variant), at the same fragment-order offsets, instead of
+// storing it to ss.dq for the reducer's bulk reduce-add. That takes dQ's 64 KB round trip per
+// block out of shared memory, which by the traffic model of docs/perf-notes.md is what puts the
+// loop's shared-memory floor (~2940 cycles per block) above the tensor time (2560). Measured
+// slower in backward step 6, on the loop of 2026-11-29. Deterministic mode keeps the reducer
+// (its turn order).
+#ifndef FA4_BWD_DQ_RED
+#define FA4_BWD_DQ_RED 1
+#endif
+
 // The reducer warp: one bulk reduce-add per Q block, in the consumers' order.
 template <class T>
 __device__ __forceinline__ void bwd_dq_reducer_tile(const BwdKernelParams<T>& kp,
@@ -430,7 +450,8 @@ __device__ __forceinline__ void bwd_dq_reducer_tile(const BwdKernelParams<T>& kp
   int m_begin, m_end;
   q_blocks_seeing<T>(mask, n, m_begin, m_end);
   const int blocks = kp.group * (m_end - m_begin);
-  for (int i = 0; i < blocks; ++i) {
+  const bool skip = FA4_BWD_DQ_RED && !kp.p.fwd.deterministic;  // Note [dQ from registers]
+  for (int i = 0; i < (skip ? 0 : blocks); ++i) {
     const int head = head_kv * kp.group + i / (m_end - m_begin);
     const int64_t row = row0_ws + int64_t(m_begin + i % (m_end - m_begin)) * T::kBlockM;
     cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, kDqFull);

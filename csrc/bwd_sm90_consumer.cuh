@@ -67,6 +67,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   auto do_state = q_state;
   const bool leader = tid % 128 == 0;  // the marks of Note [bwd trace]
   const int wg = tid / 128;
+  const bool reds = FA4_BWD_DQ_RED && !kp.p.fwd.deterministic;  // Note [dQ from registers]
   // Note [persistent bwd]: the tiles the producer publishes, each a use of the K/V buffer.
   for (int t = 0;; ++t) {
     const int item = take_item(ss.tile_full, ss.tile_empty, ss.tile_item, t);
@@ -85,6 +86,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     int m_begin, m_end;
     q_blocks_seeing<T>(mask, n, m_begin, m_end);
     const int blocks = kp.group * (m_end - m_begin);
+    // This thread's float4s of the tile's first query head's dQ rows (fragment order, Note [dQ
+    // reduce]); g: the block's query head within the group.
+    float* const dq_tile = kp.ws.dq(tile.head_kv * kp.group) +
+                           kp.ws.row_offset(tile.b, tile.seq.offset_q, 0) * T::kHeadDim + 4 * tid;
+    int g = 0;
     ss.kv_full.wait(uint32_t(t & 1));
     ss.trace.cta_mark(tid == 0, 2);
     // Note [bwd issue order]: Sᵀ and dPᵀ go to the tensor cores together; P is computed in place
@@ -96,7 +102,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     // exception).
     // m: the Q block, cycling through [m_begin, m_end) once per query head of the group (counted,
     // not i % (m_end - m_begin): an integer division per block).
-    for (int i = 0, m = m_begin; i < blocks; ++i, m = m + 1 == m_end ? m_begin : m + 1) {
+    for (int i = 0, m = m_begin; i < blocks; ++i, m = m + 1 == m_end ? (++g, m_begin) : m + 1) {
       // Note [fresh tid]: the score coordinates and the dSᵀ store addresses per iteration (the
       // consumers are threads 128.., tid = threadIdx.x - 128 as bwd_kernel passes it).
       ss.trace.mark(leader, wg, i, 0);
@@ -137,15 +143,25 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
       ++do_state;
       // Each warpgroup hands its own part of the block to the reducer (Note [dQ reduce]): the two
       // warpgroups do not wait for each other here.
-      if (i > 0) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
-      ss.trace.mark(leader, wg, i, 7);
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < size(acc_dq) / 4; ++j) {
-        ss.dq[j * T::kConsumerThreads + tid] =
-            make_float4(acc_dq(4 * j), acc_dq(4 * j + 1), acc_dq(4 * j + 2), acc_dq(4 * j + 3));
+      if (reds) {
+        ss.trace.mark(leader, wg, i, 7);
+        float* dq = dq_tile + (int64_t(g) * kp.ws.rows + int64_t(m) * kM) * T::kHeadDim;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < size(acc_dq) / 4; ++j) {
+          red_add_f32x4(dq + 4 * j * T::kConsumerThreads, acc_dq(4 * j), acc_dq(4 * j + 1),
+                        acc_dq(4 * j + 2), acc_dq(4 * j + 3));
+        }
+      } else {
+        if (i > 0) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
+        ss.trace.mark(leader, wg, i, 7);
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < size(acc_dq) / 4; ++j) {
+          ss.dq[j * T::kConsumerThreads + tid] =
+              make_float4(acc_dq(4 * j), acc_dq(4 * j + 1), acc_dq(4 * j + 2), acc_dq(4 * j + 3));
+        }
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::arrive(kHalfBarrierThreads, dq_full);
       }
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::arrive(kHalfBarrierThreads, dq_full);
       ss.trace.mark(leader, wg, i, 8);
       warpgroup_wait<0>();  // dK done
       warpgroup_fence_operand(acc_dk);
@@ -157,7 +173,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     ss.kv_empty.arrive();
     ss.trace.cta_mark(leader, wg == 0 ? 4 : 7);
     // dK/dV are staged over dQ's buffer too: the reducer must have read the last block's dQ.
-    if (blocks > 0) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
+    if (blocks > 0 && !reds) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
     const BwdTile out = BwdTile::of(kp, item, T::kBlockN);
     store_dk_dv(kp, ss, out.seq, n, out.head_kv, out.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
     ss.trace.cta_mark(tid == 0, 5);

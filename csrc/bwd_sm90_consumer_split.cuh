@@ -20,14 +20,6 @@
 
 namespace fa4::sm90 {
 
-// One 16-byte fp32 reduce-add (no return value: atomicAdd(float2*) compiled to ATOMG, which
-// returns the old values): a quarter of the operations of a per-element scheme.
-__device__ __forceinline__ void red_add_f32x4(float* at, float a, float b, float c, float d) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(at), "f"(a), "f"(b), "f"(c),
-               "f"(d)
-               : "memory");
-}
-
 // Deterministic mode for the atomics path: consumer thread 0 waits for the block's turn, all
 // consumer threads add, and thread 0 passes the turn once every add is fenced.
 __device__ __forceinline__ void dq_turn_wait_all(const int* sem, int turn, int tid, int threads) {

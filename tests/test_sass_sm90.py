@@ -230,7 +230,9 @@ def test_bwd_spills_bounded(compiled_bwd):
     Note [fresh tid] rebuilds them in the loop instead."""
     ptxas, _ = compiled_bwd
     spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", ptxas)]
-    assert spills and max(spills) <= 236, ptxas
+    # Note [dQ from registers] (branch bwd-dq-red): +12 bytes, the consumers' per-tile dQ
+    # pointer (reloaded once per block before the reduce-adds) and one value per block.
+    assert spills and max(spills) <= 248, ptxas
 
 
 @pytest.mark.parametrize("variant", ["compiled_bwd", "compiled_bwd_split"])
