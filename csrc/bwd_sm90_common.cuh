@@ -22,6 +22,10 @@
 #include "softmax.cuh"
 #include "tile_ring.cuh"
 
+#ifndef FA4_BWD_DQ_ROWS
+#define FA4_BWD_DQ_ROWS 1  // Note [dQ split by rows]
+#endif
+
 namespace fa4::sm90 {
 
 template <int kHeadDim_, int kHeadDimV_, class Element_>
@@ -55,10 +59,20 @@ struct BwdTraits {
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
       AtomM2{}));
+  // Note [dQ split by rows]: with 128-row Q blocks (d <= 64) each warpgroup computes dQ for 64
+  // of the rows over the whole head dim (wgmma N = d) instead of all 128 rows over half of it
+  // (N = d / 2 = 32): per k-step of 16 kv rows an SS wgmma reads A (64 x 16) and B (N x 16)
+  // from shared memory, so N = 32 moves 3 KB per 16 cycles of tensor work (192 B/clk, above
+  // the 128 B/clk shared memory gives), N = 64 4 KB per 32 (128 B/clk): the dQ GEMM's reads per
+  // block fall from 96 to 64 KB at hd64, with half the HGMMAs (docs/perf-notes.md). With 64-row
+  // blocks there is one 64-row atom, so the warpgroups keep splitting the head dim. A/B switch
+  // FA4_BWD_DQ_ROWS (0: split the head dim at every d).
+  static constexpr bool kDqByRows = FA4_BWD_DQ_ROWS && kBlockM == 128;
   using MmaDQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockN>>,
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<_64, Int<kDqByRows ? kHeadDim : kHeadDim / 2>, Int<kBlockN>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
-      AtomN2{}));
+      std::conditional_t<kDqByRows, AtomM2, AtomN2>{}));
 
   using SmemLayoutQ = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
                                              Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));

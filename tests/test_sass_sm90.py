@@ -81,6 +81,11 @@ def compiled_bwd_split(tmp_path_factory):
     return _compile(tmp_path_factory, "csrc/bwd_sm90_hd256.cu")
 
 
+@pytest.fixture(scope="module")
+def compiled_bwd_hd64(tmp_path_factory):
+    return _compile(tmp_path_factory, "csrc/bwd_sm90_hd64.cu")
+
+
 def test_one_kernel_per_dtype_and_no_spills(compiled):
     ptxas, _ = compiled
     kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", ptxas)
@@ -341,3 +346,15 @@ def test_wgmma_rate_bench_compiles(tmp_path_factory):
     assert "C751" not in ptxas, [line for line in ptxas.splitlines() if "C751" in line][:2]
     for n in (32, 64, 128, 256):
         assert re.search(rf"HGMMA\.64x{n}x16", sass), f"no 64x{n}x16 wgmma"
+
+
+def test_bwd_hd64_dq_split_by_rows(compiled_bwd_hd64):
+    """Note [dQ split by rows]: at hd64 (128-row Q blocks) each warpgroup's dQ is 64 rows x the
+    whole head dim, 8 HGMMA.64x64x16 per block (k = 128 kv rows), where splitting the head dim
+    took 16 HGMMA.64x32x16 with 1.5x the shared-memory reads. Per bf16 kernel: Sᵀ and dPᵀ
+    4 x 64x128x16 each; dV, dK and dQ 8 x 64x64x16 each."""
+    _, sass = compiled_bwd_hd64
+    _, body = _bf16_body(sass, "bwd_kernel")
+    shapes = re.findall(r"HGMMA\.(\d+x\d+x\d+)", body)
+    assert "64x32x16" not in shapes, sorted(set(shapes))
+    assert shapes.count("64x128x16") == 8 and shapes.count("64x64x16") == 24, shapes
