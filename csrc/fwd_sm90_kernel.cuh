@@ -374,30 +374,6 @@ __device__ __forceinline__ void producer(const KernelParams<T>& kp, typename T::
   pipe_v.producer_tail(v_state);
 }
 
-// Note [quad transpose]: in the accumulator a quad's four lanes hold one row, lane q the pair of
-// columns 8g + 2q (g = 0 .. d_v/8 - 1): a 4-byte store each, half of every 32-byte sector per
-// warp instruction. Over four consecutive groups the quad exchanges pairs (two xor-shuffle
-// rounds, a 4 × 4 transpose of 32-bit words: round 1 swaps bit 1 of the lane with bit 1 of the
-// group, round 2 bit 0), after which lane q holds group 4j + q's four pairs, 8 consecutive
-// columns: one 16-byte store. d_v / 8 is a multiple of 4 for every head dim.
-__device__ __forceinline__ void quad_transpose(uint32_t (&w)[4], int quad_lane) {
-  FA4_UNROLL
-  for (int bit = 2; bit >= 1; bit /= 2) {
-    const bool upper = quad_lane & bit;
-    FA4_UNROLL
-    for (int k = 0; k < 4; ++k) {
-      if (k & bit) continue;  // the pair (k, k + bit)
-      const uint32_t send = upper ? w[k] : w[k + bit];
-      const uint32_t recv = __shfl_xor_sync(0xffffffffu, send, bit);
-      if (upper) {
-        w[k] = recv;
-      } else {
-        w[k + bit] = recv;
-      }
-    }
-  }
-}
-
 // Writes the consumer's rows of O (scaled by 1/l) and the LSE; rows past the sequence are
 // skipped. o: the P·V accumulator (QuadFrag<kHeadDimV>), row r of this thread is
 // row0 + 8r within the tile. 16-byte stores (Note [quad transpose]); every lane of the warp

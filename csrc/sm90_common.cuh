@@ -121,4 +121,29 @@ __device__ __forceinline__ int fresh_thread_index() {
   return t;
 }
 
+// Note [quad transpose]: in the accumulator a quad's four lanes hold one row, lane q the pair of
+// columns 8g + 2q (g = 0 .. d_v/8 - 1): a 4-byte store each, half of every 32-byte sector per
+// warp instruction. Over four consecutive groups the quad exchanges pairs (two xor-shuffle
+// rounds, a 4 × 4 transpose of 32-bit words: round 1 swaps bit 1 of the lane with bit 1 of the
+// group, round 2 bit 0), after which lane q holds group 4j + q's four pairs, 8 consecutive
+// columns: one 16-byte store. d_v / 8 is a multiple of 4 for every head dim. Here beside the
+// other SM90 pieces because it only knows the wgmma accumulator's quad layout.
+__device__ __forceinline__ void quad_transpose(uint32_t (&w)[4], int quad_lane) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int bit = 2; bit >= 1; bit /= 2) {
+    const bool upper = quad_lane & bit;
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      if (k & bit) continue;  // the pair (k, k + bit)
+      const uint32_t send = upper ? w[k] : w[k + bit];
+      const uint32_t recv = __shfl_xor_sync(0xffffffffu, send, bit);
+      if (upper) {
+        w[k] = recv;
+      } else {
+        w[k + bit] = recv;
+      }
+    }
+  }
+}
+
 }  // namespace fa4::sm90
