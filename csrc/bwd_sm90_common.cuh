@@ -22,10 +22,6 @@
 #include "softmax.cuh"
 #include "tile_ring.cuh"
 
-#ifndef FA4_BWD_DQ_ROWS
-#define FA4_BWD_DQ_ROWS 1  // Note [dQ split by rows]
-#endif
-
 namespace fa4::sm90 {
 
 template <int kHeadDim_, int kHeadDimV_, class Element_>
@@ -64,10 +60,12 @@ struct BwdTraits {
   // (N = d / 2 = 32): per k-step of 16 kv rows an SS wgmma reads A (64 x 16) and B (N x 16)
   // from shared memory, so N = 32 moves 3 KB per 16 cycles of tensor work (192 B/clk, above
   // the 128 B/clk shared memory gives), N = 64 4 KB per 32 (128 B/clk): the dQ GEMM's reads per
-  // block fall from 96 to 64 KB at hd64, with half the HGMMAs (docs/perf-notes.md). With 64-row
-  // blocks there is one 64-row atom, so the warpgroups keep splitting the head dim. A/B switch
-  // FA4_BWD_DQ_ROWS (0: split the head dim at every d).
-  static constexpr bool kDqByRows = FA4_BWD_DQ_ROWS && kBlockM == 128;
+  // block fall from 96 to 64 KB at hd64, with half the HGMMAs. Measured +1.5-2.3 % at hd64
+  // (docs/perf-notes.md, backward step 23). With 64-row blocks there is one 64-row atom, so the
+  // warpgroups keep splitting the head dim.
+  static constexpr bool kDqByRows = kBlockM == 128;
+  // Note [dQ from registers]: only where dQ is split by rows (hd64).
+  static constexpr bool kDqFromRegisters = kDqByRows;
   using MmaDQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float,
                            Shape<_64, Int<kDqByRows ? kHeadDim : kHeadDim / 2>, Int<kBlockN>>,
@@ -438,18 +436,15 @@ __device__ __forceinline__ void red_add_f32x4(float* at, float a, float b, float
                : "memory");
 }
 
-// Note [dQ from registers] (an A/B switch, FA4_BWD_DQ_RED, default 1 on branch bwd-dq-red): at
-// d <= 128 and outside deterministic mode the consumers add their dQ fragment to the workspace
-// with red_add_f32x4 (as the split variant), at the same fragment-order offsets, instead of
-// storing it to ss.dq for the reducer's bulk reduce-add. That takes dQ's 64 KB round trip per
-// block out of shared memory, which by the traffic model of docs/perf-notes.md is what puts the
-// loop's shared-memory floor (~2940 cycles per block) above the tensor time (2560). Measured
-// slower in backward step 6, on the loop of 2026-11-29. Deterministic mode keeps the reducer
-// (its turn order).
-#ifndef FA4_BWD_DQ_RED
-#define FA4_BWD_DQ_RED 1
-#endif
-
+// Note [dQ from registers]: with 128-row Q blocks (hd64, BwdTraits::kDqFromRegisters) and
+// outside deterministic mode the consumers add their dQ fragment to the workspace with
+// red_add_f32x4 (as the split variant), at the same fragment-order offsets, instead of storing it
+// to ss.dq for the reducer's bulk reduce-add; the reducer then skips the tile. Measured at hd64
+// with dQ split by rows: +2.4 % at 1k, +5-7 % causal 512 / 1k, level at 16k (the reducer's tail
+// after a tile's last block goes away). At hd128 the same path measured -4 % at 2k and 16k (and
+// -5 % in backward step 6, on an older loop), so 64-row blocks keep the reducer; probe 3 showed
+// that its shared-memory reads do not stretch the loop there (docs/perf-notes.md, step 23).
+// Deterministic mode keeps the reducer (its turn order).
 // The reducer warp: one bulk reduce-add per Q block, in the consumers' order.
 template <class T>
 __device__ __forceinline__ void bwd_dq_reducer_tile(const BwdKernelParams<T>& kp,
@@ -464,7 +459,7 @@ __device__ __forceinline__ void bwd_dq_reducer_tile(const BwdKernelParams<T>& kp
   int m_begin, m_end;
   q_blocks_seeing<T>(mask, n, m_begin, m_end);
   const int blocks = kp.group * (m_end - m_begin);
-  const bool skip = FA4_BWD_DQ_RED && !kp.p.fwd.deterministic;  // Note [dQ from registers]
+  const bool skip = T::kDqFromRegisters && !kp.p.fwd.deterministic;  // Note [dQ from registers]
   for (int i = 0; i < (skip ? 0 : blocks); ++i) {
     const int head = head_kv * kp.group + i / (m_end - m_begin);
     const int64_t row = row0_ws + int64_t(m_begin + i % (m_end - m_begin)) * T::kBlockM;

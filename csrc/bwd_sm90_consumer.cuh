@@ -67,7 +67,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   auto do_state = q_state;
   const bool leader = tid % 128 == 0;  // the marks of Note [bwd trace]
   const int wg = tid / 128;
-  const bool reds = FA4_BWD_DQ_RED && !kp.p.fwd.deterministic;  // Note [dQ from registers]
+  const bool reds = T::kDqFromRegisters && !kp.p.fwd.deterministic;  // Note [dQ from registers]
   // Note [persistent bwd]: the tiles the producer publishes, each a use of the K/V buffer.
   for (int t = 0;; ++t) {
     const int item = take_item(ss.tile_full, ss.tile_empty, ss.tile_item, t);
