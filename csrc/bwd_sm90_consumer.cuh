@@ -93,13 +93,27 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     int g = 0;
     ss.kv_full.wait(uint32_t(t & 1));
     ss.trace.cta_mark(tid == 0, 2);
-    // Note [bwd issue order]: Sᵀ and dPᵀ go to the tensor cores together; P is computed in place
-    // (in acc_s) once Sᵀ is done while dPᵀ still runs. After dPᵀ, one pass turns P and dPᵀ into the
-    // 16-bit Pᵀ and dSᵀ operands (the fp32 registers die as the 16-bit ones are made, which keeps
-    // the peak at dK + dV + Sᵀ + dPᵀ). dV goes out, then, once both warpgroups' dS is in smem, dQ
-    // and dK; dQ is stored for the reducer while dK runs. The other warpgroup's GEMMs fill the
-    // tensor cores while this one computes (p_and_ds has the elementwise part and its softcap
-    // exception).
+    if (blocks > 0) {  // Note [early dPᵀ]: the tile's first dPᵀ
+      pipe_do.consumer_wait(do_state);
+      issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, do_state.index()), acc_dp, true);
+    }
+    // Note [bwd issue order]: a block's dPᵀ is already on the tensor cores (Note [early dPᵀ]) when
+    // its Sᵀ goes out; once both are done, one pass turns P (computed in place in acc_s) and dPᵀ
+    // into the 16-bit Pᵀ and dSᵀ operands (the fp32 registers die as the 16-bit ones are made,
+    // which keeps the peak at dK + dV + Sᵀ + dPᵀ). dV goes out, then, once both warpgroups' dS is
+    // in smem, dQ and dK; dQ is stored for the reducer while dK runs, and the next block's dPᵀ
+    // is issued behind dK. The other warpgroup's GEMMs fill the tensor cores while this one
+    // computes (p_and_ds has the elementwise part and its softcap exception).
+    //
+    // Note [early dPᵀ]: dPᵀ = V·dOᵀ of block i + 1 is issued right after block i's dQ store,
+    // before the wait for dK(i), instead of next to Sᵀ(i + 1) after the loop's back edge. The
+    // trace (docs/perf-notes.md, backward step 24) has the tensor cores idle ~350 cycles per
+    // block between dK's end and the next Sᵀ's issue (the Q/dO waits and the per-block address
+    // work of Note [fresh tid]); dPᵀ now fills that gap. Its accumulator is free there (dS was
+    // made from it before dV), so the register peak is unchanged. The issue is unconditional,
+    // because ptxas serialized every wgmma of the loop (C7512) when it was issued only where a
+    // next block exists: a tile's last block repeats its own dPᵀ (its dO stage is held until the
+    // loop ends) and the result is dropped, 1/blocks of the tile's dPᵀ work.
     // m: the Q block, cycling through [m_begin, m_end) once per query head of the group (counted,
     // not i % (m_end - m_begin): an integer division per block).
     for (int i = 0, m = m_begin; i < blocks; ++i, m = m + 1 == m_end ? (++g, m_begin) : m + 1) {
@@ -111,14 +125,13 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
       Tensor tDSsDSt =
           copy_ds.get_thread_slice(ltid).partition_D(as_position_independent_swizzle_tensor(sDSt));
       pipe_q.consumer_wait(q_state);
-      pipe_do.consumer_wait(do_state);
       ss.trace.mark(leader, wg, i, 1);
       ss.trace.cta_mark(tid == 0 && i == 0, 3);
       const int sq = q_state.index(), sdo = do_state.index(), sds = i % T::kDsStages;
       issue_gemm(mma_s, tSrK, tSrQ(_, _, _, sq), acc_s, true);
-      issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, sdo), acc_dp, true);
-      warpgroup_wait<1>();
+      warpgroup_wait<0>();  // Sᵀ, and dPᵀ issued a block early
       warpgroup_fence_operand(acc_s);
+      warpgroup_fence_operand(acc_dp);
       ss.trace.mark(leader, wg, i, 2);
       p_and_ds(kp.score, mask, block_range<kM, kN>(mask, m).needs_mask(n), n * kN, m * kM, c_s,
                ss.lse2[sq], ss.dpsum[sdo], acc_s, acc_dp, reg_p, reg_ds);
@@ -139,8 +152,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
       warpgroup_fence_operand(acc_dv);
       warpgroup_fence_operand(acc_dq);
       ss.trace.mark(leader, wg, i, 6);
-      pipe_do.consumer_release(do_state);
-      ++do_state;
+      const bool next = i + 1 < blocks;
+      if (next) {  // the last block's stage is held for its repeated dPᵀ (Note [early dPᵀ])
+        pipe_do.consumer_release(do_state);
+        ++do_state;
+      }
       // Each warpgroup hands its own part of the block to the reducer (Note [dQ reduce]): the two
       // warpgroups do not wait for each other here.
       if (reds) {
@@ -163,11 +179,18 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
         cutlass::arch::NamedBarrier::arrive(kHalfBarrierThreads, dq_full);
       }
       ss.trace.mark(leader, wg, i, 8);
-      warpgroup_wait<0>();  // dK done
+      if (next) pipe_do.consumer_wait(do_state);
+      issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, do_state.index()), acc_dp, true);
+      warpgroup_wait<1>();  // dK done
       warpgroup_fence_operand(acc_dk);
       ss.trace.mark(leader, wg, i, 9);
       pipe_q.consumer_release(q_state);
       ++q_state;
+    }
+    warpgroup_wait<0>();  // the last block's repeated dPᵀ (Note [early dPᵀ])
+    if (blocks > 0) {
+      pipe_do.consumer_release(do_state);
+      ++do_state;
     }
     // This thread's GEMMs of the tile are done: K and V may be reloaded.
     ss.kv_empty.arrive();
