@@ -7,13 +7,21 @@
 //   Sᵀ_w = K·Q_wᵀ, dPᵀ_w = V·dO_wᵀ        SS, N = 32
 //   P_w, dS_w elementwise                  as the d <= 128 consumer (compile-time variants)
 //   Pᵀ_w, dSᵀ_w -> smem (stmatrix.trans); kDsWritten (both warpgroups)
-//   dV_w += Pᵀ·dO_w, dK_w += dSᵀ·Q_w, dQ_w = dS·K_w    SS, N = d/2 (each warpgroup its half)
-//   dQ_w -> workspace with 16-byte reduce-adds, in fragment order (Note [dQ reduce]); deterministic
-//   mode orders them with the turn counters (Note [deterministic dQ]), waited here by the
-//   consumers since there is no reducer warp.
+//   dQ_w = dS·K_w, dV_w += Pᵀ·dO_w, dK_w += dSᵀ·Q_w    SS, N = d/2 (each warpgroup its half)
+//   dQ_w -> workspace with 16-byte reduce-adds, in fragment order (Note [dQ reduce]), as soon
+//   as dQ_w is done, while dV_w and dK_w still run (Note [split dQ first]); deterministic mode
+//   orders them with the turn counters (Note [deterministic dQ]), waited here by the consumers
+//   since there is no reducer warp.
+//
 // Per tile (Note [persistent bwd]): the item from the tile ring, K/V (kv_full), the blocks,
 // kv_empty once the last GEMM is done, then dK_w, dV_w from registers (Note [split epilogue])
 // while the producer loads the next tile's K/V and first Q/dO.
+//
+// Note [split dQ first]: with dQ issued last, the tensor cores idle while each thread issues its
+// 16 reduce-adds (hd256) after the block's last wait, and then the next block's Sᵀ/dPᵀ (inferred
+// from the code; the split variant has no trace build). Issued first and waited for alone, dQ's
+// reduce-adds overlap dV and dK on the tensor cores; the Q/dO stages are released after dK as
+// before. Registers are unchanged: all three accumulators are live across the GEMMs either way.
 #pragma once
 
 #include "bwd_sm90_common.cuh"
@@ -130,17 +138,11 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
       copy(copy_pds, reg_ds_c, tDSsDSt(_, _, _, sds));
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kDsWritten);
+      issue_gemm(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);
       issue_gemm(mma_dv, tVrPt(_, _, _, sds), tVrDOt(_, _, _, sdo), acc_dv, false);
       issue_gemm(mma_dk, tKrDSt(_, _, _, sds), tKrQt(_, _, _, sq), acc_dk, false);
-      issue_gemm(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_dv);
-      warpgroup_fence_operand(acc_dk);
+      warpgroup_wait<2>();  // dQ done; its reduce-adds go out while dV and dK run
       warpgroup_fence_operand(acc_dq);
-      pipe_q.consumer_release(q_state);
-      pipe_do.consumer_release(do_state);
-      ++q_state;
-      ++do_state;
       const int64_t row = row0_ws + int64_t(m) * kM;
       int* sem = f.deterministic ? kp.ws.sem(head, row) : nullptr;
       if (sem != nullptr) {
@@ -153,6 +155,13 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
                       acc_dq(4 * j + 2), acc_dq(4 * j + 3));
       }
       if (sem != nullptr) dq_turn_pass_all(sem, tid, T::kConsumerThreads);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_dv);
+      warpgroup_fence_operand(acc_dk);
+      pipe_q.consumer_release(q_state);
+      pipe_do.consumer_release(do_state);
+      ++q_state;
+      ++do_state;
     }
     // Every GEMM of the tile has completed (the loop's last wait): K and V may be reloaded
     // while dK and dV leave from registers (Note [split epilogue]).

@@ -388,3 +388,16 @@ def test_bwd_early_dp_keeps_the_loop_async(variant, request):
     assert not re.search(r"C751[27]", ptxas), [ln for ln in ptxas.splitlines() if "C751" in ln][:2]
     _, body = _bf16_body(sass, "bwd_kernel")
     assert len(re.findall(r"WARPGROUP\.DEPBAR", body)) <= 10
+
+
+def test_bwd_split_dq_reduce_adds_overlap_dv_dk(compiled_bwd_split):
+    """Note [split dQ first]: dQ is issued first and waited for alone (a wgmma wait that leaves
+    two batches, dV and dK, in flight); its 16 reduce-adds (hd256) follow that wait and precede
+    the block's last wait."""
+    _, body = _bf16_body(compiled_bwd_split[1], "bwd_kernel")
+    ops = re.findall(r"(WARPGROUP\.DEPBAR\.LE gsb0, 0x\d|REDG\.E\.ADD\.F32x4)", body)
+    first = ops.index("REDG.E.ADD.F32x4")
+    assert ops[first - 1] == "WARPGROUP.DEPBAR.LE gsb0, 0x2", ops
+    after = ops[first:]
+    assert after.count("REDG.E.ADD.F32x4") == 16, ops
+    assert after[16] == "WARPGROUP.DEPBAR.LE gsb0, 0x0", ops
