@@ -67,6 +67,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   auto do_state = q_state;
   const bool leader = tid % 128 == 0;  // the marks of Note [bwd trace]
   const int wg = tid / 128;
+  constexpr bool kEarlyDp = FA4_BWD_EARLY_DP;                        // Note [early dPᵀ]
   const bool reds = T::kDqFromRegisters && !kp.p.fwd.deterministic;  // Note [dQ from registers]
   // Note [persistent bwd]: the tiles the producer publishes, each a use of the K/V buffer.
   for (int t = 0;; ++t) {
@@ -93,7 +94,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     int g = 0;
     ss.kv_full.wait(uint32_t(t & 1));
     ss.trace.cta_mark(tid == 0, 2);
-    if (blocks > 0) {  // Note [early dPᵀ]: the tile's first dPᵀ
+    if (kEarlyDp && blocks > 0) {  // Note [early dPᵀ]: the tile's first dPᵀ
       pipe_do.consumer_wait(do_state);
       issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, do_state.index()), acc_dp, true);
     }
@@ -113,7 +114,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     // made from it before dV), so the register peak is unchanged. The issue is unconditional,
     // because ptxas serialized every wgmma of the loop (C7512) when it was issued only where a
     // next block exists: a tile's last block repeats its own dPᵀ (its dO stage is held until the
-    // loop ends) and the result is dropped, 1/blocks of the tile's dPᵀ work.
+    // loop ends) and the result is dropped, 1/blocks of the tile's dPᵀ work. The split variant
+    // (d > 128) does the same after its dQ reduce-adds (Note [split dQ first]). A/B switch
+    // FA4_BWD_EARLY_DP (bwd_sm90_common.cuh).
     // m: the Q block, cycling through [m_begin, m_end) once per query head of the group (counted,
     // not i % (m_end - m_begin): an integer division per block).
     for (int i = 0, m = m_begin; i < blocks; ++i, m = m + 1 == m_end ? (++g, m_begin) : m + 1) {
@@ -125,13 +128,19 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
       Tensor tDSsDSt =
           copy_ds.get_thread_slice(ltid).partition_D(as_position_independent_swizzle_tensor(sDSt));
       pipe_q.consumer_wait(q_state);
+      if constexpr (!kEarlyDp) pipe_do.consumer_wait(do_state);
       ss.trace.mark(leader, wg, i, 1);
       ss.trace.cta_mark(tid == 0 && i == 0, 3);
       const int sq = q_state.index(), sdo = do_state.index(), sds = i % T::kDsStages;
       issue_gemm(mma_s, tSrK, tSrQ(_, _, _, sq), acc_s, true);
-      warpgroup_wait<0>();  // Sᵀ, and dPᵀ issued a block early
+      if constexpr (kEarlyDp) {
+        warpgroup_wait<0>();  // Sᵀ, and dPᵀ issued a block early
+        warpgroup_fence_operand(acc_dp);
+      } else {
+        issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, sdo), acc_dp, true);
+        warpgroup_wait<1>();
+      }
       warpgroup_fence_operand(acc_s);
-      warpgroup_fence_operand(acc_dp);
       ss.trace.mark(leader, wg, i, 2);
       p_and_ds(kp.score, mask, block_range<kM, kN>(mask, m).needs_mask(n), n * kN, m * kM, c_s,
                ss.lse2[sq], ss.dpsum[sdo], acc_s, acc_dp, reg_p, reg_ds);
@@ -152,7 +161,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
       warpgroup_fence_operand(acc_dv);
       warpgroup_fence_operand(acc_dq);
       ss.trace.mark(leader, wg, i, 6);
-      const bool next = i + 1 < blocks;
+      const bool next = !kEarlyDp || i + 1 < blocks;
       if (next) {  // the last block's stage is held for its repeated dPᵀ (Note [early dPᵀ])
         pipe_do.consumer_release(do_state);
         ++do_state;
@@ -179,18 +188,24 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
         cutlass::arch::NamedBarrier::arrive(kHalfBarrierThreads, dq_full);
       }
       ss.trace.mark(leader, wg, i, 8);
-      if (next) pipe_do.consumer_wait(do_state);
-      issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, do_state.index()), acc_dp, true);
-      warpgroup_wait<1>();  // dK done
+      if constexpr (kEarlyDp) {
+        if (next) pipe_do.consumer_wait(do_state);
+        issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, do_state.index()), acc_dp, true);
+        warpgroup_wait<1>();  // dK done
+      } else {
+        warpgroup_wait<0>();  // dK done
+      }
       warpgroup_fence_operand(acc_dk);
       ss.trace.mark(leader, wg, i, 9);
       pipe_q.consumer_release(q_state);
       ++q_state;
     }
-    warpgroup_wait<0>();  // the last block's repeated dPᵀ (Note [early dPᵀ])
-    if (blocks > 0) {
-      pipe_do.consumer_release(do_state);
-      ++do_state;
+    if constexpr (kEarlyDp) {
+      warpgroup_wait<0>();  // the last block's repeated dPᵀ (Note [early dPᵀ])
+      if (blocks > 0) {
+        pipe_do.consumer_release(do_state);
+        ++do_state;
+      }
     }
     // This thread's GEMMs of the tile are done: K and V may be reloaded.
     ss.kv_empty.arrive();

@@ -378,7 +378,7 @@ def test_bwd_dq_from_registers_at_hd64_only(compiled_bwd, compiled_bwd_hd64):
     assert not re.search(r"REDG\.E\.ADD\.F32", body128), "hd128: dQ through the reducer only"
 
 
-@pytest.mark.parametrize("variant", ["compiled_bwd", "compiled_bwd_hd64"])
+@pytest.mark.parametrize("variant", ["compiled_bwd", "compiled_bwd_hd64", "compiled_bwd_split"])
 def test_bwd_early_dp_keeps_the_loop_async(variant, request):
     """Note [early dPᵀ]: the next block's dPᵀ is in flight across the loop's back edge. Issued
     only where a next block exists, ptxas serialized every wgmma (C7512); with an injected wait
@@ -393,11 +393,12 @@ def test_bwd_early_dp_keeps_the_loop_async(variant, request):
 def test_bwd_split_dq_reduce_adds_overlap_dv_dk(compiled_bwd_split):
     """Note [split dQ first]: dQ is issued first and waited for alone (a wgmma wait that leaves
     two batches, dV and dK, in flight); its 16 reduce-adds (hd256) follow that wait and precede
-    the block's last wait."""
+    the wait for dV and dK, which leaves one batch in flight: the next block's dPᵀ (Note [early
+    dPᵀ])."""
     _, body = _bf16_body(compiled_bwd_split[1], "bwd_kernel")
     ops = re.findall(r"(WARPGROUP\.DEPBAR\.LE gsb0, 0x\d|REDG\.E\.ADD\.F32x4)", body)
     first = ops.index("REDG.E.ADD.F32x4")
     assert ops[first - 1] == "WARPGROUP.DEPBAR.LE gsb0, 0x2", ops
     after = ops[first:]
     assert after.count("REDG.E.ADD.F32x4") == 16, ops
-    assert after[16] == "WARPGROUP.DEPBAR.LE gsb0, 0x0", ops
+    assert after[16] == "WARPGROUP.DEPBAR.LE gsb0, 0x1", ops
