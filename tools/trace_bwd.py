@@ -33,15 +33,15 @@ CTA_PHASES = [  # (name, from mark, to mark) of Note [bwd trace]'s CTA-level mar
 ]
 MARKS = [
     "loop top",
-    "Q, dO ready",
-    "S done",
-    "P, dS done (dP waited)",
+    "Q ready",  # dO is waited for a block early (Note [early dPᵀ])
+    "S, dP done",
+    "P, dS done",
     "dV issued, dS stored",
     "dS barrier passed",
     "dV, dQ done",
     "dQ buffer free",
     "dQ stored",
-    "dK done",
+    "next dP issued, dK done",
 ]
 
 
