@@ -445,6 +445,7 @@ __device__ __forceinline__ void red_add_f32x4(float* at, float a, float b, float
 // -5 % in backward step 6, on an older loop), so 64-row blocks keep the reducer; probe 3 showed
 // that its shared-memory reads do not stretch the loop there (docs/perf-notes.md, step 23).
 // Deterministic mode keeps the reducer (its turn order).
+
 // The reducer warp: one bulk reduce-add per Q block, in the consumers' order.
 template <class T>
 __device__ __forceinline__ void bwd_dq_reducer_tile(const BwdKernelParams<T>& kp,
