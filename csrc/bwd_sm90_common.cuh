@@ -445,6 +445,7 @@ __device__ __forceinline__ void red_add_f32x4(float* at, float a, float b, float
 // -5 % in backward step 6, on an older loop), so 64-row blocks keep the reducer; probe 3 showed
 // that its shared-memory reads do not stretch the loop there (docs/perf-notes.md, step 23).
 // Deterministic mode keeps the reducer (its turn order).
+
 // Note [early dPᵀ] (bwd_sm90_consumer.cuh), in both consumers. An A/B switch on branch next-ab4
 // (0: dPᵀ issued beside Sᵀ, as on main); removed when it lands or is dropped.
 #ifndef FA4_BWD_EARLY_DP

@@ -1,6 +1,11 @@
-// SM90 forward for head dims (64, 64), bf16 and fp16 (see fwd_sm90_kernel.cuh).
+// SM90 forward for head dims (64, 64): the dispatch and the bf16 kernels (see fwd_sm90_kernel.cuh;
+// the fp16 kernels are in fwd_sm90_hd64_fp16.cu).
 #include "fwd_sm90_kernel.cuh"
 
 namespace fa4::sm90 {
+extern template Status launch_element<64, 64, cutlass::half_t>(const FwdParams&, const DeviceInfo&,
+                                                               cudaStream_t);
+template Status launch_element<64, 64, cutlass::bfloat16_t>(const FwdParams&, const DeviceInfo&,
+                                                            cudaStream_t);
 template Status launch_dtype<64, 64>(const FwdParams&, const DeviceInfo&, cudaStream_t);
 }  // namespace fa4::sm90

@@ -767,18 +767,22 @@ bool two_consumer_variant(const FwdParams& p) {
   }
 }
 
+// One element type's kernels. fwd_sm90_hd*.cu instantiates the bf16 ones and fwd_sm90_hd*_fp16.cu
+// the fp16 ones: one translation unit per (head dim, dtype) halves the build's longest compile
+// (hd64's two variants took 89 s for both dtypes in one file).
+template <int D, int DV, class Element>
+Status launch_element(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+  if constexpr (FwdTraits<D, DV, Element>::kConsumerWGs == 3) {
+    if (two_consumer_variant<D, DV>(p)) return launch<FwdTraits<D, DV, Element, 2>>(p, dev, stream);
+  }
+  return launch<FwdTraits<D, DV, Element>>(p, dev, stream);
+}
+
 template <int D, int DV>
 Status launch_dtype(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
-  if constexpr (FwdTraits<D, DV, cutlass::half_t>::kConsumerWGs == 3) {
-    if (two_consumer_variant<D, DV>(p)) {
-      if (p.dtype == DType::kBFloat16)
-        return launch<FwdTraits<D, DV, cutlass::bfloat16_t, 2>>(p, dev, stream);
-      return launch<FwdTraits<D, DV, cutlass::half_t, 2>>(p, dev, stream);
-    }
-  }
   if (p.dtype == DType::kBFloat16)
-    return launch<FwdTraits<D, DV, cutlass::bfloat16_t>>(p, dev, stream);
-  return launch<FwdTraits<D, DV, cutlass::half_t>>(p, dev, stream);
+    return launch_element<D, DV, cutlass::bfloat16_t>(p, dev, stream);
+  return launch_element<D, DV, cutlass::half_t>(p, dev, stream);
 }
 
 }  // namespace fa4::sm90
