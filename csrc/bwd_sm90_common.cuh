@@ -436,6 +436,17 @@ __device__ __forceinline__ void red_add_f32x4(float* at, float a, float b, float
                : "memory");
 }
 
+// A thread's dQ fragment added to the workspace in fragment order (Note [dQ reduce]): float4 j
+// of thread tid at dq + 4 (j * kThreads + tid); `dq` already holds the 4 * tid.
+template <int kThreads, class Frag>
+__device__ __forceinline__ void red_add_fragment(float* dq, const Frag& acc) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int j = 0; j < size(acc) / 4; ++j) {
+    red_add_f32x4(dq + 4 * j * kThreads, acc(4 * j), acc(4 * j + 1), acc(4 * j + 2),
+                  acc(4 * j + 3));
+  }
+}
+
 // Note [dQ from registers]: with 128-row Q blocks (hd64, BwdTraits::kDqFromRegisters) and
 // outside deterministic mode the consumers add their dQ fragment to the workspace with
 // red_add_f32x4 (as the split variant), at the same fragment-order offsets, instead of storing it

@@ -171,11 +171,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
       if (reds) {
         ss.trace.mark(leader, wg, i, 7);
         float* dq = dq_tile + (int64_t(g) * kp.ws.rows + int64_t(m) * kM) * T::kHeadDim;
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < size(acc_dq) / 4; ++j) {
-          red_add_f32x4(dq + 4 * j * T::kConsumerThreads, acc_dq(4 * j), acc_dq(4 * j + 1),
-                        acc_dq(4 * j + 2), acc_dq(4 * j + 3));
-        }
+        red_add_fragment<T::kConsumerThreads>(dq, acc_dq);
       } else {
         if (i > 0) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
         ss.trace.mark(leader, wg, i, 7);

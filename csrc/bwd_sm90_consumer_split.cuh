@@ -159,11 +159,7 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
         dq_turn_wait_all(sem, dq_turn(block_range<kM, kN>(mask, m), n), tid, T::kConsumerThreads);
       }
       float* dq = kp.ws.dq(head) + row * T::kHeadDim + 4 * tid;
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < size(acc_dq) / 4; ++j) {
-        red_add_f32x4(dq + 4 * j * T::kConsumerThreads, acc_dq(4 * j), acc_dq(4 * j + 1),
-                      acc_dq(4 * j + 2), acc_dq(4 * j + 3));
-      }
+      red_add_fragment<T::kConsumerThreads>(dq, acc_dq);
       if (sem != nullptr) dq_turn_pass_all(sem, tid, T::kConsumerThreads);
       // Note [early dPᵀ]: the next block's dPᵀ behind dK; the last block repeats its own and
       // holds its dO stage until the loop ends.

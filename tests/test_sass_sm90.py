@@ -93,7 +93,7 @@ def compiled_bwd_hd64(tmp_path_factory):
 
 def test_one_kernel_per_dtype_and_no_spills(compiled, compiled_fp16):
     """fwd_sm90_hd128.cu holds the bf16 kernel and fwd_sm90_hd128_fp16.cu the fp16 one (one
-    translation unit per dtype halves the build's longest compile); neither spills."""
+    translation unit per dtype shortens the build's longest compile); neither spills."""
     for (ptxas, _), dtype in ((compiled, "bfloat16"), (compiled_fp16, "half")):
         kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", ptxas)
         assert len(kernels) == 1 and dtype in kernels[0], kernels
