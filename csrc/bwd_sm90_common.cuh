@@ -66,6 +66,11 @@ struct BwdTraits {
   static constexpr bool kDqByRows = kBlockM == 128;
   // Note [dQ from registers]: only where dQ is split by rows (hd64).
   static constexpr bool kDqFromRegisters = kDqByRows;
+  // Note [early dPᵀ]: with 64-row blocks only (d 96, 128; the split variant, d > 128, has its
+  // own consumer without it). Measured at hd128 +1-5 % at 1k-16k; at hd64 (128-row blocks) -2 to
+  // -3.5 % at 512 / 1k, level at 2k / 16k; in the split variant at hd256 -2-3 %
+  // (docs/perf-notes.md, backward step 24).
+  static constexpr bool kEarlyDp = !kDqByRows;
   using MmaDQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float,
                            Shape<_64, Int<kDqByRows ? kHeadDim : kHeadDim / 2>, Int<kBlockN>>,
@@ -456,12 +461,6 @@ __device__ __forceinline__ void red_add_fragment(float* dq, const Frag& acc) {
 // -5 % in backward step 6, on an older loop), so 64-row blocks keep the reducer; probe 3 showed
 // that its shared-memory reads do not stretch the loop there (docs/perf-notes.md, step 23).
 // Deterministic mode keeps the reducer (its turn order).
-
-// Note [early dPᵀ] (bwd_sm90_consumer.cuh), in both consumers. An A/B switch on branch next-ab4
-// (0: dPᵀ issued beside Sᵀ, as on main); removed when it lands or is dropped.
-#ifndef FA4_BWD_EARLY_DP
-#define FA4_BWD_EARLY_DP 1
-#endif
 
 // The reducer warp: one bulk reduce-add per Q block, in the consumers' order.
 template <class T>

@@ -67,7 +67,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   auto do_state = q_state;
   const bool leader = tid % 128 == 0;  // the marks of Note [bwd trace]
   const int wg = tid / 128;
-  constexpr bool kEarlyDp = FA4_BWD_EARLY_DP;                        // Note [early dPᵀ]
+  constexpr bool kEarlyDp = T::kEarlyDp;                             // Note [early dPᵀ]
   const bool reds = T::kDqFromRegisters && !kp.p.fwd.deterministic;  // Note [dQ from registers]
   // Note [persistent bwd]: the tiles the producer publishes, each a use of the K/V buffer.
   for (int t = 0;; ++t) {
@@ -98,25 +98,28 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
       pipe_do.consumer_wait(do_state);
       issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, do_state.index()), acc_dp, true);
     }
-    // Note [bwd issue order]: a block's dPᵀ is already on the tensor cores (Note [early dPᵀ]) when
-    // its Sᵀ goes out; once both are done, one pass turns P (computed in place in acc_s) and dPᵀ
-    // into the 16-bit Pᵀ and dSᵀ operands (the fp32 registers die as the 16-bit ones are made,
-    // which keeps the peak at dK + dV + Sᵀ + dPᵀ). dV goes out, then, once both warpgroups' dS is
-    // in smem, dQ and dK; dQ is stored for the reducer while dK runs, and the next block's dPᵀ
-    // is issued behind dK. The other warpgroup's GEMMs fill the tensor cores while this one
-    // computes (p_and_ds has the elementwise part and its softcap exception).
+    // Note [bwd issue order]: a block's dPᵀ goes out beside its Sᵀ, or is already on the tensor
+    // cores then (Note [early dPᵀ], d 96 and 128); once both are done, one pass turns P (computed
+    // in place in acc_s) and dPᵀ into the 16-bit Pᵀ and dSᵀ operands (the fp32 registers die as the
+    // 16-bit ones are made, which keeps the peak at dK + dV + Sᵀ + dPᵀ). dV goes out, then, once
+    // both warpgroups' dS is in smem, dQ and dK; dQ is stored for the reducer while dK runs, and
+    // the next block's dPᵀ is issued behind dK where kEarlyDp. The other warpgroup's GEMMs fill the
+    // tensor cores while this one computes (p_and_ds has the elementwise part and its softcap
+    // exception).
     //
     // Note [early dPᵀ]: dPᵀ = V·dOᵀ of block i + 1 is issued right after block i's dQ store,
     // before the wait for dK(i), instead of next to Sᵀ(i + 1) after the loop's back edge. The
-    // trace (docs/perf-notes.md, backward step 24) has the tensor cores idle ~350 cycles per
+    // trace (docs/perf-notes.md, backward step 23) has the tensor cores idle ~350 cycles per
     // block between dK's end and the next Sᵀ's issue (the Q/dO waits and the per-block address
     // work of Note [fresh tid]); dPᵀ now fills that gap. Its accumulator is free there (dS was
     // made from it before dV), so the register peak is unchanged. The issue is unconditional,
     // because ptxas serialized every wgmma of the loop (C7512) when it was issued only where a
     // next block exists: a tile's last block repeats its own dPᵀ (its dO stage is held until the
-    // loop ends) and the result is dropped, 1/blocks of the tile's dPᵀ work. The split variant
-    // (d > 128) does the same after its dQ reduce-adds (Note [split dQ first]). A/B switch
-    // FA4_BWD_EARLY_DP (bwd_sm90_common.cuh).
+    // loop ends) and the result is dropped, 1/blocks of the tile's dPᵀ work. Measured (backward
+    // step 24): hd128 +1-5 % at 1k-16k (level at 512); with 128-row blocks (hd64) -2 to -3.5 %
+    // at 512 / 1k, so BwdTraits::kEarlyDp holds for 64-row blocks only (hd96 follows hd128, not
+    // measured). In the split variant after its dQ reduce-adds it cost 2-3 % at hd256, and
+    // was dropped there.
     // m: the Q block, cycling through [m_begin, m_end) once per query head of the group (counted,
     // not i % (m_end - m_begin): an integer division per block).
     for (int i = 0, m = m_begin; i < blocks; ++i, m = m + 1 == m_end ? (++g, m_begin) : m + 1) {

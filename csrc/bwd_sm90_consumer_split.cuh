@@ -22,6 +22,8 @@
 // from the code; the split variant has no trace build). Issued first and waited for alone, dQ's
 // reduce-adds overlap dV and dK on the tensor cores; the Q/dO stages are released after dK as
 // before. Registers are unchanged: all three accumulators are live across the GEMMs either way.
+// Measured +8-12 % at hd256 over dQ issued last (512 to 16k, causal and not; docs/perf-notes.md,
+// backward step 24); the prediction was +1-3 %.
 #pragma once
 
 #include "bwd_sm90_common.cuh"
@@ -105,7 +107,6 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
   // the other warpgroup may still be reading (no barrier between tiles here, unlike the
   // staged epilogue of d <= 128).
   int k = 0;
-  constexpr bool kEarlyDp = FA4_BWD_EARLY_DP;  // Note [early dPᵀ]
   // Note [persistent bwd]: the tiles the producer publishes, each a use of the K/V buffer.
   for (int t = 0;; ++t) {
     const int item = take_item(ss.tile_full, ss.tile_empty, ss.tile_item, t);
@@ -120,10 +121,6 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
     q_blocks_seeing<T>(mask, n, m_begin, m_end);
     const int blocks = kp.group * (m_end - m_begin);
     ss.kv_full.wait(uint32_t(t & 1));
-    if (kEarlyDp && blocks > 0) {  // Note [early dPᵀ]: the tile's first dPᵀ
-      pipe_do.consumer_wait(do_state);
-      issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, do_state.index()), acc_dp, true);
-    }
     // Note [split issue order]: as the d <= 128 consumer up to dS (P computed while dPᵀ runs);
     // then both warpgroups' Pᵀ and dSᵀ must be in smem before any of the three GEMMs that read
     // them, which go out together under one wait.
@@ -131,16 +128,11 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
     int head = tile.head_kv * kp.group, m = m_begin;
     for (int i = 0; i < blocks; ++i, ++k, m = m + 1 == m_end ? (++head, m_begin) : m + 1) {
       pipe_q.consumer_wait(q_state);
-      if constexpr (!kEarlyDp) pipe_do.consumer_wait(do_state);
+      pipe_do.consumer_wait(do_state);
       const int sq = q_state.index(), sdo = do_state.index(), sds = k % T::kDsStages;
       issue_gemm(mma_s, tSrK, tSrQ(_, _, _, sq), acc_s, true);
-      if constexpr (kEarlyDp) {
-        warpgroup_wait<0>();  // Sᵀ, and dPᵀ issued a block early
-        warpgroup_fence_operand(acc_dp);
-      } else {
-        issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, sdo), acc_dp, true);
-        warpgroup_wait<1>();
-      }
+      issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, sdo), acc_dp, true);
+      warpgroup_wait<1>();
       warpgroup_fence_operand(acc_s);
       p_and_ds(kp.score, mask, block_range<kM, kN>(mask, m).needs_mask(n), n * kN, m * kM, c_s,
                ss.lse2[sq], ss.dpsum[sdo], acc_s, acc_dp, reg_p, reg_ds);
@@ -161,31 +153,13 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
       float* dq = kp.ws.dq(head) + row * T::kHeadDim + 4 * tid;
       red_add_fragment<T::kConsumerThreads>(dq, acc_dq);
       if (sem != nullptr) dq_turn_pass_all(sem, tid, T::kConsumerThreads);
-      // Note [early dPᵀ]: the next block's dPᵀ behind dK; the last block repeats its own and
-      // holds its dO stage until the loop ends.
-      const bool next = !kEarlyDp || i + 1 < blocks;
-      if constexpr (kEarlyDp) {
-        auto next_do = do_state;
-        ++next_do;
-        if (next) pipe_do.consumer_wait(next_do);
-        issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, next ? next_do.index() : sdo), acc_dp, true);
-        warpgroup_wait<1>();  // dV and dK done
-      } else {
-        warpgroup_wait<0>();
-      }
+      warpgroup_wait<0>();
       warpgroup_fence_operand(acc_dv);
       warpgroup_fence_operand(acc_dk);
       pipe_q.consumer_release(q_state);
-      if (next) pipe_do.consumer_release(do_state);
+      pipe_do.consumer_release(do_state);
       ++q_state;
-      if (next) ++do_state;
-    }
-    if constexpr (kEarlyDp) {
-      warpgroup_wait<0>();  // the last block's repeated dPᵀ
-      if (blocks > 0) {
-        pipe_do.consumer_release(do_state);
-        ++do_state;
-      }
+      ++do_state;
     }
     // Every GEMM of the tile has completed (the loop's last wait): K and V may be reloaded
     // while dK and dV leave from registers (Note [split epilogue]).

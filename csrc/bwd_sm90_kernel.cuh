@@ -17,7 +17,7 @@
 // The consumers put dQ (fp32) in shared memory and a reducer warp of the producer warpgroup adds
 // it to the workspace's accumulator with one bulk reduce-add (Note [dQ reduce]).
 // Overlap inside a warpgroup (Note [bwd issue order]): the next block's dPᵀ runs behind dK
-// (Note [early dPᵀ], d <= 128); the two warpgroups interleave naturally.
+// (Note [early dPᵀ], d 96 and 128); the two warpgroups interleave naturally.
 // lse₂ = lse·log2(e) (+inf for rows that saw no key, so P = 0) and D = rowsum(dO∘O) − dlse come
 // from the preprocess kernel (bwd_prepost.cuh) and travel with Q and dO through the pipelines.
 //

@@ -279,10 +279,11 @@ def test_bwd_descriptors_uniform_and_pairs_converted(compiled_bwd):
 
 
 def test_bwd_loop_reads_local_memory_once(compiled_bwd):
-    """At most one local load inside the Q-block loop (none since Note [band test]; the softcap
-    variant had spilled four temporaries with the persistent grid's tile state live across the
-    loop, and the per-thread offsets that the paired conversion had spilled were reloaded on every
-    path of every block, Note [fresh tid])."""
+    """At most three local loads inside hd128's Q-block loop (Note [early dPᵀ] below; one before
+    it, none after Note [band test]; the softcap variant had spilled four temporaries with the
+    persistent grid's tile state live across the loop, and the per-thread offsets that the
+    paired conversion had spilled were reloaded on every path of every block, Note [fresh
+    tid])."""
     ops = _main_loop_ops(compiled_bwd[1])
     # Note [early dPᵀ]: three, on the masked softcap path only (which values, not analysed; the
     # other three paths of p_and_ds have none).
@@ -364,14 +365,14 @@ def test_wgmma_rate_bench_compiles(tmp_path_factory):
 def test_bwd_hd64_dq_split_by_rows(compiled_bwd_hd64):
     """Note [dQ split by rows]: at hd64 (128-row Q blocks) each warpgroup's dQ is 64 rows x the
     whole head dim, 8 HGMMA.64x64x16 per block (k = 128 kv rows), where splitting the head dim
-    took 16 HGMMA.64x32x16 with 1.5x the shared-memory reads. Per bf16 kernel: Sᵀ 4 x
-    64x128x16, dPᵀ 4 at each of its two issue sites (a tile's first, and the next block's: Note
-    [early dPᵀ]); dV, dK and dQ 8 x 64x64x16 each."""
+    took 16 HGMMA.64x32x16 with 1.5x the shared-memory reads. Per bf16 kernel: Sᵀ and dPᵀ
+    4 x 64x128x16 each (dPᵀ beside Sᵀ: no early dPᵀ with 128-row blocks, BwdTraits::kEarlyDp);
+    dV, dK and dQ 8 x 64x64x16 each."""
     _, sass = compiled_bwd_hd64
     _, body = _bf16_body(sass, "bwd_kernel")
     shapes = re.findall(r"HGMMA\.(\d+x\d+x\d+)", body)
     assert "64x32x16" not in shapes, sorted(set(shapes))
-    assert shapes.count("64x128x16") == 12 and shapes.count("64x64x16") == 24, shapes
+    assert shapes.count("64x128x16") == 8 and shapes.count("64x64x16") == 24, shapes
 
 
 def test_bwd_dq_from_registers_at_hd64_only(compiled_bwd, compiled_bwd_hd64):
@@ -388,26 +389,37 @@ def test_bwd_dq_from_registers_at_hd64_only(compiled_bwd, compiled_bwd_hd64):
 
 
 @pytest.mark.parametrize("variant", ["compiled_bwd", "compiled_bwd_hd64", "compiled_bwd_split"])
-def test_bwd_early_dp_keeps_the_loop_async(variant, request):
-    """Note [early dPᵀ]: the next block's dPᵀ is in flight across the loop's back edge. Issued
-    only where a next block exists, ptxas serialized every wgmma (C7512); with an injected wait
-    (C7517) it would wait for it at the wrong place. Neither may appear, and the bf16 kernel keeps
-    a handful of wgmma waits (serialized, it had one after each of its ~40 HGMMAs)."""
+def test_bwd_loop_keeps_wgmma_async(variant, request):
+    """Note [early dPᵀ]: at hd128 the next block's dPᵀ is in flight across the loop's back edge.
+    Issued only where a next block exists, ptxas serialized every wgmma (C7512); with an injected
+    wait (C7517) it would wait for it at the wrong place. Neither may appear in any backward
+    variant, and the bf16 kernel keeps a handful of wgmma waits (serialized, it had one after
+    each of its ~40 HGMMAs)."""
     ptxas, sass = request.getfixturevalue(variant)
     assert not re.search(r"C751[27]", ptxas), [ln for ln in ptxas.splitlines() if "C751" in ln][:2]
     _, body = _bf16_body(sass, "bwd_kernel")
     assert len(re.findall(r"WARPGROUP\.DEPBAR", body)) <= 10
 
 
+def test_bwd_early_dp_at_hd128(compiled_bwd):
+    """Note [early dPᵀ] (64-row blocks, BwdTraits::kEarlyDp): per bf16 kernel Sᵀ = K·Qᵀ is
+    8 HGMMA.64x64x16 (a warpgroup's 64 kv rows x 64 Q rows, k = d = 128) and dPᵀ = V·dOᵀ the
+    same at each of its two issue sites (a tile's first, and the next block's behind dK); dQ
+    8 x 64x64x16 (half of d each); dV and dK 4 x 64x128x16 each. With dPᵀ beside Sᵀ the kernel
+    has 24 of the 64x64x16."""
+    _, body = _bf16_body(compiled_bwd[1], "bwd_kernel")
+    shapes = re.findall(r"HGMMA\.(\d+x\d+x\d+)", body)
+    assert shapes.count("64x64x16") == 32 and shapes.count("64x128x16") == 8, shapes
+
+
 def test_bwd_split_dq_reduce_adds_overlap_dv_dk(compiled_bwd_split):
     """Note [split dQ first]: dQ is issued first and waited for alone (a wgmma wait that leaves
     two batches, dV and dK, in flight); its 16 reduce-adds (hd256) follow that wait and precede
-    the wait for dV and dK, which leaves one batch in flight: the next block's dPᵀ (Note [early
-    dPᵀ])."""
+    the block's last wait (no early dPᵀ in the split variant: it measured -2-3 % at hd256)."""
     _, body = _bf16_body(compiled_bwd_split[1], "bwd_kernel")
     ops = re.findall(r"(WARPGROUP\.DEPBAR\.LE gsb0, 0x\d|REDG\.E\.ADD\.F32x4)", body)
     first = ops.index("REDG.E.ADD.F32x4")
     assert ops[first - 1] == "WARPGROUP.DEPBAR.LE gsb0, 0x2", ops
     after = ops[first:]
     assert after.count("REDG.E.ADD.F32x4") == 16, ops
-    assert after[16] == "WARPGROUP.DEPBAR.LE gsb0, 0x1", ops
+    assert after[16] == "WARPGROUP.DEPBAR.LE gsb0, 0x0", ops
