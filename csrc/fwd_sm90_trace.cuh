@@ -28,8 +28,10 @@ constexpr int kFwdTilePoints = 10;
 constexpr int kFwdProdPoints = 3;  // Q load begins (before its slot wait), Q issued, last V issued
 constexpr int kFwdTraceWGs = 3;    // consumer warpgroups (three at hd 64)
 constexpr uint32_t kFwdTraceMagic = 0xFA4C10C0u;
-// Word layout of the dump: magic, SM id, clock and %globaltimer (low, high) at the consumers'
-// start and end (the clock rate), then loop, tile and producer marks in struct order.
+// Word layout of the dump: magic, SM id (bits 0-23) with the number of consumer warpgroups (bits
+// 24-31: hd64 runs two or three, Note [short causal hd64]), clock and %globaltimer (low, high) at
+// the consumers' start and end (the clock rate), then loop, tile and producer marks in struct
+// order.
 constexpr int kFwdHeaderWords = 8;
 constexpr int kFwdLoopWords = kFwdTraceWGs * kFwdTraceIters * kFwdLoopPoints;
 constexpr int kFwdTileWords = kFwdTraceWGs * kFwdTraceTiles * kFwdTilePoints;
@@ -122,7 +124,7 @@ struct FwdTrace {
     uint32_t sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     header[0] = kFwdTraceMagic;
-    header[1] = sm;
+    header[1] = sm | uint32_t(consumer_threads / 128) << 24;
     const uint32_t* src = header;
     for (int j = 0; j < kFwdTraceWords; ++j)
       reinterpret_cast<uint32_t*>(o_tile + (j / words_per_row) * row_stride)[j % words_per_row] =

@@ -39,12 +39,16 @@ TILE_OFFSETS = [0, 200, 560, 690, 1420, 20000, 20400, 20600, 20900, 21250]
 TILE_PERIOD = 25000
 
 
-def _words(n_cta: int, base: int, garbage_loop_cta: int | None = None) -> torch.Tensor:
+def _words(
+    n_cta: int, base: int, garbage_loop_cta: int | None = None, wgs: int = 0
+) -> torch.Tensor:
+    """Dumps of n_cta CTAs; wgs > 0 writes it to the SM id word's top byte (as the kernel does)
+    and leaves the marks of the warpgroups past it unset (garbage)."""
     w = torch.zeros(n_cta, tf.WORDS, dtype=torch.int64)
     for c in range(n_cta):
         t0 = base + 1000 * c
         w[c, 0] = tf.MAGIC
-        w[c, 1] = c
+        w[c, 1] = c | wgs << 24
         # clock and globaltimer at start and end: 1.75 GHz over 1 ms
         g0 = 5_000_000 + c
         w[c, 2], w[c, 3], w[c, 4] = t0 % 2**32, g0 % 2**32, g0 >> 32
@@ -54,6 +58,8 @@ def _words(n_cta: int, base: int, garbage_loop_cta: int | None = None) -> torch.
             for i in range(tf.ITERS):
                 for p, off in enumerate(LOOP_OFFSETS):
                     loop[g, i, p] = (t0 + 700 * g + PERIOD * i + off) % 2**32
+        if wgs:
+            loop[wgs:] = (t0 + 2**30) % 2**32
         if c == garbage_loop_cta:
             loop[1, 3, 4] = (t0 + 2**30) % 2**32  # an unset mark: shared-memory garbage
         tile = w[c, tf.TILE0 : tf.PROD0].view(tf.WGS, tf.TILES, tf.TILE_POINTS)
@@ -61,6 +67,8 @@ def _words(n_cta: int, base: int, garbage_loop_cta: int | None = None) -> torch.
             for k in range(tf.TILES):
                 for p, off in enumerate(TILE_OFFSETS):
                     tile[g, k, p] = (t0 + 300 * g + TILE_PERIOD * k + off) % 2**32
+        if wgs:
+            tile[wgs:] = (t0 + 2**30) % 2**32
         prod = w[c, tf.PROD0 : tf.WORDS].view(tf.TILES, tf.PROD_POINTS)
         for k in range(tf.TILES):
             prod[k] = torch.tensor([TILE_PERIOD * k + x for x in (-3000, -2900, 15000)]) + t0
@@ -68,11 +76,13 @@ def _words(n_cta: int, base: int, garbage_loop_cta: int | None = None) -> torch.
     return w
 
 
-def _o_with(words: torch.Tensor, b: int, s: int, h: int, d: int) -> torch.Tensor:
+def _o_with(
+    words: torch.Tensor, b: int, s: int, h: int, d: int, block_m: int | None = None
+) -> torch.Tensor:
     """O (b, s, h, d) bf16 holding one CTA's dump at the first rows of each of the first tiles."""
     wpr = d // 2
     o32 = torch.zeros(b, s, h, wpr, dtype=torch.int32)
-    block_m = 192 if d <= 64 else 128
+    block_m = block_m or (192 if d <= 64 else 128)
     slots = [(bi, hi, m0) for bi in range(b) for hi in range(h) for m0 in range(0, s, block_m)]
     for c, (bi, hi, m0) in enumerate(slots[: words.shape[0]]):
         for j in range(tf.WORDS):
@@ -116,3 +126,27 @@ def test_no_dump_is_an_error():
     o = torch.zeros(1, 256, 2, 128, dtype=torch.bfloat16)
     with pytest.raises(SystemExit, match="no trace found"):
         tf.report(tf.cta_words(o, 128), 128, "empty")
+
+
+def test_two_warpgroup_hd64_dump(capsys):
+    """Note [short causal hd64]: short causal hd64 runs 128-row tiles on two consumer
+    warpgroups; the dump says so, the reader finds the dumps at 128-row tile starts and ignores
+    the third warpgroup's unset marks."""
+    d, s, b, h = 64, 1024, 1, 2
+    words = _words(5, 1000, wgs=2)
+    found = tf.cta_words(_o_with(words, b, s, h, d, block_m=128), d)
+    assert found.shape == (5, tf.WORDS)
+    tf.report(found, d, "synthetic")
+    out = capsys.readouterr().out
+    assert "2 consumer warpgroups" in out
+    assert "5 CTAs with every traced iteration, 5 with 6 tiles" in out
+    assert "wg2" not in out
+    assert _median_of(out, "wg1 take") == TILE_PERIOD - TILE_OFFSETS[9]
+    assert _median_of(out, "period (wg0 top to top)") == PERIOD
+
+
+def test_old_dumps_fall_back_to_the_head_dim(capsys):
+    """A dump without the warpgroup count (top byte 0) is read as three at hd64."""
+    words = _words(3, 1000)
+    tf.report(tf.cta_words(_o_with(words, 1, 768, 2, 64), 64), 64, "synthetic")
+    assert "3 consumer warpgroups" in capsys.readouterr().out

@@ -96,19 +96,30 @@ def main():
 
 
 def cta_words(o: torch.Tensor, d: int) -> torch.Tensor:
-    """The dumped words of each traced CTA, (CTAs, WORDS) int64, from O (b, s, h, d)."""
+    """The dumped words of each traced CTA, (CTAs, WORDS) int64, from O (b, s, h, d). Tiles are
+    128 or 192 rows (hd64 runs both, Note [short causal hd64]): every 64th row is looked at."""
     b, s, h, _ = o.shape
-    block_m = 192 if d <= 64 else 128
     wpr = d // 2  # 32-bit words per row of O
     o32 = o.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # (b, s, h, d / 2)
     found = []
-    for m0 in range(0, s, block_m):
+    for m0 in range(0, s, 64):
         rows = o32[:, m0 : m0 + (WORDS + wpr - 1) // wpr]  # (b, r, h, wpr)
         if rows.shape[1] * wpr < WORDS:
             continue
         w = rows.permute(0, 2, 1, 3).reshape(b * h, -1)[:, :WORDS]
         found.append(w[w[:, 0] == MAGIC])
     return torch.cat(found)
+
+
+def consumer_wgs(w: torch.Tensor, d: int) -> int:
+    """The consumer warpgroups of the traced kernel, from the SM id word's top byte (0 in dumps
+    of builds before it was written there: three at hd64, else two)."""
+    k = (w[:, 1] >> 24) & 0xFF
+    if not bool((k == k[0]).all()):
+        raise SystemExit(
+            f"the CTAs disagree on their consumer warpgroups: {sorted(set(k.tolist()))}"
+        )
+    return int(k[0]) or (3 if d <= 64 else 2)
 
 
 def report(w: torch.Tensor, d: int, title: str):
@@ -122,8 +133,11 @@ def report(w: torch.Tensor, d: int, title: str):
     loop = w[:, LOOP0:TILE0].reshape(n, WGS, ITERS, LOOP_POINTS)
     tile = w[:, TILE0:PROD0].reshape(n, WGS, TILES, TILE_POINTS)
     prod = w[:, PROD0:WORDS].reshape(n, TILES, PROD_POINTS)
-    wgs = 3 if d <= 64 else 2
-    print(f"{title}: {n} CTAs traced, SM clock {ghz:.2f} GHz; cycles, median [p10, p90]")
+    wgs = consumer_wgs(w, d)
+    print(
+        f"{title}: {n} CTAs traced, {wgs} consumer warpgroups, SM clock {ghz:.2f} GHz; cycles, "
+        "median [p10, p90]"
+    )
 
     # A CTA whose traced tile had fewer blocks, or that ran fewer tiles, left those marks unset
     # (shared-memory garbage): keep the CTAs whose marks all lie within 2^24 cycles of their
@@ -139,6 +153,8 @@ def report(w: torch.Tensor, d: int, title: str):
     )
     loop, tile, prod = loop[ok_loop], tile[ok_tile], prod[ok_tile]
     print(f"\niterations {FIRST}..{FIRST + ITERS - 1} of tile {TRACE_TILE}, after wg0's top:")
+    if not bool(ok_loop.any()):
+        print(f"  (no CTA's tile {TRACE_TILE} had {FIRST + ITERS} blocks: short tiles)")
     for g in range(wgs):
         for p, name in enumerate(LOOP_MARKS):
             print(f"  wg{g} {name:14s} {q(rel(loop[:, g, :, p], loop[:, 0, :, 0]))}")
