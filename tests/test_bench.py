@@ -53,6 +53,8 @@ def test_sweep_covers_design_6():
     assert len({p.key for p in pts}) == len(pts)
     with pytest.raises(ValueError):
         bu.make_point(100, False, 1024)
+    # The kernels' other head dims run with the nearest hidden size below 2048.
+    assert (bu.make_point(96, True, 1024).heads, bu.make_point(192, False, 512).heads) == (21, 10)
     with pytest.raises(ValueError):
         bu.make_point(128, False, 3000)
 
