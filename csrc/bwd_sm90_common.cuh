@@ -67,9 +67,9 @@ struct BwdTraits {
   // Note [dQ from registers]: only where dQ is split by rows (hd64).
   static constexpr bool kDqFromRegisters = kDqByRows;
   // Note [early dPᵀ]: with 64-row blocks only (d 96, 128; the split variant, d > 128, has its
-  // own consumer without it). Measured at hd128 +1-5 % at 1k-16k; at hd64 (128-row blocks) -2 to
-  // -3.5 % at 512 / 1k, level at 2k / 16k; in the split variant at hd256 -2-3 %
-  // (docs/perf-notes.md, backward step 24).
+  // own consumer without it). Measured at hd128 +1-5.5 % at 1k-16k; at hd64 (128-row blocks)
+  // -1.6 to -3.5 % at 512 / 1k and -2 % at causal 2k, level at 2k / 16k; in the split variant at
+  // hd256 -2-3 % (docs/perf-notes.md, backward step 24).
   static constexpr bool kEarlyDp = !kDqByRows;
   using MmaDQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float,

@@ -116,10 +116,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     // because ptxas serialized every wgmma of the loop (C7512) when it was issued only where a
     // next block exists: a tile's last block repeats its own dPᵀ (its dO stage is held until the
     // loop ends) and the result is dropped, 1/blocks of the tile's dPᵀ work. Measured (backward
-    // step 24): hd128 +1-5 % at 1k-16k (level at 512); with 128-row blocks (hd64) -2 to -3.5 %
-    // at 512 / 1k, so BwdTraits::kEarlyDp holds for 64-row blocks only (hd96 follows hd128, not
-    // measured). In the split variant after its dQ reduce-adds it cost 2-3 % at hd256, and
-    // was dropped there.
+    // step 24): hd128 +1-5.5 % at 1k-16k (level at 512); with 128-row blocks (hd64) -1.6 to
+    // -3.5 % at 512 / 1k and -2 % at causal 2k, so BwdTraits::kEarlyDp holds for 64-row blocks
+    // only (hd96 follows hd128, not measured). In the split variant after its dQ reduce-adds it
+    // cost 2-3 % at hd256, and was dropped there.
+    //
     // m: the Q block, cycling through [m_begin, m_end) once per query head of the group (counted,
     // not i % (m_end - m_begin): an integer division per block).
     for (int i = 0, m = m_begin; i < blocks; ++i, m = m + 1 == m_end ? (++g, m_begin) : m + 1) {
