@@ -33,7 +33,7 @@ CTA_PHASES = [  # (name, from mark, to mark) of Note [bwd trace]'s CTA-level mar
 ]
 MARKS = [
     "loop top",
-    "Q ready",  # dO is waited for a block early (Note [early dPᵀ])
+    "Q ready",  # and dO where it is not waited for a block early (Note [early dPᵀ], hd64)
     "S, dP done",
     "P, dS done",
     "dV issued, dS stored",
