@@ -1,0 +1,37 @@
+"""CPU test of tools/ncu_source_summary.py on a small source page in the layout that
+`ncu --page source --csv --print-source sass` writes (kernel row, header row, one row per
+instruction; the columns it does not read are left out)."""
+
+from pathlib import Path
+
+from helpers import load_script
+
+ns = load_script(
+    Path(__file__).resolve().parents[1] / "tools" / "ncu_source_summary.py", "ncu_source_summary"
+)
+
+PAGE = """\
+"Kernel Name","void k<int>(int)",
+"Address","Source","Warp Stall Sampling (All Samples)",\
+"stall_barrier","stall_long_sb","stall_wait","stall_barrier (Not Issued)"
+"0x7f0000002800","      LDC R1, c[0x0][0x28]","10","0","0","10","0"
+"0x7f0000002810","      WARPGROUP.DEPBAR.LE gsb0, 0x0","60","55","0","5","55"
+"0x7f0000002820","      FENCE.VIEW.ASYNC.S","30","0","30","0","0"
+"0x7f0000002830","      EXIT","-","-","-","-","-"
+"""
+
+
+def test_summary_ranks_sites_and_reasons(tmp_path):
+    page = tmp_path / "page.csv"
+    page.write_text(PAGE)
+    lines = ns.summarize(str(page), top=2).splitlines()
+    assert lines[0] == "void k<int>(int)"
+    assert lines[1] == "samples 100"
+    # Reasons over the kernel, most first; the "(Not Issued)" columns are not counted again.
+    assert lines[2].split()[:3] == ["barrier", "55", "55.0"]
+    assert lines[3].split()[:3] == ["long_sb", "30", "30.0"]
+    assert lines[4].split()[:3] == ["wait", "15", "15.0"]
+    sites = [ln for ln in lines if ln.startswith("  0x")]
+    # Offsets from the first instruction, as cuobjdump numbers them; only the top two sites.
+    assert [s.split()[0] for s in sites] == ["0x00010", "0x00020"]
+    assert "DEPBAR" in sites[0] and "60.00 %" in sites[0] and "barrier 55" in sites[0]
