@@ -194,9 +194,9 @@ def test_import_needs_only_the_standard_library():
 
 
 def test_sm90_kernel_default_is_the_tables():
-    # the SM90 traits compile with one kEmuSixteenths for every head dim (fwd_sm90_kernel.cuh):
+    # the SM90 traits compile with one kEmuSixteenths for every head dim (fwd_sm90_traits.cuh):
     # the measurement switch FA4_SM90_EMU_SIXTEENTHS, whose default is the shipped value
-    src = (ROOT / "csrc" / "fwd_sm90_kernel.cuh").read_text()
+    src = (ROOT / "csrc" / "fwd_sm90_traits.cuh").read_text()
     assert re.findall(r"static constexpr int kEmuSixteenths = (\w+);", src) == [
         "FA4_SM90_EMU_SIXTEENTHS"
     ]

@@ -1,0 +1,247 @@
+// SM90 forward: the compile-time traits of one kernel (tiles, layouts, registers, shared
+// memory), its parameters and the per-tile geometry every role derives (tile_work). The
+// kernel's roles are fwd_sm90_kernel.cuh, its epilogue fwd_sm90_epilogue.cuh.
+//
+// Shared memory (bf16/fp16, kStages = 2; the O staging of Note [TMA-store epilogue] and the second
+// Q buffer of Note [two Q buffers] where they fit, in that order):
+//   hd 64:  Q 2×24 KB + K 2×16 KB + V 2×16 KB + O 24 KB = 136 KB  (kBlockM 192, kBlockN 128)
+//   hd 128: Q 2×32 KB + K 2×32 KB + V 2×32 KB + O 32 KB = 224 KB  (kBlockN 128)
+//   hd 192: Q 48 KB + K 2×24 KB + V 2×(16|24) KB + O 32|48 KB = 160..192 KB, plus a second Q
+//           at (192, 128): 208 KB (kBlockN 64: S registers)
+//   hd 256: Q 64 KB + K 2×40 KB + V 2×40 KB = 224 KB  (kBlockN 80: 227 KB limit)
+// The S accumulator costs kBlockN/2 registers per consumer thread and O kHeadDimV/2; with
+// 240 registers per thread, kBlockN 128 leaves room for hd ≤ 128, hd 192 takes kBlockN 64 and
+// hd 256 80.
+
+#pragma once
+
+// kBlockN 80 at hd 256 needs the 64×80 wgmma, one of CuTe's "extended" shapes; the instantiation
+// files reach this header before any CuTe header, so the switch reaches all of them.
+#ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#endif
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_conversion.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "fwd_sm90_trace.cuh"
+#include "mask.cuh"
+#include "params.h"
+#include "sm90_common.cuh"
+#include "softmax.cuh"
+#include "tile_ring.cuh"
+#include "tile_scheduler.cuh"
+
+// Compile-time switch for measurements (docs/perf-notes.md: on and off measured within noise).
+#ifndef FA4_SM90_PINGPONG
+#define FA4_SM90_PINGPONG 1
+#endif
+// Note [SM90 exp2 split]: exponentials per 16 through exp2_poly, at every head dim (A/B switch).
+#ifndef FA4_SM90_EMU_SIXTEENTHS
+#define FA4_SM90_EMU_SIXTEENTHS 0
+#endif
+// Note [three consumers at hd64]; 0 keeps two consumer warpgroups at every head dim.
+#ifndef FA4_SM90_THREE_CONSUMERS
+#define FA4_SM90_THREE_CONSUMERS 1
+#endif
+// Note [short causal hd64]: causal or local hd64 problems with at most this many query rows per
+// sequence run the two-warpgroup kernel (0: never; an A/B switch).
+#ifndef FA4_SM90_HD64_TWO_WG_ROWS
+#define FA4_SM90_HD64_TWO_WG_ROWS 1024
+#endif
+
+namespace fa4::sm90 {
+
+using namespace cute;
+
+// Per-thread registers after setmaxnreg, by the number of consumer warpgroups and d_v (the
+// launch allocates 65536 / kThreads per thread, rounded down to 8):
+//   2 consumers, d_v <= 128: producer 56, consumers 224: 56·128 + 224·256 = 64512 = 168·384
+//                (the consumers' highest register is R186 at hd128; the producer, which claims
+//                the next tile inside its block loop (Note [two Q buffers]), spilled at 40)
+//   2 consumers, d_v > 128: producer 40 (its TMA and scheduler arithmetic spilled at 24),
+//                consumers 232 (O alone is d_v / 2 registers)
+//   3 consumers: producer 32, consumers 160: 32·128 + 160·384 = 65536 = 128·512
+template <int kConsumerWGs, int kHeadDimV>
+struct RegisterSplit {
+  static constexpr int kProducer = kConsumerWGs == 3 ? 32 : (kHeadDimV <= 128 ? 56 : 40);
+  static constexpr int kConsumer = kConsumerWGs == 3 ? 160 : (kHeadDimV <= 128 ? 224 : 232);
+  static_assert(kConsumerWGs == 2 || kConsumerWGs == 3, "two or three consumer warpgroups");
+  static_assert(kProducer * 128 + kConsumer * 128 * kConsumerWGs <= 65536, "register file");
+};
+
+// The ring of Note [dynamic tiles] (tile_ring.cuh): the producer thread publishes the decoded
+// tile (batch < 0: the end marker), the consumer warpgroups read it (kConsumerThreads arrivals
+// on empty). Decoded by the producer because TileScheduler::at's int64 divisions sat on the
+// consumers' tile boundary, where the tensor cores wait (Note [fwd trace] measured it).
+struct TileRing {
+  uint64_t full[kTileSlots];
+  uint64_t empty[kTileSlots];
+  TileCoord item[kTileSlots];
+  __device__ void init(int readers) {
+    for (int i = 0; i < kTileSlots; ++i) {
+      cutlass::arch::ClusterBarrier::init(&full[i], 1);
+      cutlass::arch::ClusterBarrier::init(&empty[i], readers);
+    }
+  }
+  __device__ void publish(int n, const TileCoord& c) { publish_item(full, empty, item, n, c); }
+  __device__ TileCoord take(int n) { return take_item(full, empty, item, n); }
+};
+
+// Compile-time options of one forward kernel; kConsumerWGs_ 0 takes the head dim's default.
+template <int kHeadDim_, int kHeadDimV_, class Element_, int kConsumerWGs_ = 0>
+struct FwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
+  // Note [three consumers at hd64]: at d = 64 a 128 × 128 block is as long on MUFU (16384
+  // exponentials at 16/clk) as on the tensor cores (two 64-deep GEMMs), so two warpgroups in
+  // ping-pong leave no slack; a third warpgroup (192-row tiles, 160 registers each: S 64 + P 32
+  // + O 32) gives the scheduler another's softmax or GEMMs to fill each gap.
+  static constexpr int kConsumerWGs =
+      kConsumerWGs_ != 0 ? kConsumerWGs_ : (FA4_SM90_THREE_CONSUMERS && kHeadDim <= 64 ? 3 : 2);
+  static constexpr int kBlockM = 64 * kConsumerWGs;
+  // Note [hd256 kBlockN 80]: at hd 256, 80 keys per block (S 40 registers per thread, K and V
+  // 2 × 40 KB each, 224 KB of shared memory with Q) measured +8 % at 16k against 64; hd 192
+  // keeps 64 (not measured at 80).
+  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : (kHeadDim == 256 ? 80 : 64);
+  static constexpr int kStages = 2;
+  using Regs = RegisterSplit<kConsumerWGs, kHeadDimV>;
+  static constexpr int kThreads = 128 * (1 + kConsumerWGs);
+  static constexpr int kConsumerThreads = 128 * kConsumerWGs;
+  // Note [SM90 exp2 split]: Hopper's MUFU (16/clk/SM) keeps up with its wgmma rate at these
+  // tile shapes, so the polynomial path starts switched off; docs/perf-notes.md records the
+  // measurements that set it (forward step 4) and why small fractions are worth measuring again
+  // on today's loop (step 16: the two warpgroups' overlapping softmaxes share each MUFU).
+  static constexpr int kEmuSixteenths = FA4_SM90_EMU_SIXTEENTHS;
+  static constexpr float kTau = 8.0f;  // Note [conditional rescale]
+  // Note [warpgroup ping-pong]: the consumer warpgroups take turns issuing their GEMMs (one
+  // named barrier each), so one's softmax runs while another's GEMMs hold the tensor cores.
+  static constexpr bool kPingPong = FA4_SM90_PINGPONG;
+
+  using TileQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
+  using AtomLayout = Layout<Shape<Int<kConsumerWGs>, _1, _1>>;
+  using MmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
+      AtomLayout{}));
+  using MmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  using SmemLayoutQ = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
+                                             Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
+                                             Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutV = decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(),
+                                             Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
+  // Vᵀ as the B operand of P·V: (d_v, kBlockN) with d_v contiguous, i.e. MN-major.
+  using SmemLayoutVt = TransposedSmem<SmemLayoutV, kBlockN, kHeadDimV, kStages>;
+
+  // Note [TMA-store epilogue]: each consumer warpgroup puts its 64 rows of O in shared memory
+  // and one of its threads stores them with a TMA store, so the warpgroup moves on to the next
+  // tile while the copy drains (rows past the sequence are clipped by the tensor bounds). Not for
+  // varlen problems, whose TMA tensor packs the sequences (a clipped tile would write into the
+  // next sequence's rows), and not at d_v = 256, where O does not fit next to Q, K and V (64 KB
+  // each): both write O from registers (store_tile).
+  // One warpgroup's 64 rows, the atoms column-block-major: each 64-column block is 64 rows at
+  // 128 bytes, one TMA box, so the store is d_v / 64 TMA instructions. (Row-block-major atoms
+  // made it 8-row boxes, 16 instructions at d_v = 128, which kept the issuing thread ~1.7 k
+  // cycles on the tile boundary: Note [fwd trace].) The whole tile stacks the halves, so rows
+  // [64 w, 64 w + 64) are a contiguous block.
+  using SmemLayoutOHalf =
+      decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(), Shape<_64, Int<kHeadDimV>>{}));
+  using SmemLayoutO =
+      decltype(tile_to_shape(SmemLayoutOHalf{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
+  static constexpr int kQKVBytes =
+      int(cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV>) *
+      int(sizeof(Element));
+  static constexpr int kOBytes = kBlockM * kHeadDimV * int(sizeof(Element));
+  static constexpr bool kTmaStoreO = kQKVBytes + kOBytes + 1024 <= 227 * 1024;
+  // Note [two Q buffers]: the next tile's Q goes to the other buffer, issued by the producer
+  // between the current tile's last K and V loads (it claims the next item there), where with
+  // one buffer it waited for the current tile's last S. The trace (Note [fwd trace]) had that Q
+  // load (~2.2-3.4 k cycles) land only after the epilogue and the next tile's decode at hd128
+  // 1k. Where the buffer fits after the O staging. FA4_SM90_Q_STAGES=1 keeps one buffer (a
+  // measurement switch, docs/perf-notes.md).
+  static constexpr int kQStagesFit = kQKVBytes + int(cosize_v<SmemLayoutQ> * sizeof(Element)) +
+                                                 (kTmaStoreO ? kOBytes : 0) + 1024 <=
+                                             227 * 1024
+                                         ? 2
+                                         : 1;
+#ifdef FA4_SM90_Q_STAGES
+  static constexpr int kQStages = FA4_SM90_Q_STAGES < kQStagesFit ? FA4_SM90_Q_STAGES : kQStagesFit;
+#else
+  static constexpr int kQStages = kQStagesFit;
+#endif
+  using SmemLayoutQS = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
+                                              Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQStages>>{}));
+  static_assert(cosize_v<SmemLayoutOHalf> * kConsumerWGs == cosize_v<SmemLayoutO>,
+                "one contiguous block of rows per warpgroup");
+
+  using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQS>> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
+    alignas(1024) cute::array_aligned<Element, kTmaStoreO ? cosize_v<SmemLayoutO> : 8> o;
+    alignas(16) typename PipelineKV::SharedStorage pipe_k;
+    typename PipelineKV::SharedStorage pipe_v;
+    cutlass::arch::ClusterTransactionBarrier q_full[kQStages];
+    cutlass::arch::ClusterBarrier q_empty[kQStages];
+    alignas(8) TileRing tiles;
+    FwdTrace trace;  // Note [fwd trace]
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (227 KB per CTA on SM90)");
+
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kVBytes = kBlockN * kHeadDimV * sizeof(Element);
+};
+
+template <class T>
+struct KernelParams {
+  using Element = typename T::Element;
+  using ShapeQKV = Shape<int, int, int, int>;
+  using TmaQ = TmaTile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>;
+  using TmaK = TmaTile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>;
+  using TmaV = TmaTile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>;
+  using TmaO = TmaStoreTile<Element, typename T::SmemLayoutOHalf, 64, T::kHeadDimV>;
+  TmaQ tma_q;
+  TmaK tma_k;
+  TmaV tma_v;
+  TmaO tma_o;  // set when T::kTmaStoreO and the problem is dense (Note [TMA-store epilogue])
+  ShapeQKV shape_q, shape_k, shape_v, shape_o;
+  FwdParams p;
+  ScoreScale score;
+  TileScheduler sched;
+  int group;  // heads_q / heads_kv
+};
+
+// Copies the per-tile sequence geometry every role derives the same way.
+struct TileWork {
+  TileCoord tile;
+  SeqInfo seq;
+  Mask mask;
+  int bidb_gmem;  // batch index of the TMA tensors (0 for varlen)
+};
+
+template <class T>
+__device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp, const TileCoord& c) {
+  const FwdParams& p = kp.p;
+  TileWork t;
+  t.tile = c;
+  t.seq = SeqInfo::get(t.tile.batch, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.seqlen_q,
+                       p.seqlen_k);
+  t.mask = Mask::from_params(p, t.seq.seqlen_q, t.seq.seqlen_k);
+  t.bidb_gmem = p.cu_seqlens_q == nullptr ? t.tile.batch : 0;
+  return t;
+}
+
+}  // namespace fa4::sm90
