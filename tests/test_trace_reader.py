@@ -40,7 +40,11 @@ TILE_PERIOD = 25000
 
 
 def _words(
-    n_cta: int, base: int, garbage_loop_cta: int | None = None, wgs: int = 0
+    n_cta: int,
+    base: int,
+    garbage_loop_cta: int | None = None,
+    wgs: int = 0,
+    tile_offsets: list[int] = TILE_OFFSETS,
 ) -> torch.Tensor:
     """Dumps of n_cta CTAs; wgs > 0 writes it to the SM id word's top byte (as the kernel does)
     and leaves the marks of the warpgroups past it unset (garbage)."""
@@ -65,7 +69,7 @@ def _words(
         tile = w[c, tf.TILE0 : tf.PROD0].view(tf.WGS, tf.TILES, tf.TILE_POINTS)
         for g in range(tf.WGS):
             for k in range(tf.TILES):
-                for p, off in enumerate(TILE_OFFSETS):
+                for p, off in enumerate(tile_offsets):
                     tile[g, k, p] = (t0 + 300 * g + TILE_PERIOD * k + off) % 2**32
         if wgs:
             tile[wgs:] = (t0 + 2**30) % 2**32
@@ -150,3 +154,21 @@ def test_old_dumps_fall_back_to_the_head_dim(capsys):
     words = _words(3, 1000)
     tf.report(tf.cta_words(_o_with(words, 1, 768, 2, 64), 64), 64, "synthetic")
     assert "3 consumer warpgroups" in capsys.readouterr().out
+
+
+def test_pipelined_tile_order(capsys):
+    """Note [next tile's first S]: tile k is taken, decoded and its first S issued (marks 0-2)
+    before tile k-1's last P·V is done and its epilogue runs (marks 4-9 of k-1); the reader
+    switches to the phases of that order."""
+    offsets = [-1500, -1300, -1200, 600, 24000, 24200, 24400, 24500, 24550, 24580]
+    words = _words(5, 1000, wgs=2, tile_offsets=offsets)
+    tf.report(words, 64, "synthetic")
+    out = capsys.readouterr().out
+    assert "wg0 take" not in out
+    assert _median_of(out, "wg0 decode (tile_work)") == 200
+    assert _median_of(out, "wg1 Q wait") == 100
+    assert _median_of(out, "wg0 S issue, k-1's last P·V wait") == 24000 - TILE_PERIOD + 1200
+    assert _median_of(out, "wg1 k-1: stmatrix O") == 100
+    assert _median_of(out, "wg0 k-1 stored -> first S done") == 600 - (24580 - TILE_PERIOD)
+    assert _median_of(out, "wg0 blocks (+ k+1's take, S issue)") == 24000 - 600
+    assert _median_of(out, "wg1 tile (stored to stored)") == TILE_PERIOD

@@ -43,18 +43,49 @@ LOOP_MARKS = [
     "P·V done",
     "end",
 ]
-TILE_PHASES = [  # (name, from mark, to mark) of the tile marks, csrc/fwd_sm90_trace.cuh
-    ("take", -1, 0),  # from the previous tile's "stored"
-    ("decode (tile_work)", 0, 1),
-    ("Q wait", 1, 2),
-    ("first block's S", 2, 3),
-    ("blocks", 3, 4),
-    ("finalize, scale O", 4, 5),
-    ("staging buffer free", 5, 6),
-    ("stmatrix O", 6, 7),
-    ("barrier, TMA store", 7, 8),
-    ("LSE", 8, 9),
+# (name, from, to) of the tile marks (csrc/fwd_sm90_trace.cuh), each end a (tile, mark) pair:
+# tile 0 is tile k, -1 the tile before it.
+TILE_PHASES = [
+    ("take", (-1, 9), (0, 0)),  # from the previous tile's "stored"
+    ("decode (tile_work)", (0, 0), (0, 1)),
+    ("Q wait", (0, 1), (0, 2)),
+    ("first block's S", (0, 2), (0, 3)),
+    ("blocks", (0, 3), (0, 4)),
+    ("finalize, scale O", (0, 4), (0, 5)),
+    ("staging buffer free", (0, 5), (0, 6)),
+    ("stmatrix O", (0, 6), (0, 7)),
+    ("barrier, TMA store", (0, 7), (0, 8)),
+    ("LSE", (0, 8), (0, 9)),
 ]
+# Note [next tile's first S] (two consumer warpgroups): tile k is taken, decoded and its first S
+# issued before tile k-1's last P·V is waited for and its epilogue runs, so "blocks" of tile k
+# also holds tile k+1's take, decode, Q wait and S issue.
+PIPELINED_TILE_PHASES = [
+    ("decode (tile_work)", (0, 0), (0, 1)),
+    ("Q wait", (0, 1), (0, 2)),
+    ("S issue, k-1's last P·V wait", (0, 2), (-1, 4)),
+    ("k-1: scale O", (-1, 4), (-1, 5)),
+    ("k-1: staging buffer free", (-1, 5), (-1, 6)),
+    ("k-1: stmatrix O", (-1, 6), (-1, 7)),
+    ("k-1: barrier, TMA store", (-1, 7), (-1, 8)),
+    ("k-1: LSE", (-1, 8), (-1, 9)),
+    ("k-1 stored -> first S done", (-1, 9), (0, 3)),
+    ("blocks (+ k+1's take, S issue)", (0, 3), (0, 4)),
+]
+
+
+def tile_phases(T: torch.Tensor) -> list:
+    """The phase list for one warpgroup's tile marks T (CTAs, tiles, marks): pipelined when tile
+    k is taken before tile k-1 is stored."""
+    taken_after_stored = rel(T[:, 1:, 0], T[:, :-1, 9]).double().median().item()
+    return PIPELINED_TILE_PHASES if taken_after_stored < 0 else TILE_PHASES
+
+
+def phase_cycles(T: torch.Tensor, start: tuple, end: tuple) -> torch.Tensor:
+    """Cycles from mark start to mark end for tiles k = 1.. of T (CTAs, tiles, marks)."""
+    n = T.shape[1]
+    (t0, m0), (t1, m1) = start, end
+    return rel(T[:, 1 + t1 : n + t1, m1], T[:, 1 + t0 : n + t0, m0])
 
 
 def q(x: torch.Tensor) -> str:
@@ -175,9 +206,8 @@ def report(w: torch.Tensor, d: int, title: str):
     print("\ntiles 1..5 of a CTA, per warpgroup:")
     for g in range(wgs):
         T = tile[:, g]
-        for name, m0, m1 in TILE_PHASES:
-            start = T[:, :-1, 9] if m0 < 0 else T[:, 1:, m0]
-            print(f"  wg{g} {name:28s} {q(rel(T[:, 1:, m1], start))}")
+        for name, start, end in tile_phases(T):
+            print(f"  wg{g} {name:28s} {q(phase_cycles(T, start, end))}")
         print(f"  wg{g} {'tile (stored to stored)':28s} {q(rel(T[:, 1:, 9], T[:, :-1, 9]))}")
     last_pv = torch.maximum(tile[:, 0, :-1, 4], tile[:, wgs - 1, :-1, 4])
     P, T0 = prod[:, 1:], tile[:, 0]
