@@ -77,7 +77,7 @@ PIPELINED_TILE_PHASES = [
 def tile_phases(T: torch.Tensor) -> list:
     """The phase list for one warpgroup's tile marks T (CTAs, tiles, marks): pipelined when tile
     k is taken before tile k-1 is stored."""
-    taken_after_stored = rel(T[:, 1:, 0], T[:, :-1, 9]).double().median().item()
+    taken_after_stored = phase_cycles(T, (-1, 9), (0, 0)).double().median().item()
     return PIPELINED_TILE_PHASES if taken_after_stored < 0 else TILE_PHASES
 
 
@@ -208,7 +208,7 @@ def report(w: torch.Tensor, d: int, title: str):
         T = tile[:, g]
         for name, start, end in tile_phases(T):
             print(f"  wg{g} {name:28s} {q(phase_cycles(T, start, end))}")
-        print(f"  wg{g} {'tile (stored to stored)':28s} {q(rel(T[:, 1:, 9], T[:, :-1, 9]))}")
+        print(f"  wg{g} {'tile (stored to stored)':28s} {q(phase_cycles(T, (-1, 9), (0, 9)))}")
     last_pv = torch.maximum(tile[:, 0, :-1, 4], tile[:, wgs - 1, :-1, 4])
     P, T0 = prod[:, 1:], tile[:, 0]
     print("  producer, tile k >= 1:")
