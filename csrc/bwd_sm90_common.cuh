@@ -22,6 +22,15 @@
 #include "softmax.cuh"
 #include "tile_ring.cuh"
 
+// Note [dK/dV from registers]; 0 keeps Note [dK/dV epilogue]'s staging (an A/B switch).
+#ifndef FA4_BWD_DKDV_REGS
+#define FA4_BWD_DKDV_REGS 1
+#endif
+// Note [postprocess from registers]; 0 keeps the shared-memory copy (an A/B switch).
+#ifndef FA4_BWD_POST_REGS
+#define FA4_BWD_POST_REGS 1
+#endif
+
 namespace fa4::sm90 {
 
 template <int kHeadDim_, int kHeadDimV_, class Element_>
@@ -749,13 +758,26 @@ __device__ __forceinline__ void write_quad_rows(typename T::Element* base, int64
   }
 }
 
-// The split variant's dK, dV of its tile (as store_dk_dv: dK scaled, rows past seqlen_k
-// skipped), straight from the registers.
+// Note [dK/dV from registers]: the d <= 128 variant writes dK and dV as the split variant does
+// (write_quad_rows: 16-byte row chunks after quad_transpose, each warpgroup's m64nN accumulator
+// with N = d), instead of staging them over dS and dQ's buffers (Note [dK/dV epilogue]). The
+// staging had to wait for the reducer to hand back the tile's last dQ and joined both warpgroups
+// three times per tile; now each warpgroup leaves the tile as soon as its own GEMMs are done. The
+// hand-back wait moves to the warpgroup's next dQ store (dq_owed, kept across tiles with no
+// block, drained after the last tile so every arrival on dq_empty is matched), and the dS stages
+// count blocks across tiles: the next tile's first dSᵀ store then takes the stage the other
+// warpgroup's last dQ did not read, and kDsWritten's argument (bwd_sm90_kernel.cuh) holds across
+// the tile boundary with no barrier. Predicted (docs/perf-notes.md): hd128 1k +3-5 %, causal
+// 1k +4-8 %, causal 2k +2-4 %, 16k level: the trace put ~3.1 us of a tile's ~5.8 us boundary at
+// hd128 1k between the last GEMM and the end of the stores.
+
+// dK, dV of a kv tile straight from the registers (as store_dk_dv: dK scaled, rows past seqlen_k
+// skipped); each warpgroup's accumulator is one m64nN atom, N = 2 · its size per thread.
 template <class T, class MmaK, class AccK, class MmaV, class AccV>
-__device__ __forceinline__ void store_dk_dv_split(const BwdKernelParams<T>& kp, const SeqInfo& seq,
-                                                  int n, int head_kv, int b, int tid,
-                                                  const MmaK& mma_dk, const AccK& acc_dk,
-                                                  const MmaV& mma_dv, const AccV& acc_dv) {
+__device__ __forceinline__ void store_dk_dv_regs(const BwdKernelParams<T>& kp, const SeqInfo& seq,
+                                                 int n, int head_kv, int b, int tid,
+                                                 const MmaK& mma_dk, const AccK& acc_dk,
+                                                 const MmaV& mma_dv, const AccV& acc_dv) {
   constexpr int kN = T::kBlockN, kD = T::kHeadDim, kDV = T::kHeadDimV;
   const BwdParams& p = kp.p;
   auto* dk = kv_tile_row0<T>(p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, kp, seq, n,
@@ -764,9 +786,11 @@ __device__ __forceinline__ void store_dk_dv_split(const BwdKernelParams<T>& kp, 
   const int rows_valid = seq.seqlen_k - n * kN;
   const auto ck = fragment_coords(mma_dk, tid, Shape<Int<kN>, Int<kD>>{});
   const auto cv = fragment_coords(mma_dv, tid, Shape<Int<kN>, Int<kDV>>{});
-  write_quad_rows<T, kD / 2>(dk, p.dk_row_stride, rows_valid, p.fwd.softmax_scale, acc_dk, ck,
+  constexpr int kColsK = 2 * decltype(size(acc_dk))::value;
+  constexpr int kColsV = 2 * decltype(size(acc_dv))::value;
+  write_quad_rows<T, kColsK>(dk, p.dk_row_stride, rows_valid, p.fwd.softmax_scale, acc_dk, ck,
                              tid % 4);
-  write_quad_rows<T, kDV / 2>(dv, p.dv_row_stride, rows_valid, 1.0f, acc_dv, cv, tid % 4);
+  write_quad_rows<T, kColsV>(dv, p.dv_row_stride, rows_valid, 1.0f, acc_dv, cv, tid % 4);
 }
 
 }  // namespace fa4::sm90

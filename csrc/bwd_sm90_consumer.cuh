@@ -69,6 +69,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   const int wg = tid / 128;
   constexpr bool kEarlyDp = T::kEarlyDp;                             // Note [early dPᵀ]
   const bool reds = T::kDqFromRegisters && !kp.p.fwd.deterministic;  // Note [dQ from registers]
+  // Note [dK/dV from registers]: the reducer's hand-back of this warpgroup's last dQ is waited for
+  // at the next dQ store (or after the last tile), and the dS stages count blocks across tiles.
+  constexpr bool kDkDvRegs = FA4_BWD_DKDV_REGS;
+  bool dq_owed = false;  // a dQ handed to the reducer whose dq_empty is not yet waited for
+  int ds_use = 0;        // blocks of the earlier tiles (the dS stage of the tile's block i)
   // Note [persistent bwd]: the tiles the producer publishes, each a use of the K/V buffer.
   for (int t = 0;; ++t) {
     const int item = take_item(ss.tile_full, ss.tile_empty, ss.tile_item, t);
@@ -135,7 +140,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
       if constexpr (!kEarlyDp) pipe_do.consumer_wait(do_state);
       ss.trace.mark(leader, wg, i, 1);
       ss.trace.cta_mark(tid == 0 && i == 0, 3);
-      const int sq = q_state.index(), sdo = do_state.index(), sds = i % T::kDsStages;
+      const int sq = q_state.index(), sdo = do_state.index();
+      const int sds = (kDkDvRegs ? ds_use + i : i) % T::kDsStages;
       issue_gemm(mma_s, tSrK, tSrQ(_, _, _, sq), acc_s, true);
       if constexpr (kEarlyDp) {
         warpgroup_wait<0>();  // Sᵀ, and dPᵀ issued a block early
@@ -177,7 +183,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
         float* dq = dq_tile + (int64_t(g) * kp.ws.rows + int64_t(m) * kM) * T::kHeadDim;
         red_add_fragment<T::kConsumerThreads>(dq, acc_dq);
       } else {
-        if (i > 0) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
+        if (kDkDvRegs ? dq_owed : i > 0) {
+          cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
+        }
         ss.trace.mark(leader, wg, i, 7);
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < size(acc_dq) / 4; ++j) {
@@ -186,6 +194,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
         }
         cutlass::arch::fence_view_async_shared();
         cutlass::arch::NamedBarrier::arrive(kHalfBarrierThreads, dq_full);
+        dq_owed = true;
       }
       ss.trace.mark(leader, wg, i, 8);
       if constexpr (kEarlyDp) {
@@ -210,14 +219,21 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     // This thread's GEMMs of the tile are done: K and V may be reloaded.
     ss.kv_empty.arrive();
     ss.trace.cta_mark(leader, wg == 0 ? 4 : 7);
-    // dK/dV are staged over dQ's buffer too: the reducer must have read the last block's dQ.
-    if (blocks > 0 && !reds) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
     const BwdTile out = BwdTile::of(kp, item, T::kBlockN);
-    store_dk_dv(kp, ss, out.seq, n, out.head_kv, out.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
+    if constexpr (kDkDvRegs) {
+      ds_use += blocks;
+      store_dk_dv_regs(kp, out.seq, n, out.head_kv, out.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
+    } else {
+      // dK/dV are staged over dQ's buffer too: the reducer must have read the last block's dQ.
+      if (blocks > 0 && !reds) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
+      store_dk_dv(kp, ss, out.seq, n, out.head_kv, out.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
+    }
     ss.trace.cta_mark(tid == 0, 5);
     ss.trace.dump(dv_tile<T>(kp, out.seq, n, out.head_kv, out.b), kp.p.dv_row_stride,
                   out.seq.seqlen_k - n * kN, tid, kTraceDump, t);
   }
+  // Every arrival of the reducer on dq_empty is matched (Note [dK/dV from registers]).
+  if (dq_owed) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
 }
 
 }  // namespace fa4::sm90

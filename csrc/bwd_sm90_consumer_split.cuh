@@ -164,7 +164,7 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
     // Every GEMM of the tile has completed (the loop's last wait): K and V may be reloaded
     // while dK and dV leave from registers (Note [split epilogue]).
     ss.kv_empty.arrive();
-    store_dk_dv_split(kp, tile.seq, n, tile.head_kv, tile.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
+    store_dk_dv_regs(kp, tile.seq, n, tile.head_kv, tile.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
   }
 }
 

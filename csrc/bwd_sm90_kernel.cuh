@@ -33,7 +33,9 @@
 //               block m completed, so no buffer is overwritten while read)
 //   kDqFull     consumers -> reducer (named), dQ of this block in smem
 //   kDqEmpty    reducer -> consumers (named), the bulk copy has read dQ's smem (after every
-//               block: the consumers wait for it before a tile's 2nd.. block and its epilogue)
+//               block: a warpgroup waits for it before its next dQ store and after its last
+//               tile, Note [dK/dV from registers]; with FA4_BWD_DKDV_REGS=0 before a tile's
+//               2nd.. block and its staged epilogue)
 // (The split variant reuses kDqFull / kDqEmpty as consumer-only barriers of deterministic mode.)
 //
 // Head dims: d <= 128 here (kBlockN 128, kBlockM 64). Registers per consumer thread at d = 128:
@@ -100,10 +102,21 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 template <class T>
 constexpr int kPostPitch = T::kHeadDim + 8;
 
+// Note [postprocess from registers]: each thread holds, in fragment order, one warpgroup
+// accumulator of MmaDQ (QuadFrag<N>, N = kDqFloats / 128 columns per warpgroup), so it can convert
+// its float pairs and write whole 16-byte row chunks after quad_transpose (write_quad_rows, as
+// Note [split epilogue]) with no shared-memory copy, no barrier and no dynamic shared memory.
+// The postprocess took 59 us against flash-attn-4's 49 at hd128 1k (docs/perf.md, 2026-11-29);
+// the suspects, not measured, are the copy's 35 KB per CTA (6 CTAs per SM) and its
+// __syncthreads. N must be whole groups of four 8-column chunks: d = 96 (N = 48) keeps the copy.
+template <class T>
+constexpr bool kPostFromRegisters = FA4_BWD_POST_REGS && (T::kDqFloats / 128) % 32 == 0;
+
 // dQ accumulator (fragment order, Note [dQ reduce]) · softmax_scale -> the dtype, rows <
 // seqlen_q. One CTA of kConsumerThreads per kBlockM-row block; thread t reads its own float4s
-// (coalesced) and puts each pair of adjacent columns in its row of a shared-memory copy of the
-// block (kDqBytes of dynamic shared memory), from which the CTA writes 16-byte row chunks.
+// (coalesced) and writes them from registers (Note [postprocess from registers]) or puts each
+// pair of adjacent columns in its row of a shared-memory copy of the block (kDqBytes of dynamic
+// shared memory), from which the CTA writes 16-byte row chunks.
 // Grid: (kBlockM-row blocks of the longest sequence, heads_q, batch) flattened, block fastest.
 template <class T>
 __global__ void __launch_bounds__(T::kConsumerThreads)
@@ -123,6 +136,27 @@ __global__ void __launch_bounds__(T::kConsumerThreads)
       ws.dq(head) + ws.row_offset(b, seq.offset_q, m * T::kBlockM) * T::kHeadDim);
   typename T::MmaDQ mma_dq;
   const auto coords = fragment_coords(mma_dq, tid, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{});
+  const bool varlen = f.cu_seqlens_q != nullptr;
+  Element* dq = static_cast<Element*>(p.dq) + (varlen ? 0 : int64_t(b) * p.dq_batch_stride) +
+                (int64_t(seq.offset_q) + int64_t(m) * T::kBlockM) * p.dq_row_stride +
+                int64_t(head) * p.dq_head_stride;
+  const int rows_valid = seq.seqlen_q - m * T::kBlockM;
+  if constexpr (kPostFromRegisters<T>) {
+    Tensor frag = partition_fragment_C(mma_dq, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{});
+    static_assert(decltype(size(frag))::value * T::kConsumerThreads == T::kDqFloats,
+                  "the workspace block is the consumers' fragments");
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < T::kDqFloats / (4 * T::kConsumerThreads); ++j) {
+      const float4 v = acc[j * T::kConsumerThreads + tid];
+      frag(4 * j) = v.x;
+      frag(4 * j + 1) = v.y;
+      frag(4 * j + 2) = v.z;
+      frag(4 * j + 3) = v.w;
+    }
+    write_quad_rows<T, T::kDqFloats / 128>(dq, p.dq_row_stride, rows_valid, f.softmax_scale, frag,
+                                           coords, tid % 4);
+    return;
+  }
   // The block in fragment order -> shared memory in rows (coalesced 16-byte loads, then each
   // pair to its place) -> rows of 16-byte stores: direct 4-byte stores from the fragment order
   // wrote half-used sectors and took 3.4x flash-attn-4's postprocess time at 1k (docs/perf.md).
@@ -142,11 +176,6 @@ __global__ void __launch_bounds__(T::kConsumerThreads)
     }
   }
   __syncthreads();
-  const bool varlen = f.cu_seqlens_q != nullptr;
-  Element* dq = static_cast<Element*>(p.dq) + (varlen ? 0 : int64_t(b) * p.dq_batch_stride) +
-                (int64_t(seq.offset_q) + int64_t(m) * T::kBlockM) * p.dq_row_stride +
-                int64_t(head) * p.dq_head_stride;
-  const int rows_valid = seq.seqlen_q - m * T::kBlockM;
   constexpr int kChunks = T::kHeadDim / 8;  // 8 elements = 16 bytes of dq per store
   for (int c = tid; c < T::kBlockM * kChunks; c += T::kConsumerThreads) {
     const int row = c / kChunks, col = c % kChunks * 8;
@@ -213,9 +242,11 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
   const int64_t post_blocks =
       int64_t((f.seqlen_q + T::kBlockM - 1) / T::kBlockM) * f.heads_q * f.batch;
   if (post_blocks > 0) {
-    return launch_kernel("bwd_sm90 postprocess", bwd_postprocess_sm90<T>,
-                         dim3(unsigned(post_blocks)), T::kConsumerThreads,
-                         int(T::kBlockM * kPostPitch<T> * sizeof(float)), stream, p, kp.ws);
+    return launch_kernel(
+        "bwd_sm90 postprocess", bwd_postprocess_sm90<T>, dim3(unsigned(post_blocks)),
+        T::kConsumerThreads,
+        kPostFromRegisters<T> ? 0 : int(T::kBlockM * kPostPitch<T> * sizeof(float)), stream, p,
+        kp.ws);
   }
   return Status::kOk;
 }

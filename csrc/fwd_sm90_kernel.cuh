@@ -265,9 +265,16 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       auto softmax_block = [&](int n, float (&o_scale)[2]) {
         if (kp.score.softcap) apply_softcap<SFrag>(s_arr, kp.score.pre);
         if (br.needs_mask(n)) {
-          apply_mask<SFrag>(
-              s_arr, t.mask, [&](int r) { return row_base + 8 * r; },
-              [&](int e) { return n * T::kBlockN + 8 * (e / 2) + 2 * quad_lane + e % 2; });
+          if (T::kRightEdgeMask && n >= br.left_end) {  // Note [right-edge mask]
+            const int base = n * T::kBlockN + 2 * quad_lane;
+            apply_mask_right<SFrag>(
+                s_arr, [&](int r) { return t.mask.row_bounds(row_base + 8 * r).hi - base; },
+                [](int e) { return 8 * (e / 2) + e % 2; });
+          } else {
+            apply_mask<SFrag>(
+                s_arr, t.mask, [&](int r) { return row_base + 8 * r; },
+                [&](int e) { return n * T::kBlockN + 8 * (e / 2) + 2 * quad_lane + e % 2; });
+          }
         }
         const RowDecisions d = softmax.update_max(s_arr, kp.score.scale_log2, T::kTau, o_scale);
         softmax.template exp2_and_sum<T::kEmuSixteenths>(s_arr, kp.score.scale_log2);

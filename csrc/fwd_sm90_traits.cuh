@@ -55,6 +55,12 @@
 #define FA4_SM90_HD64_TWO_WG_ROWS 1024
 #endif
 
+// Note [right-edge mask] (mask.cuh): masked blocks that no left window edge cuts take the
+// one-compare test; 0 keeps the two-edge test everywhere (an A/B switch).
+#ifndef FA4_SM90_RIGHT_EDGE_MASK
+#define FA4_SM90_RIGHT_EDGE_MASK 1
+#endif
+
 namespace fa4::sm90 {
 
 using namespace cute;
@@ -119,7 +125,8 @@ struct FwdTraits {
   // measurements that set it (forward step 4) and why small fractions are worth measuring again
   // on today's loop (step 16: the two warpgroups' overlapping softmaxes share each MUFU).
   static constexpr int kEmuSixteenths = FA4_SM90_EMU_SIXTEENTHS;
-  static constexpr float kTau = 8.0f;  // Note [conditional rescale]
+  static constexpr float kTau = 8.0f;                               // Note [conditional rescale]
+  static constexpr bool kRightEdgeMask = FA4_SM90_RIGHT_EDGE_MASK;  // Note [right-edge mask]
   // Note [warpgroup ping-pong]: the consumer warpgroups take turns issuing their GEMMs (one
   // named barrier each), so one's softmax runs while another's GEMMs hold the tensor cores.
   static constexpr bool kPingPong = FA4_SM90_PINGPONG;

@@ -96,12 +96,16 @@ def _check_block_table(case, allowed, table, bm, bn):
     any_vis = _pad_view(allowed, bm, bn, False, False).any(3).any(1)
     all_vis = _pad_view(allowed, bm, bn, True, False).all(3).all(1)
     blocks = torch.arange(n_n)
+    no_left_edge = case[2] < 0  # window_left < 0: only right edges cut a block
     for m in range(n_m):
-        nb, ne, fb, fe = table[m].tolist()
+        nb, ne, fb, fe, le = table[m].tolist()
         where = f"{case} shape {bm}x{bn} m_block {m}: {table[m].tolist()}"
         assert torch.equal((blocks >= nb) & (blocks < ne), any_vis[m]), where
         assert nb <= fb <= fe <= ne or (fb == fe == ne), where
         assert torch.equal((blocks >= fb) & (blocks < fe), all_vis[m]), where
+        # Note [right-edge mask]: a left_end too low shows up in the visibility checks; one too
+        # high would only send blocks to the two-edge mask, so causal tiles are pinned here.
+        assert (le == nb) if no_left_edge or nb == ne else nb <= le, where
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +143,7 @@ def test_mask_matches_reference(mask_results):
             got = torch.from_numpy(take(s_q * s_k, np.uint8).reshape(s_q, s_k).astype(bool))
             bad = (got != allowed).nonzero()
             assert bad.numel() == 0, f"{case} shape {bm}x{bn}: first wrong (row, col) {bad[0]}"
-            table = torch.from_numpy(take(4 * -(-s_q // bm), np.int32).reshape(-1, 4).copy())
+            table = torch.from_numpy(take(5 * -(-s_q // bm), np.int32).reshape(-1, 5).copy())
             _check_block_table(case, allowed, table, bm, bn)
             n_visited += int((table[:, 1] - table[:, 0]).sum())
             n_full += int((table[:, 3] - table[:, 2]).sum())

@@ -5,9 +5,11 @@
 //                          OUT gets (uint8) the s_q x s_k visibility by Mask::is_visible, (int32)
 //                          how many elements outside the sequence it calls visible, then per
 //                          block shape (MASK_SHAPES) the visibility a kernel would produce:
-//                          only the KV blocks of block_range, apply_mask only where
-//                          needs_mask (RowMajorFrag rows; for 128 x 128 also QuadFrag quads),
-//                          then (int32) n_begin n_end full_begin full_end of every Q tile.
+//                          only the KV blocks of block_range, a mask only where needs_mask
+//                          (apply_mask_right from left_end on, apply_mask before it, as the
+//                          SM90 forward does; RowMajorFrag rows; for 128 x 128 also QuadFrag
+//                          quads), then (int32) n_begin n_end full_begin full_end left_end of
+//                          every Q tile.
 //   harness sched IN OUT   IN: lines "batch heads s_q s_k causal order section num_sms". OUT
 //                          (text): per CTA, its items in order: "cta batch head m_block cost",
 //                          cost = KV blocks of the tile (block_range, 128 x 128).
@@ -57,12 +59,15 @@ void mask_shape(const fa4::Mask& mask, FILE* out) {
   std::vector<int32_t> table;
   for (int m = 0; m < n_m; ++m) {
     const fa4::BlockRange br = fa4::block_range<kBM, kBN>(mask, m);
-    table.insert(table.end(), {br.n_begin, br.n_end, br.full_begin, br.full_end});
+    table.insert(table.end(), {br.n_begin, br.n_end, br.full_begin, br.full_end, br.left_end});
     for (int n = br.n_begin; n < br.n_end; ++n) {
       for (int row = m * kBM; row < (m + 1) * kBM && row < s_q; ++row) {
         float s[Frag::kSize];
         for (float& x : s) x = 0.0f;
-        if (br.needs_mask(n)) {
+        if (br.needs_mask(n) && n >= br.left_end) {
+          fa4::apply_mask_right<Frag>(
+              s, [&](int) { return mask.row_bounds(row).hi - n * kBN; }, [](int e) { return e; });
+        } else if (br.needs_mask(n)) {
           fa4::apply_mask<Frag>(
               s, mask, [&](int) { return row; }, [&](int e) { return n * kBN + e; });
         }
@@ -92,7 +97,14 @@ void mask_quad(const fa4::Mask& mask, FILE* out) {
         auto col_of = [&](int e) { return n * kBN + 8 * (e / 2) + 2 * (t % 4) + e % 2; };
         float s[Frag::kSize];
         for (float& x : s) x = 0.0f;
-        if (br.needs_mask(n)) fa4::apply_mask<Frag>(s, mask, row_of, col_of);
+        const int base = n * kBN + 2 * (t % 4);  // col_of(e) - base: a constant per element
+        if (br.needs_mask(n) && n >= br.left_end) {
+          fa4::apply_mask_right<Frag>(
+              s, [&](int r) { return mask.row_bounds(row_of(r)).hi - base; },
+              [](int e) { return 8 * (e / 2) + e % 2; });
+        } else if (br.needs_mask(n)) {
+          fa4::apply_mask<Frag>(s, mask, row_of, col_of);
+        }
         for (int r = 0; r < Frag::kRows; ++r) {
           for (int e = 0; e < Frag::kCols; ++e) {
             const int row = row_of(r), col = col_of(e);
