@@ -22,11 +22,13 @@
 #include "softmax.cuh"
 #include "tile_ring.cuh"
 
-// Note [dK/dV from registers]; 0 keeps Note [dK/dV epilogue]'s staging (an A/B switch).
+// Note [dK/dV from registers] where BwdTraits::kDkDvRegs says (hd64); 0: Note [dK/dV epilogue]'s
+// staging everywhere (an A/B switch).
 #ifndef FA4_BWD_DKDV_REGS
 #define FA4_BWD_DKDV_REGS 1
 #endif
-// Note [postprocess from registers]; 0 keeps the shared-memory copy (an A/B switch).
+// Note [postprocess from registers] where the traits' kPostRegs says (hd64); 0: the shared-memory
+// copy everywhere (an A/B switch).
 #ifndef FA4_BWD_POST_REGS
 #define FA4_BWD_POST_REGS 1
 #endif
@@ -80,6 +82,11 @@ struct BwdTraits {
   // -1.6 to -3.5 % at 512 / 1k and -2 % at causal 2k, level at 2k / 16k; in the split variant at
   // hd256 -2-3 % (docs/perf-notes.md, backward step 24).
   static constexpr bool kEarlyDp = !kDqByRows;
+  // Note [dK/dV from registers] and Note [postprocess from registers]: measured together, +1.3-1.8
+  // % at hd64 512-2k (level at 16k), -1 to -5 % at hd128 (level at 16k); which of the two costs
+  // hd128 is not measured, so both stay with 128-row blocks (hd64) only.
+  static constexpr bool kDkDvRegs = FA4_BWD_DKDV_REGS && kDqByRows;
+  static constexpr bool kPostRegs = FA4_BWD_POST_REGS && kDqByRows;
   using MmaDQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float,
                            Shape<_64, Int<kDqByRows ? kHeadDim : kHeadDim / 2>, Int<kBlockN>>,
@@ -176,6 +183,7 @@ struct BwdTraitsSplit {
   static constexpr int kConsumerThreads = 256;
   static constexpr int kThreads = 128 + kConsumerThreads;
   static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0, "halves of whole 32-column atoms");
+  static constexpr bool kPostRegs = false;  // Note [postprocess from registers]: not measured here
 
   using AtomN2 = Layout<Shape<_1, _2, _1>>;  // the two warpgroups split N
   using MmaS = decltype(make_tiled_mma(
@@ -767,9 +775,13 @@ __device__ __forceinline__ void write_quad_rows(typename T::Element* base, int64
 // block, drained after the last tile so every arrival on dq_empty is matched), and the dS stages
 // count blocks across tiles: the next tile's first dSᵀ store then takes the stage the other
 // warpgroup's last dQ did not read, and kDsWritten's argument (bwd_sm90_kernel.cuh) holds across
-// the tile boundary with no barrier. Predicted (docs/perf-notes.md): hd128 1k +3-5 %, causal
-// 1k +4-8 %, causal 2k +2-4 %, 16k level: the trace put ~3.1 us of a tile's ~5.8 us boundary at
-// hd128 1k between the last GEMM and the end of the stores.
+// the tile boundary with no barrier. Predicted +3-5 % at hd128 1k, +2-4 % causal 2k (the trace
+// put ~3.1 us of a tile's ~5.8 us boundary at hd128 1k between the last GEMM and the end of the
+// stores). Measured with Note [postprocess from registers] against main (docs/perf.md,
+// 2026-12-02 next-ab7): hd128 -3 % at 512, -3.5 % causal 1k, -2.4 % at 2k, -5 % causal 512,
+// level at 16k; hd64 (dQ from registers, no hand-back) +1.3-1.8 % at 512-2k, level at 16k. So it
+// runs at hd64 only (BwdTraits::kDkDvRegs); at hd128 the moved hand-back wait, now at the next
+// tile's first dQ store, is the suspect, not measured.
 
 // dK, dV of a kv tile straight from the registers (as store_dk_dv: dK scaled, rows past seqlen_k
 // skipped); each warpgroup's accumulator is one m64nN atom, N = 2 · its size per thread.

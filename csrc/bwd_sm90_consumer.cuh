@@ -71,7 +71,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   const bool reds = T::kDqFromRegisters && !kp.p.fwd.deterministic;  // Note [dQ from registers]
   // Note [dK/dV from registers]: the reducer's hand-back of this warpgroup's last dQ is waited for
   // at the next dQ store (or after the last tile), and the dS stages count blocks across tiles.
-  constexpr bool kDkDvRegs = FA4_BWD_DKDV_REGS;
+  constexpr bool kDkDvRegs = T::kDkDvRegs;
   bool dq_owed = false;  // a dQ handed to the reducer whose dq_empty is not yet waited for
   int ds_use = 0;        // blocks of the earlier tiles (the dS stage of the tile's block i)
   // Note [persistent bwd]: the tiles the producer publishes, each a use of the K/V buffer.
@@ -219,21 +219,25 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     // This thread's GEMMs of the tile are done: K and V may be reloaded.
     ss.kv_empty.arrive();
     ss.trace.cta_mark(leader, wg == 0 ? 4 : 7);
+    // The staged epilogue writes over dQ's buffer too: the reducer must have read the last
+    // block's dQ (Note [dK/dV from registers] waits for it at the next dQ store instead).
+    if (!kDkDvRegs && blocks > 0 && !reds) {
+      cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
+    }
     const BwdTile out = BwdTile::of(kp, item, T::kBlockN);
     if constexpr (kDkDvRegs) {
       ds_use += blocks;
       store_dk_dv_regs(kp, out.seq, n, out.head_kv, out.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
     } else {
-      // dK/dV are staged over dQ's buffer too: the reducer must have read the last block's dQ.
-      if (blocks > 0 && !reds) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
       store_dk_dv(kp, ss, out.seq, n, out.head_kv, out.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
     }
     ss.trace.cta_mark(tid == 0, 5);
     ss.trace.dump(dv_tile<T>(kp, out.seq, n, out.head_kv, out.b), kp.p.dv_row_stride,
                   out.seq.seqlen_k - n * kN, tid, kTraceDump, t);
   }
-  // Every arrival of the reducer on dq_empty is matched (Note [dK/dV from registers]).
-  if (dq_owed) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
+  // Every arrival of the reducer on dq_empty is matched (Note [dK/dV from registers]; the staged
+  // epilogue waited for each tile's last one already).
+  if (kDkDvRegs && dq_owed) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
 }
 
 }  // namespace fa4::sm90

@@ -108,9 +108,11 @@ constexpr int kPostPitch = T::kHeadDim + 8;
 // Note [split epilogue]) with no shared-memory copy, no barrier and no dynamic shared memory.
 // The postprocess took 59 us against flash-attn-4's 49 at hd128 1k (docs/perf.md, 2026-11-29);
 // the suspects, not measured, are the copy's 35 KB per CTA (6 CTAs per SM) and its
-// __syncthreads. N must be whole groups of four 8-column chunks: d = 96 (N = 48) keeps the copy.
+// __syncthreads. N must be whole groups of four 8-column chunks (d = 96, N = 48, could not). Where
+// it runs is the traits' kPostRegs: hd64 only, as Note [dK/dV from registers], with which it was
+// measured (the two were not measured apart).
 template <class T>
-constexpr bool kPostFromRegisters = FA4_BWD_POST_REGS && (T::kDqFloats / 128) % 32 == 0;
+constexpr bool kPostFromRegisters = T::kPostRegs && (T::kDqFloats / 128) % 32 == 0;
 
 // dQ accumulator (fragment order, Note [dQ reduce]) · softmax_scale -> the dtype, rows <
 // seqlen_q. One CTA of kConsumerThreads per kBlockM-row block; thread t reads its own float4s

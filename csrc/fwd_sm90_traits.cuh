@@ -56,7 +56,8 @@
 #endif
 
 // Note [right-edge mask] (mask.cuh): masked blocks that no left window edge cuts take the
-// one-compare test; 0 keeps the two-edge test everywhere (an A/B switch).
+// one-compare test where FwdTraits::kRightEdgeMask says (hd64); 0 keeps the two-edge test
+// everywhere (an A/B switch).
 #ifndef FA4_SM90_RIGHT_EDGE_MASK
 #define FA4_SM90_RIGHT_EDGE_MASK 1
 #endif
@@ -125,8 +126,12 @@ struct FwdTraits {
   // measurements that set it (forward step 4) and why small fractions are worth measuring again
   // on today's loop (step 16: the two warpgroups' overlapping softmaxes share each MUFU).
   static constexpr int kEmuSixteenths = FA4_SM90_EMU_SIXTEENTHS;
-  static constexpr float kTau = 8.0f;                               // Note [conditional rescale]
-  static constexpr bool kRightEdgeMask = FA4_SM90_RIGHT_EDGE_MASK;  // Note [right-edge mask]
+  static constexpr float kTau = 8.0f;  // Note [conditional rescale]
+  // Note [right-edge mask]: measured against main (docs/perf.md, 2026-12-02 next-ab7) +2.0-2.4 %
+  // at hd64 causal 512-2k (level at 16k and non-causal); at hd128 causal 1k +2 %, 2k and 16k
+  // level, but causal 512 -13 to -20 % in the one call (where flash-attn-4 also ran 35 % under
+  // its usual), so hd > 64 keeps the two-edge test until a repeat A/B explains that point.
+  static constexpr bool kRightEdgeMask = FA4_SM90_RIGHT_EDGE_MASK && kHeadDim <= 64;
   // Note [warpgroup ping-pong]: the consumer warpgroups take turns issuing their GEMMs (one
   // named barrier each), so one's softmax runs while another's GEMMs hold the tensor cores.
   static constexpr bool kPingPong = FA4_SM90_PINGPONG;
