@@ -3,7 +3,7 @@
 // has the algorithm and the Notes).
 #pragma once
 
-#include "bwd_sm90_common.cuh"
+#include "bwd_sm90_epilogue.cuh"
 
 namespace fa4::sm90 {
 

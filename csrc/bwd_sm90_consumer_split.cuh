@@ -26,7 +26,7 @@
 // backward step 24); the prediction was +1-3 %.
 #pragma once
 
-#include "bwd_sm90_common.cuh"
+#include "bwd_sm90_epilogue.cuh"
 
 namespace fa4::sm90 {
 
