@@ -141,7 +141,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
       ss.trace.mark(leader, wg, i, 1);
       ss.trace.cta_mark(tid == 0 && i == 0, 3);
       const int sq = q_state.index(), sdo = do_state.index();
-      const int sds = (kDkDvRegs ? ds_use + i : i) % T::kDsStages;
+      const int sds = (ds_use + i) % T::kDsStages;  // ds_use stays 0 without kDkDvRegs
       issue_gemm(mma_s, tSrK, tSrQ(_, _, _, sq), acc_s, true);
       if constexpr (kEarlyDp) {
         warpgroup_wait<0>();  // Sᵀ, and dPᵀ issued a block early

@@ -261,10 +261,15 @@ def test_bwd_dk_dv_stores_are_16_bytes(variant, request):
     assert stores and set(stores) == {"STG.E.128"}, sorted(set(stores))
 
 
+def _opcodes(body):
+    """Opcodes of a SASS text, predicates dropped."""
+    return re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", body)
+
+
 def _main_loop_ops(sass, kernel="bwd_kernel"):
     """Opcodes between the first and the last HGMMA of the bf16 instance of `kernel`."""
     _, body = _bf16_body(sass, kernel)
-    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", body)
+    ops = _opcodes(body)
     hgmma = [i for i, o in enumerate(ops) if o.startswith("HGMMA")]
     return [o.split(".")[0] for o in ops[hgmma[0] : hgmma[-1] + 1]]
 
@@ -419,10 +424,6 @@ def test_bwd_split_dq_reduce_adds_overlap_dv_dk(compiled_bwd_split):
     after = ops[first:]
     assert after.count("REDG.E.ADD.F32x4") == 16, ops
     assert after[16] == "WARPGROUP.DEPBAR.LE gsb0, 0x0", ops
-
-
-def _opcodes(body):
-    return re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", body)
 
 
 def test_bwd_dk_dv_from_registers_at_hd64_only(compiled_bwd, compiled_bwd_hd64):
