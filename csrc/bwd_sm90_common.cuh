@@ -29,7 +29,7 @@
 #define FA4_BWD_DKDV_REGS 1
 #endif
 // Note [postprocess from registers] where the traits' kPostRegs says (hd64); 0: the shared-memory
-// copy everywhere (an A/B switch).
+// copy everywhere; 2: from registers with 64-row blocks too (hd128; A/B switch levels).
 #ifndef FA4_BWD_POST_REGS
 #define FA4_BWD_POST_REGS 1
 #endif
@@ -87,7 +87,8 @@ struct BwdTraits {
   // % at hd64 512-2k (level at 16k), -1 to -5 % at hd128 (level at 16k); which of the two costs
   // hd128 is not measured, so both stay with 128-row blocks (hd64) only.
   static constexpr bool kDkDvRegs = FA4_BWD_DKDV_REGS && kDqByRows;
-  static constexpr bool kPostRegs = FA4_BWD_POST_REGS && kDqByRows;
+  static constexpr bool kPostRegs =
+      FA4_BWD_POST_REGS == 2 || (FA4_BWD_POST_REGS == 1 && kDqByRows);
   using MmaDQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float,
                            Shape<_64, Int<kDqByRows ? kHeadDim : kHeadDim / 2>, Int<kBlockN>>,

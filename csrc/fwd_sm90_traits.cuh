@@ -57,9 +57,16 @@
 
 // Note [right-edge mask] (mask.cuh): masked blocks that no left window edge cuts take the
 // one-compare test where FwdTraits::kRightEdgeMask says (hd64); 0 keeps the two-edge test
-// everywhere (an A/B switch).
+// everywhere, 2 takes the one-compare test at every head dim (A/B switch levels).
 #ifndef FA4_SM90_RIGHT_EDGE_MASK
 #define FA4_SM90_RIGHT_EDGE_MASK 1
+#endif
+
+// Note [next tile's first S]: where FwdTraits::kNextS says, the consumers take the next tile
+// during the last P·V and issue its first S before this tile's epilogue; 0 keeps the tile
+// boundary in order (an A/B switch).
+#ifndef FA4_SM90_NEXT_S
+#define FA4_SM90_NEXT_S 1
 #endif
 
 namespace fa4::sm90 {
@@ -131,7 +138,8 @@ struct FwdTraits {
   // at hd64 causal 512-2k (level at 16k and non-causal); at hd128 causal 1k +2 %, 2k and 16k
   // level, but causal 512 -13 to -20 % in the one call (where flash-attn-4 also ran 35 % under
   // its usual), so hd > 64 keeps the two-edge test until a repeat A/B explains that point.
-  static constexpr bool kRightEdgeMask = FA4_SM90_RIGHT_EDGE_MASK && kHeadDim <= 64;
+  static constexpr bool kRightEdgeMask =
+      FA4_SM90_RIGHT_EDGE_MASK == 2 || (FA4_SM90_RIGHT_EDGE_MASK == 1 && kHeadDim <= 64);
   // Note [warpgroup ping-pong]: the consumer warpgroups take turns issuing their GEMMs (one
   // named barrier each), so one's softmax runs while another's GEMMs hold the tensor cores.
   static constexpr bool kPingPong = FA4_SM90_PINGPONG;
@@ -191,6 +199,15 @@ struct FwdTraits {
 #else
   static constexpr int kQStages = kQStagesFit;
 #endif
+  // Note [next tile's first S]: at a tile's end a consumer warpgroup issues the last P·V, takes
+  // and decodes the next tile while it runs, waits for that tile's Q and issues its first S in
+  // its next turn, then scales and stores this tile's O while the S runs. Forward step 19's trace
+  // (docs/perf-notes.md) put ~2340 cycles per tile outside the blocks at hd64 causal 512 / 1k, of
+  // which the take and decode (~580) and the first S (~470) can hide this way. Only with two
+  // warpgroups (three have 160 registers: the S in flight beside the epilogue spilled) and two Q
+  // buffers: with one, the next Q is loaded only after the tile's last S and lands during the
+  // epilogue (hd256: ~7 k cycles later), which waiting for it first would delay.
+  static constexpr bool kNextS = FA4_SM90_NEXT_S && kConsumerWGs == 2 && kQStages == 2;
   using SmemLayoutQS = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
                                               Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQStages>>{}));
   static_assert(cosize_v<SmemLayoutOHalf> * kConsumerWGs == cosize_v<SmemLayoutO>,
