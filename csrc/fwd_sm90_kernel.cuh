@@ -205,128 +205,62 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
   const bool leader = tid % 128 == 0;  // the marks of Note [fwd trace]
   ss.trace.clock_mark(tid == 0, 0);
 
-  // Note [intra-warpgroup overlap]: S of block n is issued before, and O += P·V of block
-  // n + 1 right after, the softmax of block n runs on the CUDA cores while the tensor cores
-  // finish P·V; wgmma groups retire in order, so wait<1> is "S done, P·V may still run".
-  // P (tOrP) is rewritten only after wait<0>, when the P·V that reads it has finished.
-  // In the SASS, ptxas moves that wait<0> (and the V release) up to the start of the row
-  // max, so only the mask and softcap code overlap this warpgroup's P·V; a loop that kept it
-  // behind the softmax measured no gain, and two P buffers that let the softmax run beside
-  // its own P·V were slower (docs/perf-notes.md, forward steps 9 and 15).
-  // i: the block's place in the tile for the trace marks (-1 outside the loop: none).
-  auto issue_s = [&](int i, int tk, int q_slot) {
-    pipe_k.consumer_wait(k_state);
-    ss.trace.loop_mark(leader, wg, tk, i, 2);
-    warpgroup_fence_operand(tSrS);
-    warpgroup_arrive();
-    gemm_zero_acc(mma_qk, tSrQ(_, _, _, q_slot), tSrK(_, _, _, k_state.index()), tSrS);
-    warpgroup_commit_batch();
-    ss.trace.loop_mark(leader, wg, tk, i, 3);
-  };
-  auto issue_pv = [&](int i, int tk) {
-    pipe_v.consumer_wait(v_state);
-    ss.trace.loop_mark(leader, wg, tk, i, 4);
-    warpgroup_fence_operand(tOrO);
-    warpgroup_arrive();
-    gemm(mma_pv, tOrP, tOrVt(_, _, _, v_state.index()), tOrO);
-    warpgroup_commit_batch();
-  };
-  // S of block n has landed; the tile's Q slot is free after its last block's S.
-  auto s_done = [&](int n, const BlockRange& br, int q_slot) {
-    warpgroup_fence_operand(tSrS);
-    pipe_k.consumer_release(k_state);
-    ++k_state;
-    if (n == br.n_begin) ss.q_empty[q_slot].arrive();
-  };
-  auto pv_done = [&]() {
-    warpgroup_fence_operand(tOrO);
-    pipe_v.consumer_release(v_state);
-    ++v_state;
-  };
-  // Waits for the next tile's Q; returns its slot as a warp-uniform value (lane 0's), so that the
-  // S descriptors stay in uniform registers (Note [uniform descriptors]).
-  auto wait_q = [&]() {
-    const int q_slot = __shfl_sync(0xffffffffu, tiles_loaded % T::kQStages, 0);
-    ss.q_full[q_slot].wait((tiles_loaded / T::kQStages) & 1);
-    ++tiles_loaded;
-    return q_slot;
-  };
-  auto convert_p = [&]() {
-    FA4_UNROLL
-    for (int i = 0; i < SFrag::kSize; ++i) tOrP(i) = Element(s[i]);
-  };
-  // Scales O by 1/l and stores the tile's rows of O and their LSE.
-  auto epilogue = [&](const TileWork& t, const BlockRange& br, OnlineSoftmax<SFrag>& softmax,
-                      int tk) {
-    const bool dense = kp.p.cu_seqlens_q == nullptr;
-    float inv_l[2], lse[2];
-    softmax.finalize(inv_l, lse);
-    scale_rows<OFrag>(o_arr, inv_l);
-    ss.trace.tile_mark(leader && !br.empty(), wg, tk, 5);
-    if (T::kTmaStoreO && dense) {
-      store_tile_tma<T>(kp, ss, t, mma_pv, tOrO, lse, row_in_tile0, quad_lane, wg, tid,
-                        leader && !br.empty() ? tk : kFwdTraceTiles);
-    } else {
-      // No staging here: the trace's staging marks coincide and mark 8 follows the stores.
-      ss.trace.tile_mark(leader && !br.empty(), wg, tk, 6);
-      ss.trace.tile_mark(leader && !br.empty(), wg, tk, 7);
-      store_tile<T, OFrag>(kp, t, o, lse, row_in_tile0, quad_lane);
-      ss.trace.tile_mark(leader && !br.empty(), wg, tk, 8);
-    }
-    ss.trace.set_last_tile(tid == 0 && dense,
-                           static_cast<Element*>(kp.p.out) +
-                               int64_t(t.tile.m_block) * T::kBlockM * kp.p.out_row_stride +
-                               int64_t(t.tile.head) * kp.p.out_head_stride +
-                               int64_t(t.tile.batch) * kp.p.out_batch_stride,
-                           t.seq.seqlen_q - t.tile.m_block * T::kBlockM);
-    ss.trace.tile_mark(leader && !br.empty(), wg, tk, 9);
-  };
-  auto blocks_of = [&](const TileWork& t) {
-    return block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block);
-  };
-
-  // The tile being worked on: c (batch < 0: the end), its geometry t, its blocks br, its Q slot
-  // and the trace's tile count tk. Taken at the loop's top, or (have_next) at the previous tile's
-  // end, which then may have run its first S too (first_s_done; Note [next tile's first S]).
-  // Without T::kNextS have_next stays false and nothing lives across the back edge (three
-  // warpgroups' 160 registers spilled 200 B instead of 72 when the tile was carried).
-  TileCoord c;
-  TileWork t;
-  BlockRange br;
-  int tk = 0, q_slot = 0;
-  bool have_next = false, first_s_done = false;
   for (int n_items = 0;; ++n_items) {
-    if (!T::kNextS || !have_next) {
-      c = ss.tiles.take(n_items);
-      if (c.batch < 0) break;
-      tk = tiles_loaded;
-      ss.trace.tile_mark(leader, wg, tk, 0);
-      t = tile_work(kp, c);
-      br = blocks_of(t);
-    }
+    const TileCoord c = ss.tiles.take(n_items);
     if (c.batch < 0) break;
+    const int tk = tiles_loaded;  // this consumer's tile count, for the trace marks
+    ss.trace.tile_mark(leader, wg, tk, 0);
+    const TileWork t = tile_work(kp, c);
+    const BlockRange br = block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block);
     OnlineSoftmax<SFrag> softmax;
     softmax.init();
     clear(tOrO);
-    TileCoord next{-1, 0, 0};  // taken here when have_next, decoded into nt and nbr
-    TileWork nt;
-    BlockRange nbr;
-    int next_tk = 0, next_slot = 0;
-    bool next_s_done = false;  // next's first S ran here
-    have_next = false;
     if (!br.empty()) {
-      if (!first_s_done) {
-        ss.trace.tile_mark(leader, wg, tk, 1);
-        q_slot = wait_q();
-        ss.trace.tile_mark(leader, wg, tk, 2);
-        turn_begin();
-        issue_s(-1, tk, q_slot);
-        turn_end();
-        warpgroup_wait<0>();
-        s_done(br.n_end - 1, br, q_slot);
-        ss.trace.tile_mark(leader, wg, tk, 3);
-      }
+      ss.trace.tile_mark(leader, wg, tk, 1);
+      // The slot as a warp-uniform value (lane 0's), so that the S descriptors stay in uniform
+      // registers (Note [uniform descriptors]).
+      const int q_slot = __shfl_sync(0xffffffffu, tiles_loaded % T::kQStages, 0);
+      ss.q_full[q_slot].wait((tiles_loaded / T::kQStages) & 1);
+      ++tiles_loaded;
+      ss.trace.tile_mark(leader, wg, tk, 2);
       const int row_base = t.tile.m_block * T::kBlockM + row_in_tile0;
+      // Note [intra-warpgroup overlap]: S of block n is issued before, and O += P·V of block
+      // n + 1 right after, the softmax of block n runs on the CUDA cores while the tensor cores
+      // finish P·V; wgmma groups retire in order, so wait<1> is "S done, P·V may still run".
+      // P (tOrP) is rewritten only after wait<0>, when the P·V that reads it has finished.
+      // In the SASS, ptxas moves that wait<0> (and the V release) up to the start of the row
+      // max, so only the mask and softcap code overlap this warpgroup's P·V; a loop that kept it
+      // behind the softmax measured no gain, and two P buffers that let the softmax run beside
+      // its own P·V were slower (docs/perf-notes.md, forward steps 9 and 15).
+      // i: the block's place in the tile for the trace marks (-1 outside the loop: none).
+      auto issue_s = [&](int i) {
+        pipe_k.consumer_wait(k_state);
+        ss.trace.loop_mark(leader, wg, tk, i, 2);
+        warpgroup_fence_operand(tSrS);
+        warpgroup_arrive();
+        gemm_zero_acc(mma_qk, tSrQ(_, _, _, q_slot), tSrK(_, _, _, k_state.index()), tSrS);
+        warpgroup_commit_batch();
+        ss.trace.loop_mark(leader, wg, tk, i, 3);
+      };
+      auto issue_pv = [&](int i) {
+        pipe_v.consumer_wait(v_state);
+        ss.trace.loop_mark(leader, wg, tk, i, 4);
+        warpgroup_fence_operand(tOrO);
+        warpgroup_arrive();
+        gemm(mma_pv, tOrP, tOrVt(_, _, _, v_state.index()), tOrO);
+        warpgroup_commit_batch();
+      };
+      auto s_done = [&](int n) {
+        warpgroup_fence_operand(tSrS);
+        pipe_k.consumer_release(k_state);
+        ++k_state;
+        if (n == br.n_begin) ss.q_empty[q_slot].arrive();  // last use of the slot in this tile
+      };
+      auto pv_done = [&]() {
+        warpgroup_fence_operand(tOrO);
+        pipe_v.consumer_release(v_state);
+        ++v_state;
+      };
       // Scores of block n -> P in fp32 (in tSrS); returns the rows' O factors.
       auto softmax_block = [&](int n, float (&o_scale)[2]) {
         if (kp.score.softcap) apply_softcap<SFrag>(s_arr, kp.score.pre);
@@ -346,7 +280,18 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
         softmax.template exp2_and_sum<T::kEmuSixteenths>(s_arr, kp.score.scale_log2);
         return d;
       };
+      auto convert_p = [&]() {
+        FA4_UNROLL
+        for (int i = 0; i < SFrag::kSize; ++i) tOrP(i) = Element(s[i]);
+      };
+
       float o_scale[2];
+      turn_begin();
+      issue_s(-1);
+      turn_end();
+      warpgroup_wait<0>();
+      s_done(br.n_end - 1);
+      ss.trace.tile_mark(leader, wg, tk, 3);
       softmax_block(br.n_end - 1, o_scale);  // O is still 0: nothing to rescale
       convert_p();
       for (int n = br.n_end - 2; n >= br.n_begin; --n) {
@@ -354,12 +299,12 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
         ss.trace.loop_mark(leader, wg, tk, i, 0);
         turn_begin();
         ss.trace.loop_mark(leader, wg, tk, i, 1);
-        issue_s(i, tk, q_slot);
-        issue_pv(i, tk);  // P and V of block n + 1
+        issue_s(i);
+        issue_pv(i);  // P and V of block n + 1
         turn_end();
         ss.trace.loop_mark(leader, wg, tk, i, 5);
         warpgroup_wait<1>();
-        s_done(n, br, q_slot);
+        s_done(n);
         ss.trace.loop_mark(leader, wg, tk, i, 6);
         const RowDecisions d = softmax_block(n, o_scale);
         ss.trace.loop_mark(leader, wg, tk, i, 7);
@@ -371,57 +316,34 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
         ss.trace.loop_mark(leader, wg, tk, i, 9);
       }
       turn_begin();
-      issue_pv(-1, tk);
+      issue_pv(-1);
       turn_end();
-      if constexpr (T::kNextS) {
-        // Note [next tile's first S]: the next tile is taken and decoded while this tile's last
-        // P·V runs; if it has blocks, its first S is issued in this warpgroup's next turn and runs
-        // beside this tile's epilogue. The S is waited for on this path, before the join with the
-        // others: a wgmma in flight across a join with a path that did not issue it makes ptxas
-        // serialize every wgmma of the kernel (C7515).
-        next = ss.tiles.take(n_items + 1);
-        have_next = true;
-        next_tk = tiles_loaded;
-        if (next.batch >= 0) {
-          ss.trace.tile_mark(leader, wg, next_tk, 0);
-          nt = tile_work(kp, next);
-          nbr = blocks_of(nt);
-          ss.trace.tile_mark(leader, wg, next_tk, 1);
-        }
-        if (!nbr.empty()) {
-          next_slot = wait_q();
-          ss.trace.tile_mark(leader, wg, next_tk, 2);
-          turn_begin();
-          issue_s(-1, next_tk, next_slot);
-          turn_end();
-          warpgroup_wait<1>();
-          pv_done();
-          ss.trace.tile_mark(leader, wg, tk, 4);
-          epilogue(t, br, softmax, tk);
-          warpgroup_wait<0>();
-          s_done(nbr.n_end - 1, nbr, next_slot);
-          ss.trace.tile_mark(leader, wg, next_tk, 3);
-          next_s_done = true;
-        } else {
-          warpgroup_wait<0>();
-          pv_done();
-          ss.trace.tile_mark(leader, wg, tk, 4);
-        }
-      } else {
-        warpgroup_wait<0>();
-        pv_done();
-        ss.trace.tile_mark(leader, wg, tk, 4);
-      }
+      warpgroup_wait<0>();
+      pv_done();
+      ss.trace.tile_mark(leader, wg, tk, 4);
     }
-    if (!next_s_done) epilogue(t, br, softmax, tk);
-    if (T::kNextS && have_next) {
-      c = next;
-      t = nt;
-      br = nbr;
-      tk = next_tk;
-      q_slot = next_slot;
+    float inv_l[2], lse[2];
+    softmax.finalize(inv_l, lse);
+    scale_rows<OFrag>(o_arr, inv_l);
+    ss.trace.tile_mark(leader && !br.empty(), wg, tk, 5);
+    const bool dense = kp.p.cu_seqlens_q == nullptr;
+    if (T::kTmaStoreO && dense) {
+      store_tile_tma<T>(kp, ss, t, mma_pv, tOrO, lse, row_in_tile0, quad_lane, wg, tid,
+                        leader && !br.empty() ? tk : kFwdTraceTiles);
+    } else {
+      // No staging here: the trace's staging marks coincide and mark 8 follows the stores.
+      ss.trace.tile_mark(leader && !br.empty(), wg, tk, 6);
+      ss.trace.tile_mark(leader && !br.empty(), wg, tk, 7);
+      store_tile<T, OFrag>(kp, t, o, lse, row_in_tile0, quad_lane);
+      ss.trace.tile_mark(leader && !br.empty(), wg, tk, 8);
     }
-    first_s_done = next_s_done;
+    ss.trace.set_last_tile(tid == 0 && dense,
+                           static_cast<Element*>(kp.p.out) +
+                               int64_t(t.tile.m_block) * T::kBlockM * kp.p.out_row_stride +
+                               int64_t(t.tile.head) * kp.p.out_head_stride +
+                               int64_t(t.tile.batch) * kp.p.out_batch_stride,
+                           t.seq.seqlen_q - t.tile.m_block * T::kBlockM);
+    ss.trace.tile_mark(leader && !br.empty(), wg, tk, 9);
   }
   ss.trace.clock_mark(tid == 0, 1);
   ss.trace.dump(kp.p.out_row_stride * int64_t(sizeof(Element)), T::kHeadDimV / 2, tid,

@@ -62,13 +62,6 @@
 #define FA4_SM90_RIGHT_EDGE_MASK 1
 #endif
 
-// Note [next tile's first S]: where FwdTraits::kNextS says, the consumers take the next tile
-// during the last P·V and issue its first S before this tile's epilogue; 0 keeps the tile
-// boundary in order (an A/B switch).
-#ifndef FA4_SM90_NEXT_S
-#define FA4_SM90_NEXT_S 1
-#endif
-
 namespace fa4::sm90 {
 
 using namespace cute;
@@ -199,15 +192,6 @@ struct FwdTraits {
 #else
   static constexpr int kQStages = kQStagesFit;
 #endif
-  // Note [next tile's first S]: at a tile's end a consumer warpgroup issues the last P·V, takes
-  // and decodes the next tile while it runs, waits for that tile's Q and issues its first S in
-  // its next turn, then scales and stores this tile's O while the S runs. Forward step 19's trace
-  // (docs/perf-notes.md) put ~2340 cycles per tile outside the blocks at hd64 causal 512 / 1k, of
-  // which the take and decode (~580) and the first S (~470) can hide this way. Only with two
-  // warpgroups (three have 160 registers: the S in flight beside the epilogue spilled) and two Q
-  // buffers: with one, the next Q is loaded only after the tile's last S and lands during the
-  // epilogue (hd256: ~7 k cycles later), which waiting for it first would delay.
-  static constexpr bool kNextS = FA4_SM90_NEXT_S && kConsumerWGs == 2 && kQStages == 2;
   using SmemLayoutQS = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
                                               Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQStages>>{}));
   static_assert(cosize_v<SmemLayoutOHalf> * kConsumerWGs == cosize_v<SmemLayoutO>,
