@@ -24,8 +24,7 @@
 #include "tile_ring.cuh"
 
 // Note [dK/dV from registers] where BwdTraits::kDkDvRegs says (hd64); 0: Note [dK/dV epilogue]'s
-// staging everywhere; 2: from registers with 64-row blocks too (hd 96, 128), where the reducer's
-// hand-back is then waited for at the tile's end (A/B switch levels).
+// staging everywhere (an A/B switch).
 #ifndef FA4_BWD_DKDV_REGS
 #define FA4_BWD_DKDV_REGS 1
 #endif
@@ -86,16 +85,12 @@ struct BwdTraits {
   static constexpr bool kEarlyDp = !kDqByRows;
   // Note [dK/dV from registers] and Note [postprocess from registers]: measured together, +1.3-1.8
   // % at hd64 512-2k (level at 16k), -1 to -5 % at hd128 (level at 16k); the postprocess alone
-  // at hd128 +1-2.6 % at 512 / 1k and causal 512 / 1k, level from 2k (docs/perf.md, 2026-12-02
-  // "the postprocess at hd128"), so the register epilogue stays with 128-row blocks (hd64) and
-  // the postprocess runs from registers wherever its fragment is whole transpose groups
-  // (kPostFromRegisters: hd 64, 128; hd96's 48 columns per warpgroup are not).
-  static constexpr bool kDkDvRegs =
-      FA4_BWD_DKDV_REGS == 2 || (FA4_BWD_DKDV_REGS == 1 && kDqByRows);
-  // Where the hand-back of a warpgroup's last dQ is waited for with the register epilogue: at
-  // the next tile's first dQ store (hd64, measured) or, for 64-row blocks (level 2 of the
-  // switch), at the tile's end as the staged epilogue does.
-  static constexpr bool kHandBackAtNextStore = kDkDvRegs && kDqByRows;
+  // at hd128 +1-2.6 % at 512 / 1k and causal 512 / 1k, level from 2k; the register epilogue at
+  // hd128 with the hand-back still waited for at the tile's end -6 to -10 % at 512-2k
+  // (docs/perf.md, 2026-12-02 "the postprocess at hd128"). So the register epilogue stays with
+  // 128-row blocks (hd64), and the postprocess runs from registers wherever its fragment is whole
+  // transpose groups (kPostFromRegisters: hd 64, 128; hd96's 48 columns per warpgroup are not).
+  static constexpr bool kDkDvRegs = FA4_BWD_DKDV_REGS && kDqByRows;
   static constexpr bool kPostRegs = FA4_BWD_POST_REGS;
   using MmaDQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float,

@@ -70,10 +70,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   constexpr bool kEarlyDp = T::kEarlyDp;                             // Note [early dPᵀ]
   const bool reds = T::kDqFromRegisters && !kp.p.fwd.deterministic;  // Note [dQ from registers]
   // Note [dK/dV from registers]: the reducer's hand-back of this warpgroup's last dQ is waited for
-  // at the next dQ store (or after the last tile) where kHandBackAtNextStore, and the dS stages
-  // count blocks across tiles.
+  // at the next dQ store (or after the last tile), and the dS stages count blocks across tiles.
   constexpr bool kDkDvRegs = T::kDkDvRegs;
-  constexpr bool kAtNextStore = T::kHandBackAtNextStore;
   bool dq_owed = false;  // a dQ handed to the reducer whose dq_empty is not yet waited for
   int ds_use = 0;        // blocks of the earlier tiles (the dS stage of the tile's block i)
   // Note [persistent bwd]: the tiles the producer publishes, each a use of the K/V buffer.
@@ -185,7 +183,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
         float* dq = dq_tile + (int64_t(g) * kp.ws.rows + int64_t(m) * kM) * T::kHeadDim;
         red_add_fragment<T::kConsumerThreads>(dq, acc_dq);
       } else {
-        if (kAtNextStore ? dq_owed : i > 0) {
+        if (kDkDvRegs ? dq_owed : i > 0) {
           cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
         }
         ss.trace.mark(leader, wg, i, 7);
@@ -223,7 +221,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     ss.trace.cta_mark(leader, wg == 0 ? 4 : 7);
     // The staged epilogue writes over dQ's buffer too: the reducer must have read the last
     // block's dQ (Note [dK/dV from registers] waits for it at the next dQ store instead).
-    if (!kAtNextStore && blocks > 0 && !reds) {
+    if (!kDkDvRegs && blocks > 0 && !reds) {
       cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
     }
     const BwdTile out = BwdTile::of(kp, item, T::kBlockN);
@@ -239,7 +237,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   }
   // Every arrival of the reducer on dq_empty is matched (Note [dK/dV from registers]; the staged
   // epilogue waited for each tile's last one already).
-  if (kAtNextStore && dq_owed) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
+  if (kDkDvRegs && dq_owed) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
 }
 
 }  // namespace fa4::sm90

@@ -157,8 +157,10 @@ __device__ __forceinline__ void write_quad_rows(typename T::Element* base, int64
 // stores). Measured with Note [postprocess from registers] against main (docs/perf.md,
 // 2026-12-02 next-ab7): hd128 -3 % at 512, -3.5 % causal 1k, -2.4 % at 2k, -5 % causal 512,
 // level at 16k; hd64 (dQ from registers, no hand-back) +1.3-1.8 % at 512-2k, level at 16k. So it
-// runs at hd64 only (BwdTraits::kDkDvRegs); at hd128 the moved hand-back wait, now at the next
-// tile's first dQ store, is the suspect, not measured.
+// runs at hd64 only (BwdTraits::kDkDvRegs). Measured apart at hd128 (2026-12-02, "the postprocess
+// at hd128"): the postprocess alone gained 1-2.6 %, and this epilogue with the hand-back still
+// waited for at the tile's end lost 6-10 % at 512-2k, so the loss is the register stores
+// themselves (with 12 more bytes of spills, reloaded beside them), not the moved wait.
 
 // dK, dV of a kv tile straight from the registers (as store_dk_dv: dK scaled, rows past seqlen_k
 // skipped); each warpgroup's accumulator is one m64nN atom, N = 2 · its size per thread.

@@ -108,9 +108,10 @@ constexpr int kPostPitch = T::kHeadDim + 8;
 // Note [split epilogue]) with no shared-memory copy, no barrier and no dynamic shared memory.
 // The postprocess took 59 us against flash-attn-4's 49 at hd128 1k (docs/perf.md, 2026-11-29);
 // the suspects, not measured, are the copy's 35 KB per CTA (6 CTAs per SM) and its
-// __syncthreads. N must be whole groups of four 8-column chunks (d = 96, N = 48, could not). Where
-// it runs is the traits' kPostRegs: hd64 only, as Note [dK/dV from registers], with which it was
-// measured (the two were not measured apart).
+// __syncthreads. N must be whole groups of four 8-column chunks (d = 96, N = 48, could not), so
+// it runs at hd 64 and 128 (the traits' kPostRegs). Measured alone at hd128 against the copy
+// (docs/perf.md, 2026-12-02 "the postprocess at hd128"): the backward +1-2.6 % at 512 / 1k and
+// causal 512 / 1k, level from 2k.
 template <class T>
 constexpr bool kPostFromRegisters = T::kPostRegs && (T::kDqFloats / 128) % 32 == 0;
 

@@ -56,8 +56,8 @@
 #endif
 
 // Note [right-edge mask] (mask.cuh): masked blocks that no left window edge cuts take the
-// one-compare test where FwdTraits::kRightEdgeMask says (hd64); 0 keeps the two-edge test
-// everywhere, 2 takes the one-compare test at every head dim (A/B switch levels).
+// one-compare test where FwdTraits::kRightEdgeMask says (every head dim but 96); 0 keeps the
+// two-edge test everywhere, 2 takes the one-compare test at hd96 too (A/B switch levels).
 #ifndef FA4_SM90_RIGHT_EDGE_MASK
 #define FA4_SM90_RIGHT_EDGE_MASK 1
 #endif
@@ -127,12 +127,14 @@ struct FwdTraits {
   // on today's loop (step 16: the two warpgroups' overlapping softmaxes share each MUFU).
   static constexpr int kEmuSixteenths = FA4_SM90_EMU_SIXTEENTHS;
   static constexpr float kTau = 8.0f;  // Note [conditional rescale]
-  // Note [right-edge mask]: measured against main (docs/perf.md, 2026-12-02 next-ab7) +2.0-2.4 %
-  // at hd64 causal 512-2k (level at 16k and non-causal); at hd128 causal 1k +2 %, 2k and 16k
-  // level, but causal 512 -13 to -20 % in the one call (where flash-attn-4 also ran 35 % under
-  // its usual), so hd > 64 keeps the two-edge test until a repeat A/B explains that point.
+  // Note [right-edge mask]: measured against the two-edge test (docs/perf.md, 2026-12-02 next-ab7
+  // and "the right-edge mask at every head dim but 96"): hd64 causal 512-2k +2.0-2.4 %; hd128
+  // causal 1k +3 %, causal 512 +0.8 % (the -13/-21 % of the first call did not repeat), and
+  // non-causal 1k / 16k +3.7 / +2.2 % from the changed code around the loop; hd 192 / 256 causal
+  // +0.5-3 %, non-causal level. At hd96 causal +0.6-1.9 % but non-causal 512 / 1k -1.2 / -1.9 %,
+  // so hd96 keeps the two-edge test ((192, 128) follows hd192, not measured).
   static constexpr bool kRightEdgeMask =
-      FA4_SM90_RIGHT_EDGE_MASK == 2 || (FA4_SM90_RIGHT_EDGE_MASK == 1 && kHeadDim <= 64);
+      FA4_SM90_RIGHT_EDGE_MASK == 2 || (FA4_SM90_RIGHT_EDGE_MASK == 1 && kHeadDim != 96);
   // Note [warpgroup ping-pong]: the consumer warpgroups take turns issuing their GEMMs (one
   // named barrier each), so one's softmax runs while another's GEMMs hold the tensor cores.
   static constexpr bool kPingPong = FA4_SM90_PINGPONG;

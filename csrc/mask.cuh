@@ -214,8 +214,8 @@ __host__ __device__ __forceinline__ void apply_mask(float (&s)[Frag::kSize], con
 // of offset(e) against bound(r) = hi(r) - base: an immediate operand, where apply_mask
 // computes the column and tests both ends (SM90 hd128: 237 instructions per thread and masked
 // block). The bound is made opaque to the compiler, which otherwise folded it back into
-// base + offset(e) < hi(r): an add per column pair. The SM90 forward takes it at hd64
-// (FwdTraits::kRightEdgeMask, where it measured +2.0-2.4 % at causal 512-2k); the SM100 forward
+// base + offset(e) < hi(r): an add per column pair. The SM90 forward takes it at every head dim
+// but 96 (FwdTraits::kRightEdgeMask has the measurements); the SM100 forward
 // keeps apply_mask (an opaque bound there raised its spills at hd192, 36 -> 108 bytes, in the
 // eleventh session's version).
 __host__ __device__ __forceinline__ int opaque_int(int x) {
