@@ -157,9 +157,9 @@ def test_old_dumps_fall_back_to_the_head_dim(capsys):
 
 
 def test_pipelined_tile_order(capsys):
-    """Note [next tile's first S]: tile k is taken, decoded and its first S issued (marks 0-2)
-    before tile k-1's last P·V is done and its epilogue runs (marks 4-9 of k-1); the reader
-    switches to the phases of that order."""
+    """Note [next tile's first S] (c314a0e): tile k is taken, decoded and its first S issued
+    (marks 0-2) before tile k-1's last P·V is done and its epilogue runs (marks 4-9 of k-1); the
+    reader switches to the phases of that order."""
     offsets = [-1500, -1300, -1200, 600, 24000, 24200, 24400, 24500, 24550, 24580]
     words = _words(5, 1000, wgs=2, tile_offsets=offsets)
     tf.report(words, 64, "synthetic")
