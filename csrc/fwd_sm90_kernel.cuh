@@ -276,7 +276,16 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
                 [&](int e) { return n * T::kBlockN + 8 * (e / 2) + 2 * quad_lane + e % 2; });
           }
         }
-        const RowDecisions d = softmax.update_max(s_arr, kp.score.scale_log2, T::kTau, o_scale);
+        float m_loc[SFrag::kRows];
+        softmax.local_max(s_arr, m_loc);
+        // Note [stale-max vote]: one vote of the warp instead of the row max's shuffles when
+        // every lane keeps the stale max (after a tile's first block, nearly always); d then
+        // says "nothing rescaled", as update_max_local would have.
+        RowDecisions d;
+        if (!T::kStaleMaxVote ||
+            !__all_sync(0xffffffffu, softmax.keeps_max(m_loc, kp.score.scale_log2, T::kTau))) {
+          d = softmax.update_max_local(m_loc, kp.score.scale_log2, T::kTau, o_scale);
+        }
         softmax.template exp2_and_sum<T::kEmuSixteenths>(s_arr, kp.score.scale_log2);
         return d;
       };

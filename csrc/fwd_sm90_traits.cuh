@@ -45,6 +45,11 @@
 #ifndef FA4_SM90_EMU_SIXTEENTHS
 #define FA4_SM90_EMU_SIXTEENTHS 0
 #endif
+// Note [stale-max vote] (softmax.cuh): a warp whose every lane keeps the stale max skips the row
+// max's shuffles and decisions (an A/B switch).
+#ifndef FA4_SM90_STALE_MAX_VOTE
+#define FA4_SM90_STALE_MAX_VOTE 1
+#endif
 // Note [three consumers at hd64]; 0 keeps two consumer warpgroups at every head dim.
 #ifndef FA4_SM90_THREE_CONSUMERS
 #define FA4_SM90_THREE_CONSUMERS 1
@@ -135,6 +140,8 @@ struct FwdTraits {
   // so hd96 keeps the two-edge test ((192, 128) follows hd192, not measured).
   static constexpr bool kRightEdgeMask =
       FA4_SM90_RIGHT_EDGE_MASK == 2 || (FA4_SM90_RIGHT_EDGE_MASK == 1 && kHeadDim != 96);
+  // Note [stale-max vote]: in the KV-block loop, before update_max's shuffles and decisions.
+  static constexpr bool kStaleMaxVote = FA4_SM90_STALE_MAX_VOTE;
   // Note [warpgroup ping-pong]: the consumer warpgroups take turns issuing their GEMMs (one
   // named barrier each), so one's softmax runs while another's GEMMs hold the tensor cores.
   static constexpr bool kPingPong = FA4_SM90_PINGPONG;

@@ -176,6 +176,14 @@ struct OnlineSoftmax {
   // one did; computing the factor unconditionally (exp2 of 0) added 28 bytes of spills there.
   __host__ __device__ RowDecisions update_max(const float (&s)[Frag::kSize], float scale_log2,
                                               float tau, float (&o_scale)[kRows]) {
+    float m_loc[kRows];
+    local_max(s, m_loc);
+    return update_max_local(m_loc, scale_log2, tau, o_scale);
+  }
+
+  // Per row, the maximum of this thread's part of s: update_max's kMaxPart independent chains,
+  // not yet combined across the row's lanes.
+  __host__ __device__ void local_max(const float (&s)[Frag::kSize], float (&m_loc)[kRows]) const {
     constexpr int kMaxPart = Frag::kCols % 8 == 0 && Frag::kCols >= 64 ? 8
                              : Frag::kCols % 4 == 0                    ? 4
                                                                        : 1;
@@ -191,7 +199,6 @@ struct OnlineSoftmax {
       for (int r = 0; r < kRows; ++r)
         part[r][e % kMaxPart] = fmaxf(part[r][e % kMaxPart], s[Frag::idx(r, e)]);
     }
-    float m_blk[kRows];
     FA4_UNROLL
     for (int r = 0; r < kRows; ++r) {
       FA4_UNROLL
@@ -199,11 +206,33 @@ struct OnlineSoftmax {
         FA4_UNROLL
         for (int k = 0; k < w; ++k) part[r][k] = fmaxf(part[r][k], part[r][k + w]);
       }
-      m_blk[r] = part[r][0];
+      m_loc[r] = part[r][0];
     }
+  }
+
+  // Note [stale-max vote]: true when this thread's part of every row keeps the stale max, i.e.
+  // the row has seen a key (m finite) and m_loc · scale_log2 <= m + tau. The row's own test in
+  // update_max_local is on the maximum over its lanes, scaled after combining; scaling by
+  // scale_log2 > 0 is monotone in fp32 too, so when every lane of a row passes here, the row is
+  // neither first nor rescaled there: update_max_local would leave m, l and O as they are. A
+  // kernel that finds this for every lane of the warp (one vote) skips update_max_local, its
+  // shuffles and its decisions, and exp2_and_sum then runs exactly as after it.
+  __host__ __device__ bool keeps_max(const float (&m_loc)[kRows], float scale_log2,
+                                     float tau) const {
+    bool keep = true;
     FA4_UNROLL
     for (int r = 0; r < kRows; ++r)
-      m_blk[r] = detail::row_allreduce<kThreads, true>(m_blk[r]) * scale_log2;
+      keep = keep && row_max[r] != -INFINITY && !(m_loc[r] * scale_log2 > row_max[r] + tau);
+    return keep;
+  }
+
+  // update_max from local_max's per-lane maxima.
+  __host__ __device__ RowDecisions update_max_local(const float (&m_loc)[kRows], float scale_log2,
+                                                    float tau, float (&o_scale)[kRows]) {
+    float m_blk[kRows];
+    FA4_UNROLL
+    for (int r = 0; r < kRows; ++r)
+      m_blk[r] = detail::row_allreduce<kThreads, true>(m_loc[r]) * scale_log2;
     RowDecisions d;
     FA4_UNROLL
     for (int r = 0; r < kRows; ++r) {

@@ -285,6 +285,12 @@ def _model(q, k, v, *, causal, window, scale, softcap, tau, emu16, degree, shape
 
 
 def _check_counts(name, counts, m_counts):
+    """The harness's counts equal the model's; Note [stale-max vote]: keeps_max agreed with
+    update_max on every row and block (it kept exactly the rows that had seen a key and were not
+    rescaled), so it held at least on every skipped one."""
+    counts = dict(counts)
+    kept, mismatch = counts.pop("kept"), counts.pop("keep_mismatch")
+    assert mismatch == 0 and kept >= counts["skipped"], f"{name}: kept {kept}, {mismatch} wrong"
     assert counts == {key: m_counts[key] for key in COUNT_KEYS}, f"{name}: {counts} vs {m_counts}"
 
 

@@ -241,6 +241,9 @@ struct Problem {
 struct Counts {
   long long rescaled = 0, skipped = 0, rows_first_block = 0;
   long long warp_groups_skipped = 0, warp_groups_total = 0, tiles = 0;
+  // Note [stale-max vote]: rows whose keeps_max held, and those where it disagreed with
+  // update_max's own decision (kept iff the row had seen a key and was not rescaled).
+  long long kept = 0, keep_mismatch = 0;
 };
 
 float round_p(float p, bool fp16) {
@@ -303,8 +306,13 @@ void attend(const Problem& pb, std::vector<float>& out, std::vector<float>& lse,
               fa4::apply_mask<Frag>(
                   s, mask, [&](int) { return row; }, [&](int e) { return n * kBN + e; });
             }
-            float o_scale[1];
+            float o_scale[1], m_loc[1];
+            const bool seen = st[i].row_max[0] != -INFINITY;
+            st[i].local_max(s, m_loc);
+            const bool keep = st[i].keeps_max(m_loc, c_log2, pb.tau);
             const fa4::RowDecisions dec = st[i].update_max(s, c_log2, pb.tau, o_scale);
+            c.kept += keep;
+            c.keep_mismatch += keep != (seen && !(dec.rescaled & 1));
             c.rows_first_block += dec.first & 1;
             c.rescaled += dec.rescaled & 1;
             c.skipped += dec.skipped & 1;
@@ -390,6 +398,7 @@ int run_attention(const char* in_path, const char* out_path) {
               c.rows_first_block);
   std::printf("warp_groups_skipped %lld\nwarp_groups_total %lld\ntiles %lld\n",
               c.warp_groups_skipped, c.warp_groups_total, c.tiles);
+  std::printf("kept %lld\nkeep_mismatch %lld\n", c.kept, c.keep_mismatch);
   return 0;
 }
 
