@@ -45,8 +45,8 @@
 #ifndef FA4_SM90_EMU_SIXTEENTHS
 #define FA4_SM90_EMU_SIXTEENTHS 0
 #endif
-// Note [stale-max vote] (softmax.cuh): a warp whose every lane keeps the stale max skips the row
-// max's shuffles and decisions (an A/B switch).
+// Note [stale-max vote] (softmax.cuh): where FwdTraits::kStaleMaxVote says (hd128), a warp whose
+// every lane keeps the stale max skips the row max's shuffles and decisions (an A/B switch).
 #ifndef FA4_SM90_STALE_MAX_VOTE
 #define FA4_SM90_STALE_MAX_VOTE 1
 #endif
@@ -141,7 +141,11 @@ struct FwdTraits {
   static constexpr bool kRightEdgeMask =
       FA4_SM90_RIGHT_EDGE_MASK == 2 || (FA4_SM90_RIGHT_EDGE_MASK == 1 && kHeadDim != 96);
   // Note [stale-max vote]: in the KV-block loop, before update_max's shuffles and decisions.
-  static constexpr bool kStaleMaxVote = FA4_SM90_STALE_MAX_VOTE;
+  // Measured at hd128 against the same tree without it (docs/perf.md, 2026-12-02 "the stale-max
+  // vote"): +3.6 / +5.4 / +2.7 % at 1k / 2k / 16k, causal +2.0 / +6.2 / +4.0 %. In the SASS
+  // the loop's wait for its own P·V also moved from before the row max to after it, so the
+  // max now overlaps that P·V. The other head dims were neither run nor measured with it.
+  static constexpr bool kStaleMaxVote = FA4_SM90_STALE_MAX_VOTE && kHeadDim == 128;
   // Note [warpgroup ping-pong]: the consumer warpgroups take turns issuing their GEMMs (one
   // named barrier each), so one's softmax runs while another's GEMMs hold the tensor cores.
   static constexpr bool kPingPong = FA4_SM90_PINGPONG;
