@@ -474,7 +474,7 @@ def test_right_edge_mask_compares_against_immediates(compiled, compiled_hd64, co
     block and in the KV-block loop: at least two bound registers with 31 or more such compares,
     in the three- and the two-warpgroup hd64 kernels and at hd128. hd96 keeps the two-edge
     apply_mask (register against register, ISETP.GT.AND / .OR pairs per element), where the
-    one-compare test cost its non-causal points 1.3-1.9 %."""
+    one-compare test cost its non-causal points 1.2-1.9 %."""
     assert _immediate_compares(_bf16_body(compiled_hd64[1], "fwd_kernel", tag)[1]) >= 2
     assert _immediate_compares(_bf16_body(compiled[1], "fwd_kernel")[1]) >= 2
     assert _immediate_compares(_bf16_body(compiled_hd96[1], "fwd_kernel")[1]) == 0
