@@ -310,7 +310,7 @@ void attend(const Problem& pb, std::vector<float>& out, std::vector<float>& lse,
             const bool seen = st[i].row_max[0] != -INFINITY;
             st[i].local_max(s, m_loc);
             const bool keep = st[i].keeps_max(m_loc, c_log2, pb.tau);
-            const fa4::RowDecisions dec = st[i].update_max(s, c_log2, pb.tau, o_scale);
+            const fa4::RowDecisions dec = st[i].update_max_local(m_loc, c_log2, pb.tau, o_scale);
             c.kept += keep;
             c.keep_mismatch += keep != (seen && !(dec.rescaled & 1));
             c.rows_first_block += dec.first & 1;
