@@ -11,7 +11,8 @@
 #   bash bench/ab_sm90_fwd.sh "-DFA4_SM90_PINGPONG=0" "-DFA4_SM90_PINGPONG=1"
 #
 # (perf-notes forward step 9 ran it with a switch since removed). Prints a table of every run last.
-# Environment: HDIMS (built and benched, default 64,128,256), PEER_HDIMS (default 128),
+# Environment: HDIMS (built and benched, default 64,128,256), BUILD_HDIMS (built, default HDIMS:
+# e.g. every head dim, for the tests or a standing run after the A/B), PEER_HDIMS (default 128),
 # SEQLENS (default 1k,2k,16k), OUT (default /tmp/ab: ab.csv, every run's rows with a "run"
 # column, and ab_table.md, the table printed last; one file each, since a device call brings back
 # at most eight), DIR (fwd, or bwd: builds the backward too, benches it and tests
@@ -37,7 +38,7 @@ export PYTHONUNBUFFERED=1
 build() {  # name, flags, tree (default .): builds it in place (editable install), keeps a copy
   # of the extension and its build config in /tmp/ab_so_<name>
   local t0=$SECONDS tree=${3:-.}
-  (cd "$tree" && FA4_CUDA_ARCHS=90a FA4_HDIMS=$hdims FA4_DISABLE_BWD=$disable_bwd \
+  (cd "$tree" && FA4_CUDA_ARCHS=90a FA4_HDIMS=${BUILD_HDIMS:-$hdims} FA4_DISABLE_BWD=$disable_bwd \
     FA4_NVCC_EXTRA="$2" MAX_JOBS=16 \
     python3 -m pip install --no-build-isolation --no-deps --no-index -e .) >"/tmp/ab_build_$1.log" 2>&1 ||
     { tail -40 "/tmp/ab_build_$1.log"; return 1; }
@@ -78,6 +79,7 @@ if [ -n "$other" ]; then
   bench var var_other2 "$other" fa4 || exit 1
   bench base base_other2 "$other" fa4 || exit 1
 fi
+use var || exit 1  # the tree's extension is var's again, for whatever the call runs next
 python3 - "$runs" "$out" <<'PY'
 import csv, sys
 from pathlib import Path

@@ -45,9 +45,8 @@
 #ifndef FA4_SM90_EMU_SIXTEENTHS
 #define FA4_SM90_EMU_SIXTEENTHS 0
 #endif
-// Note [stale-max vote] (softmax.cuh): where FwdTraits::kStaleMaxVote says (hd128), a warp whose
-// every lane keeps the stale max skips the row max's shuffles and decisions; 0 nowhere, 2 at every
-// head dim (A/B switch levels).
+// Note [stale-max vote] (softmax.cuh): at every head dim, a warp whose every lane keeps the stale
+// max skips the row max's shuffles and decisions; 0: nowhere (an A/B switch).
 #ifndef FA4_SM90_STALE_MAX_VOTE
 #define FA4_SM90_STALE_MAX_VOTE 1
 #endif
@@ -145,11 +144,10 @@ struct FwdTraits {
   // Measured at hd128 against the same tree without it (docs/perf.md, 2026-12-02 "the stale-max
   // vote"): +3.6 / +5.4 / +2.7 % at 1k / 2k / 16k, causal +2.0 / +6.2 / +4.0 %. In the SASS
   // the loop's wait for its own P·V also moved from before the row max to after it, so the
-  // max now overlaps that P·V. The other head dims were neither run nor measured with it (level
-  // 2 of the switch; in its SASS the wait moves after the row max there too, with the spills of
-  // level 1 except hd256's, 12 -> 24 bytes).
-  static constexpr bool kStaleMaxVote =
-      FA4_SM90_STALE_MAX_VOTE == 2 || (FA4_SM90_STALE_MAX_VOTE == 1 && kHeadDim == 128);
+  // max now overlaps that P·V. At the other head dims (docs/perf.md, 2026-12-03 "the stale-max
+  // vote at every head dim"): hd64 +1-3 %, hd96 causal +2-4 % (non-causal level), hd192 +2-10 %
+  // from 2k, hd256 1k / 16k +1-3 % but 512 and causal 512 -2 %, which stays for the gains.
+  static constexpr bool kStaleMaxVote = FA4_SM90_STALE_MAX_VOTE != 0;
   // Note [warpgroup ping-pong]: the consumer warpgroups take turns issuing their GEMMs (one
   // named barrier each), so one's softmax runs while another's GEMMs hold the tensor cores.
   static constexpr bool kPingPong = FA4_SM90_PINGPONG;

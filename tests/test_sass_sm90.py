@@ -480,12 +480,12 @@ def test_right_edge_mask_compares_against_immediates(compiled, compiled_hd64, co
     assert _immediate_compares(_bf16_body(compiled_hd96[1], "fwd_kernel")[1]) == 0
 
 
-def test_stale_max_vote_at_hd128_only(compiled, compiled_hd64):
-    """Note [stale-max vote] (FwdTraits::kStaleMaxVote, hd128): the KV-block loop votes once
-    (VOTE.ALL) and its wait for its own P·V (WARPGROUP.DEPBAR.LE gsb0, 0x0) follows the row max
-    (the last FMNMX) instead of preceding it, so the max overlaps that P·V; the row max's four
-    SHFL.BFLY stay in the loop for the rare path. hd64 (not measured with it) keeps update_max:
-    no vote, and the wait before the max."""
+def test_stale_max_vote(compiled, compiled_hd64, compiled_hd96):
+    """Note [stale-max vote] (FwdTraits::kStaleMaxVote, every head dim): the KV-block loop votes
+    once (VOTE.ALL) and its wait for its own P·V (WARPGROUP.DEPBAR.LE gsb0, 0x0) follows the row
+    max (the last FMNMX) instead of preceding it, so the max overlaps that P·V; the row max's four
+    SHFL.BFLY stay in the loop for the rare path. Checked at hd128, hd96 and in both hd64 kernels
+    (three and two consumer warpgroups)."""
 
     def loop(sass, tag=""):
         ops = _block_loop_ops(sass, tag=tag)
@@ -493,9 +493,9 @@ def test_stale_max_vote_at_hd128_only(compiled, compiled_hd64):
         last_max = max(i for i, o in enumerate(ops) if o == "FMNMX.FTZ")
         return ops, wait, last_max
 
-    ops, wait, last_max = loop(compiled[1])
-    assert ops.count("VOTE.ALL") == 1 and ops.count("SHFL.BFLY") == 4, sorted(set(ops))
-    assert wait > last_max, (wait, last_max)
-    for tag in ("bfloat16_tELi0E", "bfloat16_tELi2E"):
-        ops, wait, last_max = loop(compiled_hd64[1], tag)
-        assert "VOTE.ALL" not in ops and wait < last_max, (tag, wait, last_max)
+    cases = [(compiled, ""), (compiled_hd96, "")]
+    cases += [(compiled_hd64, tag) for tag in ("bfloat16_tELi0E", "bfloat16_tELi2E")]
+    for built, tag in cases:
+        ops, wait, last_max = loop(built[1], tag)
+        assert ops.count("VOTE.ALL") == 1 and ops.count("SHFL.BFLY") == 4, (tag, sorted(set(ops)))
+        assert wait > last_max, (tag, wait, last_max)
