@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import dispatch, reference
 
@@ -181,11 +182,32 @@ def _backward(ctx, dout, dlse):
 fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+def direct_call_ok(*tensors: Tensor) -> bool:
+    """Note [inference fast path]: whether the forward may call the op's CUDA kernel function
+    itself instead of going through the torch.library op. The op's Python dispatch costs ~20 µs
+    of host time per call (measured on the CPU machine: a trivial custom_op 26 µs against 6 µs
+    for its two allocations), which a short forward pays on top of the kernel whenever the host,
+    not the GPU, is the slower side (docs/perf-notes.md, "the short points' two modes"). The op
+    is still needed wherever something sees it: autograd (a tensor that needs a gradient while
+    grad mode is on), torch.compile, a dispatch mode (FakeTensorMode, tracing), functorch
+    transforms and tensor subclasses. Outside those the op would run the same function."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return False
+    if _get_current_dispatch_mode() is not None:
+        return False
+    if any(type(t) is not Tensor for t in tensors):
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
 def call_fwd(
     q, k, v, opts: dispatch.Options, cu_q=None, cu_k=None, seqused_k=None, max_q=0, max_k=0
 ):
-    return fwd(
+    args = (
         q, k, v, cu_q, cu_k, seqused_k, max_q, max_k,
         opts.causal, opts.softmax_scale, opts.window_left, opts.window_right,
         opts.softcap, opts.deterministic, opts.backend,
     )  # fmt: skip
+    if q.is_cuda and direct_call_ok(q, k, v):
+        return _fwd_cuda(*args)
+    return fwd(*args)

@@ -1,0 +1,95 @@
+"""Note [inference fast path] (fa4/_ops.py): when nothing needs to see the torch.library op, the
+CUDA forward calls the op's kernel function itself. The predicate is tested on the CPU; the
+results (bitwise those of the op) and CUDA-graph capture on the GPU."""
+
+import pytest
+import torch
+from helpers import randn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import fa4
+from fa4 import _ops, build_info
+
+
+def qkv(requires_grad=False):
+    g = torch.Generator().manual_seed(5)
+    ts = [randn(1, 33, 2, 64, dtype=torch.bfloat16, generator=g) for _ in range(3)]
+    return [t.requires_grad_(requires_grad) for t in ts]
+
+
+def test_direct_call_only_where_nothing_sees_the_op():
+    plain = qkv()
+    assert _ops.direct_call_ok(*plain)
+    grads = qkv(requires_grad=True)
+    assert not _ops.direct_call_ok(*grads), "autograd must record the op"
+    with torch.no_grad():
+        assert _ops.direct_call_ok(*grads), "no grad mode: nothing to record"
+    with torch.inference_mode():
+        assert _ops.direct_call_ok(*grads)
+    with FakeTensorMode():
+        assert not _ops.direct_call_ok(*plain), "a dispatch mode must see the op"
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert not _ops.direct_call_ok(plain[0].as_subclass(Sub), *plain[1:])
+    seen = []
+
+    def probe(x):
+        seen.append(_ops.direct_call_ok(x))
+        return x
+
+    torch.func.vmap(probe)(plain[0])
+    assert seen == [False], "functorch transforms must see the op"
+
+
+cuda_kernel = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
+    or build_info.missing_kernel("sm90", "fwd", (128, 128)) is not None,
+    reason="needs an SM90 GPU and the hd128 sm90 forward in the build",
+)  # fmt: skip
+
+
+def cuda_qkv(requires_grad=False):
+    g = torch.Generator().manual_seed(9)
+    ts = [randn(2, 300, 4, 128, dtype=torch.bfloat16, generator=g).cuda() for _ in range(3)]
+    return [t.requires_grad_(requires_grad) for t in ts]
+
+
+@pytest.mark.gpu
+@cuda_kernel
+def test_fast_path_is_bitwise_the_op(monkeypatch):
+    q, k, v = cuda_qkv()
+    direct = fa4.attention(q, k, v, causal=True, return_lse=True)
+    monkeypatch.setattr(_ops, "direct_call_ok", lambda *ts: False)
+    through_op = fa4.attention(q, k, v, causal=True, return_lse=True)
+    for a, b in zip(direct, through_op, strict=True):
+        assert torch.equal(a, b)
+    monkeypatch.undo()
+    q, k, v = cuda_qkv(requires_grad=True)
+    out = fa4.attention(q, k, v, causal=True)
+    assert out.grad_fn is not None, "a tensor needing a gradient goes through the op"
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+@pytest.mark.gpu
+@cuda_kernel
+@pytest.mark.parametrize("grad", [False, True])
+def test_cuda_graph_capture_and_replay(grad):
+    """The forward captured in a CUDA graph (through the fast path for inputs without grad,
+    through the op for inputs that need one) replays to the eager result for new values copied
+    into the captured inputs."""
+    q, k, v = cuda_qkv(requires_grad=grad)
+    fa4.attention(q, k, v, causal=True)  # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fa4.attention(q, k, v, causal=True)
+    assert (out.grad_fn is not None) == grad
+    with torch.no_grad():
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, fa4.attention(q, k, v, causal=True))
