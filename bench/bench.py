@@ -71,6 +71,11 @@ def parse_args(argv=None):
         help="list the CUDA kernels each impl launches at the first point "
         "(kernels.txt): shows any internal copy or transpose",
     )
+    ap.add_argument(
+        "--rotate-impls",
+        action="store_true",
+        help="start point i's implementations at the i-th (none is always timed first)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--replot", metavar="CSV", help="only print tables and plot from a CSV")
     return ap.parse_args(argv)
@@ -164,9 +169,12 @@ def measure(bi, torch, impl, p, dirs, inputs, ref, st: State):
                 )
                 continue
             try:
-                mem, ms = _time_direction(bi, torch, impl, p, d, a, st.args)
+                (mem, ms), mhz, why = bi.clocked(
+                    lambda d=d: _time_direction(bi, torch, impl, p, d, a, st.args)
+                )
                 status = "ok" if ref is not None else "ok (unchecked: no reference)"
-                emit(d, ms=ms, peak_extra_mib=mem, max_abs_diff=diff.get(d), status=status)
+                emit(d, ms=ms, peak_extra_mib=mem, max_abs_diff=diff.get(d), status=status,
+                     sm_mhz=mhz, clock_reasons=why)  # fmt: skip
             except Exception as e:  # noqa: BLE001
                 emit(d, max_abs_diff=diff.get(d), status=f"error: {_err(e)}")
                 torch.cuda.empty_cache()
@@ -310,7 +318,7 @@ def main(argv=None) -> int:
             except Exception as e:  # noqa: BLE001
                 print(f"reference (sdpa-flash) failed at {p}: {type(e).__name__}: {e}")
                 ref = None
-            for impl in impls:
+            for impl in bu.rotated(impls, i) if args.rotate_impls else impls:
                 if st.elapsed() > args.stop_s:
                     break
                 measure(bi, torch, impl, p, dirs, inputs, ref, st)

@@ -217,6 +217,36 @@ def _events_ms(fn, warmup_ms, rep_ms) -> float:
     return statistics.median(times)
 
 
+_nvml = None
+
+
+def gpu_clock() -> tuple[int, int] | None:
+    """(SM clock in MHz, NVML clock event reasons bitmask) of the current device, or None when
+    pynvml (nvidia-ml-py) is not installed or NVML does not answer."""
+    global _nvml
+    try:
+        import pynvml
+
+        if _nvml is None:
+            pynvml.nvmlInit()
+            _nvml = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        reasons = reasons or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        return pynvml.nvmlDeviceGetClockInfo(_nvml, pynvml.NVML_CLOCK_SM), int(reasons(_nvml))
+    except Exception:  # noqa: BLE001 - no NVML: the columns stay blank
+        return None
+
+
+def clocked(fn):
+    """fn()'s result and the (sm_mhz, clock_reasons) CSV fields read around it."""
+    before = gpu_clock()
+    res = fn()
+    after = gpu_clock()
+    if before is None or after is None:
+        return res, "", ""
+    return res, f"{before[0]}/{after[0]}", hex(before[1] | after[1])
+
+
 def kernel_names(fn) -> Counter:
     """CUDA kernels one fn() launches (torch.profiler), name -> count."""
     from torch.profiler import ProfilerActivity, profile

@@ -28,8 +28,11 @@ TOLERANCE = 2e-2
 REFERENCE_IMPL = "sdpa-flash"
 OURS = "fa4"
 
+# sm_mhz: the SM clock read before / after the timing (NVML; blank without pynvml); clock_reasons:
+# NVML's clock event reasons seen at either read, hex (0x4 power cap, 0x20 / 0x40 thermal, ...).
 CSV_FIELDS = (
-    "impl direction hdim causal seqlen batch heads ms tflops peak_extra_mib max_abs_diff status"
+    "impl direction hdim causal seqlen batch heads ms tflops peak_extra_mib max_abs_diff status "
+    "sm_mhz clock_reasons"
 ).split()
 
 
@@ -104,6 +107,14 @@ def parse_ints(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def rotated(items: list, i: int) -> list:
+    """items started at position i (mod len): --rotate-impls runs point i's implementations in
+    this order, so that none is always the first timed after the previous point's (the low
+    readings of docs/perf-notes.md "the short points' two modes" follow a change of load)."""
+    k = i % len(items) if items else 0
+    return list(items[k:]) + list(items[:k])
+
+
 def parse_names(text: str | None, allowed: tuple[str, ...]) -> tuple[str, ...]:
     if not text:
         return tuple(allowed)
@@ -122,6 +133,8 @@ def make_row(
     peak_extra_mib=None,
     max_abs_diff=None,
     status="ok",
+    sm_mhz="",
+    clock_reasons="",
 ) -> dict:
     """A CSV row; ms / tflops / memory / diff are blank when not measured."""
 
@@ -142,6 +155,8 @@ def make_row(
         peak_extra_mib=fmt(peak_extra_mib, ".1f"),
         max_abs_diff=fmt(max_abs_diff, ".2e"),
         status=status,
+        sm_mhz=sm_mhz,
+        clock_reasons=clock_reasons,
     )
 
 

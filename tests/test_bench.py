@@ -91,6 +91,16 @@ def test_csv_rows_written_and_read_back(tmp_path):
     # 4·16·32·1024²·64 / 2 = 2^36 FLOPs in 0.5 ms = 137.4 TFLOP/s
     assert float(r["tflops"]) == pytest.approx(2**36 / 0.5e-3 / 1e12, abs=0.05)
     assert rows[1]["ms"] == rows[1]["tflops"] == rows[1]["peak_extra_mib"] == ""
+    assert rows[0]["sm_mhz"] == rows[0]["clock_reasons"] == "", "no clocks given: blank"
+
+
+def test_rotated_impl_order():
+    names = ["fa4", "sdpa-cudnn", "flash-attn-4"]
+    assert bu.rotated(names, 0) == names
+    assert bu.rotated(names, 1) == ["sdpa-cudnn", "flash-attn-4", "fa4"]
+    assert bu.rotated(names, 5) == ["flash-attn-4", "fa4", "sdpa-cudnn"]
+    assert [bu.rotated(names, i)[0] for i in range(6)] == names + names
+    assert bu.rotated([], 3) == []
 
 
 def test_ratio_table_uses_best_ok_peer():
