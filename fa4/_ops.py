@@ -184,13 +184,14 @@ fwd.register_autograd(_backward, setup_context=_setup_context)
 
 def direct_call_ok(*tensors: Tensor) -> bool:
     """Note [inference fast path]: whether the forward may call the op's CUDA kernel function
-    itself instead of going through the torch.library op. The op's Python dispatch costs ~20 µs
-    of host time per call (measured on the CPU machine: a trivial custom_op 26 µs against 6 µs
-    for its two allocations), which a short forward pays on top of the kernel whenever the host,
-    not the GPU, is the slower side (docs/perf-notes.md, "the short points' two modes"). The op
-    is still needed wherever something sees it: autograd (a tensor that needs a gradient while
-    grad mode is on), torch.compile, a dispatch mode (FakeTensorMode, tracing), functorch
-    transforms and tensor subclasses. Outside those the op would run the same function."""
+    itself instead of going through the torch.library op. The op's Python dispatch costs 30 µs
+    of host time per call on the H200's host (fa4.attention 46 µs direct, 76 through the op;
+    docs/perf.md, 2026-12-03 "host overhead"), which a forward pays on top of its kernel wherever
+    the host, not the GPU, is the slower side: small problems, launch-bound loops. (The bench's
+    points are not such: the host stays ahead there, and their numbers do not move.) The op is
+    still needed wherever something sees it: autograd (a tensor that needs a gradient while grad
+    mode is on), torch.compile, a dispatch mode (FakeTensorMode, tracing), functorch transforms
+    and tensor subclasses. Outside those the op would run the same function."""
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return False
     if _get_current_dispatch_mode() is not None:
