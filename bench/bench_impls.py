@@ -265,10 +265,15 @@ def kernel_names(fn) -> Counter:
 
 def environment() -> list[str]:
     import subprocess
+    from pathlib import Path
+
+    import bench_util
 
     lines = [
+        f"fa4 sources {bench_util.source_digest(Path(__file__).resolve().parents[1])} "
+        "(bench_util.source_digest: compare on the commit this run is recorded against)",
         f"torch {torch.__version__} (CUDA {torch.version.cuda}), "
-        f"cuDNN {torch.backends.cudnn.version()}"
+        f"cuDNN {torch.backends.cudnn.version()}",
     ]
     try:
         import triton

@@ -7,6 +7,7 @@ forward FLOPs 4·b·h·s_q·s_k·d (halved for causal), backward 2.5 × forward.
 from __future__ import annotations
 
 import csv
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +159,23 @@ def make_row(
         sm_mhz=sm_mhz,
         clock_reasons=clock_reasons,
     )
+
+
+def source_digest(root: Path) -> str:
+    """A digest of the sources that decide what a run measures (csrc/, fa4/*.py, setup.py), by
+    content: the device's copy of the tree can carry a stale .git, so `git log` there named
+    another commit than the files it ran (docs/perf.md, 2026-12-03). Compare it with this
+    function's value on the commit the run is recorded against."""
+    root = Path(root)
+    files = sorted(
+        [*root.glob("csrc/**/*"), *root.glob("fa4/**/*.py"), root / "setup.py"],
+        key=lambda f: f.relative_to(root).as_posix(),
+    )
+    h = hashlib.sha256()
+    for f in files:
+        if f.is_file() and f.name != "_build_config.py":
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 class CsvLog:

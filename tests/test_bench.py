@@ -94,6 +94,19 @@ def test_csv_rows_written_and_read_back(tmp_path):
     assert rows[0]["sm_mhz"] == rows[0]["clock_reasons"] == "", "no clocks given: blank"
 
 
+def test_source_digest_follows_content(tmp_path):
+    for rel in ("csrc/a.cu", "csrc/sub/b.cuh", "fa4/x.py", "setup.py", "docs/perf.md"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    first = bu.source_digest(tmp_path)
+    assert len(first) == 16 and first == bu.source_digest(tmp_path)
+    (tmp_path / "docs/perf.md").write_text("docs do not decide what runs")
+    (tmp_path / "fa4/_build_config.py").write_text("CONFIG = {}")
+    assert bu.source_digest(tmp_path) == first
+    (tmp_path / "csrc/sub/b.cuh").write_text("changed")
+    assert bu.source_digest(tmp_path) != first
+
+
 def test_rotated_impl_order():
     names = ["fa4", "sdpa-cudnn", "flash-attn-4"]
     assert bu.rotated(names, 0) == names
