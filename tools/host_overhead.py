@@ -165,12 +165,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="host_overhead.csv")
     args = ap.parse_args(argv)
     impls = make_impls(args.impls.split(","))
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    flush = bi.flush_buffer()
     rows = []
     for hd in bu.parse_ints(args.hdims, bu.HDIMS):
         for s in bu.parse_ints(args.seqlens, (512,)):
             for causal, rep in [(c, r) for c in (True, False) for r in range(args.repeats)]:
-                ins = bi.make_inputs(16384 // s, s, 2048 // hd, hd, rep, False)
+                p = bu.make_point(hd, causal, s)  # the bench's shape: 16k tokens, h·d = 2048
+                ins = bi.make_inputs(p.batch, p.seqlen, p.heads, p.hdim, rep, False)
                 for impl in impls:
                     eager, graph = measure(impl, ins, causal, flush)
                     graph = graph if isinstance(graph, str) else f"{graph:.4f}"
