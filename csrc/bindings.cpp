@@ -4,14 +4,20 @@
 #include <Python.h>
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cuda_runtime_api.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <optional>
+#include <utility>
 
 #include "fa4.h"
 
@@ -100,6 +106,42 @@ bool dynamic_schedule() {
   return s == nullptr || std::strcmp(s, "1") != 0;
 }
 
+// Note [stream tile counter]: the kernels leave FwdParams::tile_counter at zero (Note
+// [self-resetting tile counter], tile_ring.cuh), so each (device, stream) keeps one, zeroed once
+// on its stream when first used: the calls on one stream run in order and never share it at the
+// same time. The map is never freed: its tensors live as long as the process, and a static
+// destructor would free CUDA memory after the driver may have shut down.
+const Tensor& stream_counter(const c10::cuda::CUDAStream& stream, const Tensor& like) {
+  static std::mutex mu;
+  static auto* counters = new std::map<std::pair<int, int64_t>, Tensor>();
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(int(stream.device_index()), int64_t(stream.id()));
+  auto it = counters->find(key);
+  if (it == counters->end()) {
+    it = counters->emplace(key, at::zeros({2}, like.options().dtype(at::kLong))).first;
+  }
+  return it->second;
+}
+
+// The tile counter of a call on the current stream (null with FA4_STATIC_SCHEDULE=1). While the
+// stream is captured into a CUDA graph, a fresh zeroed one instead, held by `fresh` (the fill is
+// captured with the kernel): replays of a graph may run on any stream, beside this stream's eager
+// calls and beside each other. FA4_FRESH_TILE_COUNTER=1 takes that path in eager calls too: the
+// A/B of the fill launched per call, and the capture path's test outside a capture.
+int64_t* tile_counter_for(const Tensor& like, Tensor& fresh) {
+  if (!dynamic_schedule()) return nullptr;
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
+  const char* env = std::getenv("FA4_FRESH_TILE_COUNTER");
+  const bool forced = env != nullptr && std::strcmp(env, "1") == 0;
+  if (forced || status != cudaStreamCaptureStatusNone) {
+    fresh = at::zeros({2}, like.options().dtype(at::kLong));
+    return fresh.data_ptr<int64_t>();
+  }
+  return stream_counter(stream, like).data_ptr<int64_t>();
+}
+
 std::tuple<Tensor, Tensor> fwd_kernel(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const OptTensor& cu_q, const OptTensor& cu_k,
                                       const OptTensor& seqused_k, int64_t max_q, int64_t max_k,
@@ -115,13 +157,8 @@ std::tuple<Tensor, Tensor> fwd_kernel(const Tensor& q, const Tensor& k, const Te
   if (q.numel() == 0) return {out, lse};
   auto p = fwd_params(q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr,
                       softcap, det);
-  // Note [dynamic tiles]: run_fwd zeroes it on the stream; the caching allocator keeps it until
-  // the kernel is done with it.
-  Tensor tile_counter;
-  if (dynamic_schedule()) {
-    tile_counter = at::empty({1}, q.options().dtype(at::kLong));
-    p.tile_counter = tile_counter.data_ptr<int64_t>();
-  }
+  Tensor fresh_counter;  // Note [stream tile counter]
+  p.tile_counter = tile_counter_for(q, fresh_counter);
   check_ok(fa4::run_fwd(p, c10::cuda::getCurrentCUDAStream()));
   return {out, lse};
 }
@@ -152,16 +189,19 @@ std::tuple<Tensor, Tensor, Tensor> bwd_kernel(const Tensor& dout, const Tensor& 
   p.dk_batch_stride = kb, p.dk_row_stride = kr, p.dk_head_stride = kh;
   p.dv_batch_stride = vb, p.dv_row_stride = vr, p.dv_head_stride = vh;
   p.dlse = opt_ptr<float>(dlse);
-  // Note [persistent bwd]: the tile counter, as the forward's (run_bwd zeroes it).
-  Tensor tile_counter;
-  if (dynamic_schedule()) {
-    tile_counter = at::empty({1}, q.options().dtype(at::kLong));
-    p.fwd.tile_counter = tile_counter.data_ptr<int64_t>();
-  }
+  // Note [persistent bwd]: the tile counter, as the forward's (Note [stream tile counter]).
+  Tensor fresh_counter;
+  p.fwd.tile_counter = tile_counter_for(q, fresh_counter);
   const size_t bytes = fa4::bwd_workspace_size(p);
   Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
   check_ok(fa4::run_bwd(p, workspace.data_ptr(), bytes, c10::cuda::getCurrentCUDAStream()));
   return {dq, dk, dv};
+}
+
+// The counter itself (an alias, created if this stream has none yet): tests read it back.
+Tensor stream_tile_counter(const Tensor& like) {
+  c10::cuda::CUDAGuard guard(like.device());
+  return stream_counter(c10::cuda::getCurrentCUDAStream(), like);
 }
 
 }  // namespace
@@ -177,11 +217,14 @@ TORCH_LIBRARY(fa4, m) {
       "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, "
       "int max_seqlen_k, bool causal, float softmax_scale, int window_left, int window_right, "
       "float softcap, bool deterministic) -> (Tensor, Tensor, Tensor)");
+  // The current stream's tile counter on like's device (Note [stream tile counter]), for tests.
+  m.def("_stream_tile_counter(Tensor like) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
   m.impl("_fwd_kernel", &fwd_kernel);
   m.impl("_bwd_kernel", &bwd_kernel);
+  m.impl("_stream_tile_counter", &stream_tile_counter);
 }
 
 // `import fa4._C` loads this library, which registers the ops above; the module itself is empty.

@@ -420,6 +420,7 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
     bwd_producer_tile(kp, ss, pipe_q, pipe_do, tile, q_state, do_state, t);
     ++t;
   }
+  finish_claims(counter);
   publish_item(ss.tile_full, ss.tile_empty, ss.tile_item, t, -1);
   pipe_q.producer_tail(q_state);
   pipe_do.producer_tail(do_state);

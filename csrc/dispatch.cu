@@ -410,12 +410,6 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept {
   DeviceInfo info;
   s = select_arch(/*fwd=*/true, p.num_sms, &arch, &info);
   if (s != Status::kOk) return s;
-  if (p.tile_counter != nullptr) {
-    const cudaError_t e = cudaMemsetAsync(p.tile_counter, 0, sizeof(int64_t), stream);
-    if (e != cudaSuccess) {
-      return fail(Status::kCudaError, "zeroing tile_counter: %s", cudaGetErrorString(e));
-    }
-  }
   return arch->fwd(p, info, stream);
 }
 
@@ -452,12 +446,6 @@ Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes,
   DeviceInfo info;
   s = select_arch(/*fwd=*/false, p.fwd.num_sms, &arch, &info);
   if (s != Status::kOk) return s;
-  if (p.fwd.tile_counter != nullptr) {
-    const cudaError_t e = cudaMemsetAsync(p.fwd.tile_counter, 0, sizeof(int64_t), stream);
-    if (e != cudaSuccess) {
-      return fail(Status::kCudaError, "zeroing tile_counter: %s", cudaGetErrorString(e));
-    }
-  }
   return arch->bwd(p, info, workspace, stream);
 }
 

@@ -136,12 +136,12 @@ struct FwdParams {
   DType dtype = DType::kBFloat16;
   bool deterministic = false;  // backward: reproducible dq accumulation order (slower)
   int num_sms = 0;             // >= 0; SMs the persistent kernels may use, 0 = the device's count
-  // Optional: 8 bytes of device memory (8-byte aligned) that the forward uses to hand out tiles
-  // to its persistent CTAs at run time, which balances causal and local masks (whose tiles
-  // differ in cost); null = a static assignment. run_fwd zeroes it on `stream` before the
-  // kernel, so it may be reused by calls on the same stream, not concurrently. Both forward
-  // kernels use it (SM100: compiled, not executed), and so does the SM90 backward (run_bwd
-  // zeroes it the same way).
+  // Optional: two int64 of device memory (8-byte aligned), zero when the run starts, that the
+  // forward uses to hand out tiles to its persistent CTAs at run time, which balances causal and
+  // local masks (whose tiles differ in cost); null = a static assignment. Every run leaves both
+  // at zero again (its last CTA resets them), so one allocation, zeroed once (cudaMemset), serves
+  // every run on one stream; runs that may overlap (other streams, graph replays) need one each.
+  // Both forward kernels use it (SM100: compiled, not executed), and so does the SM90 backward.
   int64_t* tile_counter = nullptr;
 };
 

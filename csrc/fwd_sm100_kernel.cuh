@@ -406,6 +406,7 @@ __device__ void load_role(const KernelParams<T>& kp, typename T::SharedStorage& 
       ++v_free.count;
     }
   }
+  finish_claims(kp.p.tile_counter);
   publish_tile<T>(ss, n_items, TileCoord{-1, 0, 0});  // the end marker
 }
 

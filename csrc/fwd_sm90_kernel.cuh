@@ -137,6 +137,7 @@ __device__ __forceinline__ void producer(const KernelParams<T>& kp, typename T::
     }
     cur = next;
   }
+  finish_claims(kp.p.tile_counter);
   // Keep the CTA alive until the consumers released every buffer the TMA may still write.
   pipe_k.producer_tail(k_state);
   pipe_v.producer_tail(v_state);

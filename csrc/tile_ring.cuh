@@ -56,10 +56,30 @@ __device__ __forceinline__ Item take_item(uint64_t* full, uint64_t* empty, const
   return w;
 }
 
-// The item after w: claimed from the counter (zeroed by run_fwd), or the static stride.
+// The item after w: claimed from the counter (counter[0]), or the static stride.
 __device__ __forceinline__ int64_t next_item(int64_t* counter, int64_t w) {
   if (counter == nullptr) return w + gridDim.x;
   return int64_t(atomicAdd(reinterpret_cast<unsigned long long*>(counter), 1ull)) + gridDim.x;
+}
+
+// Note [self-resetting tile counter]: the counter is two int64, zero when the kernel starts:
+// counter[0] hands out the items, counter[1] counts the CTAs that made their last claim. The last
+// CTA to arrive sets both back to zero, so the next kernel on the stream finds them zeroed without
+// a memset launched ahead of every call (a second stream operation per call, which the GPU runs
+// and waits on between the caller's work and the kernel). The claiming thread calls this once,
+// after its last next_item. The fences order each CTA's claims before its arrival, and all
+// arrivals (hence all claims) before the reset.
+__device__ __forceinline__ void finish_claims(int64_t* counter) {
+  if (counter == nullptr) return;
+  auto* c = reinterpret_cast<unsigned long long*>(counter);
+  __threadfence();
+  const unsigned long long ctas =
+      static_cast<unsigned long long>(gridDim.x) * gridDim.y * gridDim.z;
+  if (atomicAdd(c + 1, 1ull) + 1 == ctas) {
+    __threadfence();
+    atomicExch(c, 0ull);
+    atomicExch(c + 1, 0ull);
+  }
 }
 
 }  // namespace fa4

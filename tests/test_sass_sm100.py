@@ -122,6 +122,10 @@ def test_pv_reads_p_from_tmem(hd128):
         (r"UTMASTG\.4D", "O stored by TMA from the staging buffer (the epilogue warp)"),
         (r"SYNCS\.PHASECHK", "mbarrier waits"),
         (r"ATOMG\.E\.ADD\.64", "the load thread claims work tiles (Note [dynamic tiles])"),
+        (
+            r"ATOMG\.E\.EXCH\.64",
+            "the last CTA resets the tile counter (Note [self-resetting tile counter])",
+        ),
     ],
 )
 def test_sass_has(hd128, op, why):

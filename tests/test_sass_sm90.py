@@ -187,6 +187,10 @@ def test_block_loop_shape(compiled, compiled_hd64):
         ("UTMASTG", "O stored by TMA (Note [TMA-store epilogue])"),
         ("STSM", "O to shared memory by stmatrix for the TMA store"),
         ("ATOMG.E.ADD.64", "the producer claims work tiles (Note [dynamic tiles])"),
+        (
+            "ATOMG.E.EXCH.64",
+            "the last CTA resets the tile counter (Note [self-resetting tile counter])",
+        ),
     ],
 )
 def test_sass_has(compiled, op, why):
@@ -234,6 +238,7 @@ def test_p_is_register_operand(compiled):
         (r"UBLKRED\.G\.S\.ADD\.F32", "dQ bulk reduce-add, one per block (Note [dQ reduce])"),
         (r"USETMAXREG", "registers moved from the producer to the consumers"),
         (r"MUFU\.EX2", "P recomputed with the hardware exp2"),
+        (r"ATOMG\.E\.EXCH\.64", "the tile counter reset (Note [self-resetting tile counter])"),
     ],
 )
 def test_bwd_sass_has(compiled_bwd, op, why):
