@@ -34,12 +34,6 @@
 #define FA4_BWD_POST_REGS 1
 #endif
 
-// Note [staggered dQ] (an A/B switch, off): with 64-row Q blocks, warpgroup 1 issues dK before
-// dQ, so that warpgroup 0's dQ store overlaps warpgroup 1's RS dK instead of its SS dQ.
-#ifndef FA4_BWD_STAGGER_DQ
-#define FA4_BWD_STAGGER_DQ 0
-#endif
-
 namespace fa4::sm90 {
 
 template <int kHeadDim_, int kHeadDimV_, class Element_>
@@ -89,7 +83,6 @@ struct BwdTraits {
   // -1.6 to -3.5 % at 512 / 1k and -2 % at causal 2k, level at 2k / 16k; in the split variant at
   // hd256 -2-3 % (docs/perf-notes.md, backward step 24).
   static constexpr bool kEarlyDp = !kDqByRows;
-  static constexpr bool kStaggerDq = FA4_BWD_STAGGER_DQ && !kDqByRows;
   // Note [dK/dV from registers] and Note [postprocess from registers]: measured together, +1.3-1.8
   // % at hd64 512-2k (level at 16k), -1 to -5 % at hd128 (level at 16k); the postprocess alone
   // at hd128 +1-2.6 % at 512 / 1k and causal 512 / 1k, level from 2k; the register epilogue at

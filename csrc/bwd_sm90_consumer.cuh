@@ -164,17 +164,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
       ss.trace.mark(leader, wg, i, 4);
       cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kDsWritten);
       ss.trace.mark(leader, wg, i, 5);
-      // dQ before dK, so that dQ's trip to shared memory overlaps dK on the tensor cores; under
-      // Note [staggered dQ] warpgroup 1 runs dK first and waits for both.
-      if (T::kStaggerDq && wg == 1) {
-        issue_gemm(mma_dk, reg_ds, tKrQt(_, _, _, sq), acc_dk, false);
-        issue_gemm(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);
-        warpgroup_wait<0>();  // dV, dK and dQ done
-      } else {
-        issue_gemm(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);
-        issue_gemm(mma_dk, reg_ds, tKrQt(_, _, _, sq), acc_dk, false);
-        warpgroup_wait<1>();  // dV and dQ done
-      }
+      // dQ before dK, so that dQ's trip to shared memory overlaps dK on the tensor cores.
+      issue_gemm(mma_dq, tQrDS(_, _, _, sds), tQrKt, acc_dq, true);
+      issue_gemm(mma_dk, reg_ds, tKrQt(_, _, _, sq), acc_dk, false);
+      warpgroup_wait<1>();  // dV and dQ done
       warpgroup_fence_operand(acc_dv);
       warpgroup_fence_operand(acc_dq);
       ss.trace.mark(leader, wg, i, 6);
