@@ -455,6 +455,28 @@ bool two_consumer_variant(const FwdParams& p) {
   }
 }
 
+// Note [hd256 narrow blocks]: 80-key blocks (Note [hd256 kBlockN 80]) do not divide the 128-row
+// Q tiles' diagonal nor most sequence lengths: the S GEMMs compute every visited block whole, so
+// at 512 keys a tile computes 560 columns (7 blocks, +9.4 %) and causal 512 1440 against 1280 with
+// 64-key blocks (+12.5 %). ncu at hd256 causal 512 measured 12 % more tensor-pipe cycles than
+// cuDNN's kernel (docs/perf.md, 2026-12-03 fifteenth session). Per column the 80-key block is the
+// faster loop (+8 % at 16k, ~+4 % at 1k where its waste is 1.6 %), so the 64-key kernel runs where
+// 80 computes more than kNarrowWaste times its columns over the longest sequence's tiles.
+constexpr double kNarrowWaste = 1.04;
+
+template <int D, int DV>
+bool narrow_blocks(const FwdParams& p) {
+  using Wide = FwdTraits<D, DV, cutlass::half_t>;
+  if constexpr (Wide::kBlockN != 80) {
+    return false;
+  } else {
+    const Mask mask = Mask::from_params(p, p.seqlen_q, p.seqlen_k);
+    const int64_t wide = keys_computed<Wide::kBlockM, 80>(mask);
+    const int64_t narrow = keys_computed<Wide::kBlockM, 64>(mask);
+    return double(wide) > kNarrowWaste * double(narrow);
+  }
+}
+
 // One element type's kernels. fwd_sm90_hd*.cu instantiates the bf16 ones and fwd_sm90_hd*_fp16.cu
 // the fp16 ones: one translation unit per (head dim, dtype) shortens the build's longest compile
 // (hd64 on the CPU machine: 89 s for both dtypes in one file, 55 and 56 s for the two files; each
@@ -463,6 +485,9 @@ template <int D, int DV, class Element>
 Status launch_element(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   if constexpr (FwdTraits<D, DV, Element>::kConsumerWGs == 3) {
     if (two_consumer_variant<D, DV>(p)) return launch<FwdTraits<D, DV, Element, 2>>(p, dev, stream);
+  }
+  if constexpr (FwdTraits<D, DV, Element>::kBlockN == 80) {
+    if (narrow_blocks<D, DV>(p)) return launch<FwdTraits<D, DV, Element, 0, 64>>(p, dev, stream);
   }
   return launch<FwdTraits<D, DV, Element>>(p, dev, stream);
 }

@@ -105,8 +105,9 @@ struct TileRing {
   __device__ TileCoord take(int n) { return take_item(full, empty, item, n); }
 };
 
-// Compile-time options of one forward kernel; kConsumerWGs_ 0 takes the head dim's default.
-template <int kHeadDim_, int kHeadDimV_, class Element_, int kConsumerWGs_ = 0>
+// Compile-time options of one forward kernel; kConsumerWGs_ and kBlockN_ 0 take the head dim's
+// defaults.
+template <int kHeadDim_, int kHeadDimV_, class Element_, int kConsumerWGs_ = 0, int kBlockN_ = 0>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -120,8 +121,10 @@ struct FwdTraits {
   static constexpr int kBlockM = 64 * kConsumerWGs;
   // Note [hd256 kBlockN 80]: at hd 256, 80 keys per block (S 40 registers per thread, K and V
   // 2 × 40 KB each, 224 KB of shared memory with Q) measured +8 % at 16k against 64; hd 192
-  // keeps 64 (not measured at 80).
-  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : (kHeadDim == 256 ? 80 : 64);
+  // keeps 64 (not measured at 80). Short problems may take 64 instead (Note [hd256 narrow
+  // blocks], fwd_sm90_kernel.cuh).
+  static constexpr int kBlockN =
+      kBlockN_ != 0 ? kBlockN_ : (kHeadDim <= 128 ? 128 : (kHeadDim == 256 ? 80 : 64));
   static constexpr int kStages = 2;
   using Regs = RegisterSplit<kConsumerWGs, kHeadDimV>;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);

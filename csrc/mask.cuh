@@ -150,6 +150,18 @@ __host__ __device__ BlockRange block_range(const Mask& mask, int m_block) {
   return br;
 }
 
+// Key columns the S GEMMs compute over every Q tile of one sequence: each KV block the tile
+// visits counts whole, masked ones and the zero-filled tail past seqlen_k included (Note [hd256
+// narrow blocks] compares two kBlockN by it).
+template <int kBlockM, int kBlockN>
+__host__ __device__ int64_t keys_computed(const Mask& mask) {
+  int64_t keys = 0;
+  for (int m = 0; m * kBlockM < mask.seqlen_q; ++m) {
+    keys += int64_t(block_range<kBlockM, kBlockN>(mask, m).size()) * kBlockN;
+  }
+  return keys;
+}
+
 // The Q blocks of kBlockM rows that see KV block n (whose block_range contains n): [m_begin,
 // m_end), or m_begin = the number of Q blocks and m_end = 0 when none does. The backward asks
 // once per CTA; a scan of every Q block cost ~20 us per CTA at 16k rows (docs/perf-notes.md), so

@@ -226,6 +226,26 @@ def test_hd64_short_causal_dispatch_boundary(s):
     check(q, k, v, *run(q, k, v, causal=True), causal=True)
 
 
+@pytest.mark.parametrize(
+    "s, causal, dtype",
+    [
+        (512, False, torch.bfloat16),  # 64-key blocks: 80 would compute 560 columns per tile
+        (512, True, torch.float16),
+        (1000, True, torch.bfloat16),
+        (1024, False, torch.float16),  # 80-key blocks: 1040 columns, under the 4 % limit
+        (2048, True, torch.bfloat16),
+    ],
+)
+def test_hd256_block_width_dispatch(s, causal, dtype):
+    """Note [hd256 narrow blocks]: both key-block widths at hd256 (the dispatch's choice on each
+    side of its limit, by tests/test_shared_headers.py::test_keys_computed's counts), GQA, more
+    tiles than a few CTAs walk at once; against the reference."""
+    if (256, 256) not in _sm90_hdims():
+        pytest.skip("hd256 not compiled (FA4_HDIMS)")
+    q, k, v = make((2, s, 8, 256), (2, s, 2, 256), 256, dtype, seed=s + causal)
+    check(q, k, v, *run(q, k, v, causal=causal), causal=causal)
+
+
 def test_over_2_31_elements():
     """int64 offsets: q, k, v, out of 2^31 + 2^21 elements each (batch 8320 x 128 x 16 x 128,
     4 GB per tensor). Only the last batch entries, whose offsets are past 2^31 elements, are

@@ -186,6 +186,26 @@ def _parse_sched(text: str):
         yield grid, total, rows.reshape(-1, 5)
 
 
+@pytest.mark.parametrize(
+    "case, keys",
+    [
+        # (s_q, s_k, window_left, window_right, causal): (80-key blocks, 64-key blocks)
+        ((512, 512, -1, -1, 0), (4 * 560, 4 * 512)),  # 7 blocks of 80 per tile, 32 keys past
+        ((512, 512, -1, -1, 1), (160 + 320 + 400 + 560, 128 + 256 + 384 + 512)),
+        ((1024, 1024, -1, -1, 0), (8 * 1040, 8 * 1024)),
+        ((2048, 2048, -1, -1, 1), (17920, 128 * 136)),  # 16 diagonal tiles, 1.029
+        ((100, 100, -1, -1, 0), (160, 128)),  # one tile, rows past the sequence see nothing
+        ((256, 256, 40, 0, 0), (160 + 240, 128 + 192)),  # a 41-key band: tile 1 sees keys 88-255
+    ],
+)
+def test_keys_computed(case, keys, harness, tmp_path):
+    """Note [hd256 narrow blocks]: the key columns the S GEMMs compute per sequence (whole blocks,
+    the diagonal's and the tail's included), as the SM90 forward's dispatch compares them."""
+    (tmp_path / "in.txt").write_text(" ".join(map(str, case)) + "\n")
+    _run(harness, "keys", tmp_path / "in.txt", tmp_path / "out.txt")
+    assert tuple(int(x) for x in (tmp_path / "out.txt").read_text().split()) == keys
+
+
 def test_scheduler_visits_every_tile_once_in_order(harness, tmp_path):
     cases = _sched_cases()
     (tmp_path / "in.txt").write_text("".join(" ".join(map(str, c)) + "\n" for c in cases))

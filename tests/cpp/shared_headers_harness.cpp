@@ -13,6 +13,8 @@
 //   harness sched IN OUT   IN: lines "batch heads s_q s_k causal order section num_sms". OUT
 //                          (text): per CTA, its items in order: "cta batch head m_block cost",
 //                          cost = KV blocks of the tile (block_range, 128 x 128).
+//   harness keys IN OUT    IN: lines "s_q s_k window_left window_right causal". OUT (text): per
+//                          case, keys_computed of 128-row tiles with 80- and with 64-key blocks.
 //   harness attn IN OUT    a whole attention problem (layout in run_attention) through the
 //                          headers as a kernel would run it; OUT: out then lse (float32); the
 //                          decision counts of Note [conditional rescale] on stdout.
@@ -204,6 +206,21 @@ int run_sched(const char* in_path, const char* out_path) {
         std::fprintf(out, "%d %d %d %d %d\n", cta, t.batch, t.head, t.m_block, cost);
       }
     }
+  }
+  std::fclose(in);
+  return std::fclose(out) == 0 ? 0 : 1;
+}
+
+// ---- keys computed (Note [hd256 narrow blocks]) -------------------------------------------
+
+int run_keys(const char* in_path, const char* out_path) {
+  FILE* in = open_or_die(in_path, "r");
+  FILE* out = open_or_die(out_path, "w");
+  int s_q, s_k, wl, wr, causal;
+  while (std::fscanf(in, "%d %d %d %d %d", &s_q, &s_k, &wl, &wr, &causal) == 5) {
+    const fa4::Mask mask = fa4::Mask::make(s_q, s_k, wl, wr, causal != 0);
+    std::fprintf(out, "%lld %lld\n", static_cast<long long>(fa4::keys_computed<128, 80>(mask)),
+                 static_cast<long long>(fa4::keys_computed<128, 64>(mask)));
   }
   std::fclose(in);
   return std::fclose(out) == 0 ? 0 : 1;
@@ -409,8 +426,9 @@ int main(int argc, char** argv) {
     const std::string mode = argv[1];
     if (mode == "mask") return run_mask(argv[2], argv[3]);
     if (mode == "sched") return run_sched(argv[2], argv[3]);
+    if (mode == "keys") return run_keys(argv[2], argv[3]);
     if (mode == "attn") return run_attention(argv[2], argv[3]);
   }
-  std::fprintf(stderr, "usage: shared_headers_harness mask|sched|attn IN OUT\n");
+  std::fprintf(stderr, "usage: shared_headers_harness mask|sched|keys|attn IN OUT\n");
   return 2;
 }
