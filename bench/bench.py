@@ -169,12 +169,12 @@ def measure(bi, torch, impl, p, dirs, inputs, ref, st: State):
                 )
                 continue
             try:
-                (mem, ms), mhz, why = bi.clocked(
+                (mem, ms, host), mhz, why = bi.clocked(
                     lambda d=d: _time_direction(bi, torch, impl, p, d, a, st.args)
                 )
                 status = "ok" if ref is not None else "ok (unchecked: no reference)"
                 emit(d, ms=ms, peak_extra_mib=mem, max_abs_diff=diff.get(d), status=status,
-                     sm_mhz=mhz, clock_reasons=why)  # fmt: skip
+                     sm_mhz=mhz, clock_reasons=why, host_us=host)  # fmt: skip
             except Exception as e:  # noqa: BLE001
                 emit(d, max_abs_diff=diff.get(d), status=f"error: {_err(e)}")
                 torch.cuda.empty_cache()
@@ -224,22 +224,24 @@ def _check(bi, torch, impl, p, a, todo, ref, st, emit):
 
 
 def _time_direction(bi, torch, impl, p, d, a, args):
-    """(peak extra MiB, median ms). fwd runs under no_grad (inference); bwd times the backward
-    of one retained forward graph; fwd+bwd times forward with graph + backward."""
+    """(peak extra MiB, median ms, host µs per call). fwd runs under no_grad (inference); bwd
+    times the backward of one retained forward graph; fwd+bwd times forward with graph +
+    backward."""
     q, k, v, dout = a
     timing = dict(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
+
+    def measured(fn):
+        return bi.peak_extra_mib(fn), bi.time_ms(fn, **timing), bi.host_us(fn)
+
     if d == "fwd":
         with torch.no_grad():
-            fn = lambda: impl.fwd(q, k, v, p.causal)  # noqa: E731
-            return bi.peak_extra_mib(fn), bi.time_ms(fn, **timing)
+            return measured(lambda: impl.fwd(q, k, v, p.causal))
     if d == "bwd":
         out = impl.fwd(q, k, v, p.causal)
-        fn = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
-        res = bi.peak_extra_mib(fn), bi.time_ms(fn, **timing)
+        res = measured(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
         del out
         return res
-    fn = lambda: bi.fwd_bwd(impl, a, p.causal)  # noqa: E731
-    return bi.peak_extra_mib(fn), bi.time_ms(fn, **timing)
+    return measured(lambda: bi.fwd_bwd(impl, a, p.causal))
 
 
 def _profile(bi, torch, impl, p, a, grad, path):

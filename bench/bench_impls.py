@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import statistics
+import time
 from collections import Counter
 
 import torch
@@ -221,6 +222,19 @@ def _events_ms(fn, warmup_ms, rep_ms) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def host_us(fn, calls=20) -> float:
+    """Host µs per call of `calls` calls of fn launched back to back, timed before the GPU is
+    waited for: the host's share of one timed iteration (do_bench adds an L2 flush launch). The
+    launch queue holds far more than `calls` launches, so the loop does not wait for the GPU."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return t / calls * 1e6
 
 
 _nvml = None

@@ -31,9 +31,11 @@ OURS = "fa4"
 
 # sm_mhz: the SM clock read before / after the timing (NVML; blank without pynvml); clock_reasons:
 # NVML's clock event reasons seen at either read, hex (0x4 power cap, 0x20 / 0x40 thermal, ...).
+# host_us: the host's time per call, read right after the timing (bench_impls.host_us): where it
+# approaches ms, the host paces the timed loop and the reading is the host's, not the GPU's.
 CSV_FIELDS = (
     "impl direction hdim causal seqlen batch heads ms tflops peak_extra_mib max_abs_diff status "
-    "sm_mhz clock_reasons"
+    "sm_mhz clock_reasons host_us"
 ).split()
 
 
@@ -136,6 +138,7 @@ def make_row(
     status="ok",
     sm_mhz="",
     clock_reasons="",
+    host_us=None,
 ) -> dict:
     """A CSV row; ms / tflops / memory / diff are blank when not measured."""
 
@@ -158,6 +161,7 @@ def make_row(
         status=status,
         sm_mhz=sm_mhz,
         clock_reasons=clock_reasons,
+        host_us=fmt(host_us, ".1f"),
     )
 
 

@@ -92,6 +92,9 @@ def test_csv_rows_written_and_read_back(tmp_path):
     assert float(r["tflops"]) == pytest.approx(2**36 / 0.5e-3 / 1e12, abs=0.05)
     assert rows[1]["ms"] == rows[1]["tflops"] == rows[1]["peak_extra_mib"] == ""
     assert rows[0]["sm_mhz"] == rows[0]["clock_reasons"] == "", "no clocks given: blank"
+    assert rows[0]["host_us"] == "", "no host time given: blank"
+    timed = bu.make_row("fa4", "bwd", p, ms=0.4, host_us=123.456, sm_mhz="1980/1965")
+    assert (timed["host_us"], timed["sm_mhz"]) == ("123.5", "1980/1965")
 
 
 def test_source_digest_follows_content(tmp_path):
