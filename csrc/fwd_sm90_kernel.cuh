@@ -464,17 +464,14 @@ bool two_consumer_variant(const FwdParams& p) {
 // 80 computes more than kNarrowWaste times its columns over the longest sequence's tiles.
 constexpr double kNarrowWaste = 1.04;
 
+// Called only for kernels whose default kBlockN is 80 (launch_element's guard).
 template <int D, int DV>
 bool narrow_blocks(const FwdParams& p) {
   using Wide = FwdTraits<D, DV, cutlass::half_t>;
-  if constexpr (Wide::kBlockN != 80) {
-    return false;
-  } else {
-    const Mask mask = Mask::from_params(p, p.seqlen_q, p.seqlen_k);
-    const int64_t wide = keys_computed<Wide::kBlockM, 80>(mask);
-    const int64_t narrow = keys_computed<Wide::kBlockM, 64>(mask);
-    return double(wide) > kNarrowWaste * double(narrow);
-  }
+  const Mask mask = Mask::from_params(p, p.seqlen_q, p.seqlen_k);
+  const int64_t wide = keys_computed<Wide::kBlockM, Wide::kBlockN>(mask);
+  const int64_t narrow = keys_computed<Wide::kBlockM, 64>(mask);
+  return double(wide) > kNarrowWaste * double(narrow);
 }
 
 // One element type's kernels. fwd_sm90_hd*.cu instantiates the bf16 ones and fwd_sm90_hd*_fp16.cu
