@@ -156,13 +156,15 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, dout, dlse):
+def _grads(run_bwd, ctx, dout, dlse):
+    """The gradients of fwd's inputs, computed by run_bwd (the op fa4::bwd, or its CUDA function
+    on the eager path of Note [eager autograd path])."""
     q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
     if dout is None and dlse is None:
         return (None,) * (3 + 3 + 2 + len(_OPTS))
     if dout is None:  # a loss on the LSE alone
         dout = torch.zeros_like(out)
-    dq, dk, dv = bwd(
+    dq, dk, dv = run_bwd(
         dout.contiguous(),
         q,
         k,
@@ -179,7 +181,49 @@ def _backward(ctx, dout, dlse):
     return (dq, dk, dv) + (None,) * (3 + 2 + len(_OPTS))
 
 
+def _backward(ctx, dout, dlse):
+    return _grads(bwd, ctx, dout, dlse)
+
+
 fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """Note [eager autograd path]: fa4::fwd with the autograd of register_autograd above, minus
+    the torch.library layers. Through the op, a training step's backward cost ~450 µs of host
+    time on the H200's host (tiny problem, tools/host_overhead.py --dir bwd: autograd.grad 450,
+    the op fa4::bwd alone 148, its C++ op 61), as long as its kernels at the bench's 512 points
+    (~500 µs), so a slower host state made the backward host-bound there: the bench's "low mode"
+    (docs/perf-notes.md, sixteenth session). This Function runs the same CUDA functions in the
+    same order with the same saved tensors; it is taken only where nothing but autograd sees the
+    call (call_fwd), so torch.compile, dispatch modes and functorch still see the op."""
+
+    @staticmethod
+    def forward(*args):
+        return _fwd_cuda(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dlse):
+        return _grads(_bwd_cuda, ctx, dout, dlse)
+
+
+def _unobserved(*tensors: Tensor) -> bool:
+    """Whether nothing but autograd would see the op: torch.compile, a dispatch mode
+    (FakeTensorMode, tracing), functorch transforms and tensor subclasses all need it."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return False
+    if _get_current_dispatch_mode() is not None:
+        return False
+    return all(type(t) is Tensor for t in tensors)
+
+
+def needs_grad(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def direct_call_ok(*tensors: Tensor) -> bool:
@@ -189,16 +233,15 @@ def direct_call_ok(*tensors: Tensor) -> bool:
     docs/perf.md, 2026-12-03 "host overhead"), which a forward pays on top of its kernel wherever
     the host, not the GPU, is the slower side: small problems, launch-bound loops. (The bench's
     points are not such: the host stays ahead there, and their numbers do not move.) The op is
-    still needed wherever something sees it: autograd (a tensor that needs a gradient while grad
-    mode is on), torch.compile, a dispatch mode (FakeTensorMode, tracing), functorch transforms
-    and tensor subclasses. Outside those the op would run the same function."""
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        return False
-    if _get_current_dispatch_mode() is not None:
-        return False
-    if any(type(t) is not Tensor for t in tensors):
-        return False
-    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    still needed wherever something sees it (_unobserved), and a tensor that needs a gradient
+    takes Note [eager autograd path] instead. Outside those the op would run the same function."""
+    return _unobserved(*tensors) and not needs_grad(*tensors)
+
+
+def eager_autograd_ok(*tensors: Tensor) -> bool:
+    """Note [eager autograd path]: whether a forward that autograd must record may do so through
+    _EagerAttention instead of the op."""
+    return _unobserved(*tensors) and needs_grad(*tensors)
 
 
 def call_fwd(
@@ -211,4 +254,6 @@ def call_fwd(
     )  # fmt: skip
     if q.is_cuda and direct_call_ok(q, k, v):
         return _fwd_cuda(*args)
+    if q.is_cuda and eager_autograd_ok(q, k, v):
+        return _EagerAttention.apply(*args)
     return fwd(*args)

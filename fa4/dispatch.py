@@ -7,6 +7,7 @@ values and therefore runs inside the op implementation (eager), still before any
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -228,6 +229,14 @@ def tma_incompatible(*tensors: torch.Tensor) -> str | None:
     return None
 
 
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    """A device's compute capability, asked once: torch.cuda.get_device_capability reads the
+    properties on every call, a host cost each forward and backward paid (Note [eager autograd
+    path])."""
+    return torch.cuda.get_device_capability(index)
+
+
 def kernel_for(
     q: torch.Tensor, v: torch.Tensor, backend: str, direction: str, tensors=()
 ) -> str | None:
@@ -237,7 +246,7 @@ def kernel_for(
     if backend == "reference":
         return None
     hdims = (q.shape[-1], v.shape[-1])
-    cc = torch.cuda.get_device_capability(q.device)
+    cc = _capability(q.device.index)
     wanted = [backend] if backend != "auto" else [b for b, a in _ARCH_OF_BACKEND.items() if a == cc]
     for arch in wanted:
         why = build_info.missing_kernel(arch, direction, hdims)

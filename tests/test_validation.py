@@ -253,7 +253,7 @@ def test_unverified_kernel_is_used_with_one_warning(monkeypatch, direction):
 
     from fa4 import build_info, dispatch
 
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (10, 0))
+    monkeypatch.setattr(dispatch, "_capability", lambda *_: (10, 0))
     monkeypatch.setattr(build_info, "missing_kernel", lambda *_: None)
     dispatch._warned.clear()
     q = torch.zeros(1, 8, 1, 128, dtype=torch.bfloat16)
@@ -265,6 +265,6 @@ def test_unverified_kernel_is_used_with_one_warning(monkeypatch, direction):
     assert len(said) == 1 and "never executed" in said[0] and direction in said[0], said
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
+        monkeypatch.setattr(dispatch, "_capability", lambda *_: (9, 0))
         assert dispatch.kernel_for(q, q, "auto", direction) == "sm90"
     assert not caught

@@ -15,6 +15,13 @@ separates the two for the bench's shapes (16k tokens, heads = 2048 / hd):
 - for fa4 also the host cost of its layers: validation (dispatch.check_dense), the torch.library
   op (fa4::fwd), and the C++ op it calls (fa4::_fwd_kernel).
 
+`--dir bwd` measures the bench's backward (autograd.grad of one retained forward graph) instead:
+eager as above; graph is not possible for it (autograd runs the backward on the forward's
+stream, outside any capture), so the GPU's side comes from a profiler timeline of the same
+(flush, call) loop: per call, the kernels' busy time against their span from the flush's end
+(idle inside the span is the host launching late). fa4's layers then are autograd.grad, the
+torch.library op fa4::bwd and the C++ op fa4::_bwd_kernel.
+
 Each configuration is measured `--repeats` times with fresh inputs, impls interleaved, so a
 state that lasts a whole bench point (the bimodal short causal points) shows as a repeat apart.
 
@@ -144,6 +151,113 @@ def fa4_layers_us(q, k, v, causal) -> dict[str, float]:
     }
 
 
+def timeline_us(fn, flush, iters=10) -> dict[str, float]:
+    """Medians over iters of (flush, fn), from torch.profiler's CUDA kernel records: span (the
+    flush's end to fn's last kernel end), busy (fn's kernels' summed durations), lead (the
+    flush's end to fn's first kernel), kernels per call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def kernels(prof):
+        cuda = torch.autograd.DeviceType.CUDA
+        ev = [e for e in prof.events() if e.device_type == cuda]
+        return sorted((e.time_range.start, e.time_range.end, e.name) for e in ev)
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        flush.zero_()
+        torch.cuda.synchronize()
+    flush_names = {k[2] for k in kernels(prof)}
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            flush.zero_()
+            fn()
+        torch.cuda.synchronize()
+    calls = []  # (flush end, [(start, end) of fn's kernels])
+    for start, end, name in kernels(prof):
+        if name in flush_names:
+            calls.append((end, []))
+        elif calls:
+            calls[-1][1].append((start, end))
+    rows = [
+        dict(span=c[-1][1] - f, busy=sum(e - s for s, e in c), lead=c[0][0] - f, kernels=len(c))
+        for f, c in calls
+        if c
+    ]
+    return {k: statistics.median(r[k] for r in rows) for k in ("span", "busy", "lead", "kernels")}
+
+
+def measure_bwd(impl, ins, causal, flush) -> tuple[float, dict[str, float]]:
+    """(eager ms per backward, its profiler timeline in µs), the bench's bwd direction."""
+    with impl.context():
+        q, k, v, dout = impl.prepare(*ins)
+        out = impl.fwd(q, k, v, causal)
+        fn = partial(torch.autograd.grad, out, (q, k, v), dout, retain_graph=True)
+        eager = per_call_ms(
+            _time_eager(lambda: (flush.zero_(), fn()), 20, 5),
+            _time_eager(flush.zero_, 20, 5),
+            20,
+        )
+        return eager, timeline_us(fn, flush)
+
+
+def fa4_bwd_layers_us(q, k, v, dout, causal) -> dict[str, float]:
+    """Host µs per call of each layer of fa4's backward (tiny inputs, q/k/v need grad): the
+    recorded forward and the bench's autograd.grad through Note [eager autograd path] and through
+    the op's registered autograd, the op fa4::bwd and its C++ op."""
+    import fa4
+    from fa4 import _ops
+
+    fwd = partial(fa4.attention, q, k, v, causal=causal, backend="sm90")
+    out, fwd_us = fwd(), host_us(fwd)
+    eager = _ops.eager_autograd_ok
+    _ops.eager_autograd_ok = lambda *ts: False
+    try:
+        out_op, fwd_op_us = fwd(), host_us(fwd)
+    finally:
+        _ops.eager_autograd_ok = eager
+    with torch.no_grad():
+        o2, lse = torch.ops.fa4._fwd_kernel(
+            q, k, v, None, None, None, 0, 0, causal, q.shape[-1] ** -0.5, -1, -1, 0.0, False
+        )
+    args = (dout, q, k, v, o2, lse, None, None, None, None, 0, 0, causal, q.shape[-1] ** -0.5,
+            -1, -1, 0.0, False)  # fmt: skip
+
+    def grad_of(o):
+        return partial(torch.autograd.grad, o, (q, k, v), dout, retain_graph=True)
+
+    return {
+        "fa4.attention (recorded)": fwd_us,
+        "fa4.attention (recorded) through the op": fwd_op_us,
+        "autograd.grad": host_us(grad_of(out)),
+        "autograd.grad through the op": host_us(grad_of(out_op)),
+        "fa4::bwd": host_us(partial(torch.ops.fa4.bwd, *args, "sm90")),
+        "fa4::_bwd_kernel": host_us(partial(torch.ops.fa4._bwd_kernel, *args)),
+    }
+
+
+def main_bwd(args, impls, flush) -> list[dict]:
+    rows = []
+    for hd in bu.parse_ints(args.hdims, bu.HDIMS):
+        for s in bu.parse_ints(args.seqlens, (512,)):
+            for causal, rep in [(c, r) for c in (True, False) for r in range(args.repeats)]:
+                p = bu.make_point(hd, causal, s)
+                ins = bi.make_inputs(p.batch, p.seqlen, p.heads, p.hdim, rep, True)
+                for impl in impls:
+                    eager, tl = measure_bwd(impl, ins, causal, flush)
+                    row = dict(impl=impl.name, hdim=hd, seqlen=s, causal=int(causal), rep=rep,
+                               eager_ms=f"{eager:.4f}",
+                               **{f"{k}_us": f"{x:.1f}" for k, x in tl.items()})  # fmt: skip
+                    rows.append(row)
+                    print(row, flush=True)
+                del ins
+    tiny = bi.make_inputs(1, 128, 1, 128, 0, True)
+    if any(i.name == "fa4" for i in impls):
+        for name, us in fa4_bwd_layers_us(*tiny, True).items():
+            print(f"host fa4 bwd layer {name}: {us:.1f} us/call")
+    return rows
+
+
 def measure(impl, ins, causal, flush) -> tuple[float, float | str]:
     with impl.context(), torch.no_grad():
         q, k, v, _ = impl.prepare(*ins)
@@ -162,10 +276,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlens", default="512")
     ap.add_argument("--impls", default="fa4,fa4-op,sdpa-cudnn,flash-attn-4")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", choices=("fwd", "bwd"), default="fwd")
     ap.add_argument("--out", default="host_overhead.csv")
     args = ap.parse_args(argv)
     impls = make_impls(args.impls.split(","))
     flush = bi.flush_buffer()
+    if args.dir == "bwd":
+        rows = main_bwd(args, [i for i in impls if i.name != "fa4-op"], flush)
+        return write_csv(args.out, rows)
     rows = []
     for hd in bu.parse_ints(args.hdims, bu.HDIMS):
         for s in bu.parse_ints(args.seqlens, (512,)):
@@ -187,7 +305,11 @@ def main(argv=None) -> int:
         with torch.no_grad():
             for name, us in fa4_layers_us(*tiny[:3], True).items():
                 print(f"host fa4 layer {name}: {us:.1f} us/call")
-    with open(args.out, "w", newline="") as fh:
+    return write_csv(args.out, rows)
+
+
+def write_csv(path, rows) -> int:
+    with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
         w.writeheader()
         w.writerows(rows)
