@@ -190,21 +190,23 @@ fwd.register_autograd(_backward, setup_context=_setup_context)
 
 class _EagerAttention(torch.autograd.Function):
     """Note [eager autograd path]: fa4::fwd with the autograd of register_autograd above, minus
-    the torch.library layers. Through the op, a training step's backward cost ~450 µs of host
-    time on the H200's host (tiny problem, tools/host_overhead.py --dir bwd: autograd.grad 450,
-    the op fa4::bwd alone 148, its C++ op 61), as long as its kernels at the bench's 512 points
-    (~500 µs), so a slower host state made the backward host-bound there: the bench's "low mode"
-    (docs/perf-notes.md, sixteenth session). This Function runs the same CUDA functions in the
-    same order with the same saved tensors; it is taken only where nothing but autograd sees the
-    call (call_fwd), so torch.compile, dispatch modes and functorch still see the op."""
+    the torch.library layers. Through the op, a recorded forward cost 328 µs of host time and its
+    backward (autograd.grad) 240 µs, 450 in an earlier call, on the H200's host (tiny problem,
+    tools/host_overhead.py --dir bwd); the backward's is as long as its kernels at the bench's
+    512 points (~380-500 µs), so in a slower host state it went host-bound there: the bench's
+    "low mode" (docs/perf-notes.md, sixteenth session). Through this Function: 159 and 197 µs
+    (measured with a setup_context, since dropped). It runs the same CUDA functions with the same
+    saved tensors, and is taken only where nothing but autograd sees the call (call_fwd), so
+    torch.compile, dispatch modes and functorch still see the op. A second derivative raises, as
+    through the op (fa4::bwd has no autograd)."""
 
+    # forward takes ctx (no setup_context): with a setup_context, Function.apply binds the
+    # arguments through inspect.signature on every call.
     @staticmethod
-    def forward(*args):
-        return _fwd_cuda(*args)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _setup_context(ctx, inputs, output)
+    def forward(ctx, *args):
+        output = _fwd_cuda(*args)
+        _setup_context(ctx, args, output)
+        return output
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -252,6 +254,8 @@ def call_fwd(
         opts.causal, opts.softmax_scale, opts.window_left, opts.window_right,
         opts.softcap, opts.deterministic, opts.backend,
     )  # fmt: skip
+    # direct_call_ok and eager_autograd_ok are the switches the tests and
+    # tools/host_overhead.py turn off to time and compare the op's path.
     if q.is_cuda and direct_call_ok(q, k, v):
         return _fwd_cuda(*args)
     if q.is_cuda and eager_autograd_ok(q, k, v):

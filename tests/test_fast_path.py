@@ -85,6 +85,18 @@ def test_eager_autograd_function_has_the_ops_gradients(loss):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("path", ["eager", "op"])
+def test_second_derivative_raises_on_both_paths(path):
+    """Neither path has a second derivative (fa4::bwd has no autograd; the Function's backward is
+    once_differentiable): differentiating a gradient raises instead of returning a wrong one."""
+    f = _ops._EagerAttention.apply if path == "eager" else _ops.fwd
+    q, k, v = qkv(requires_grad=True)
+    out, _ = f(*reference_args(q, k, v))
+    (dq,) = torch.autograd.grad(out.float().sum(), (q,), create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(dq.float().sum(), (q,))
+
+
 cuda_kernel = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
     or build_info.missing_kernel("sm90", "fwd", (128, 128)) is not None,
