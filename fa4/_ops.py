@@ -190,15 +190,14 @@ fwd.register_autograd(_backward, setup_context=_setup_context)
 
 class _EagerAttention(torch.autograd.Function):
     """Note [eager autograd path]: fa4::fwd with the autograd of register_autograd above, minus
-    the torch.library layers. Through the op, a recorded forward cost 328 µs of host time and its
-    backward (autograd.grad) 240 µs, 450 in an earlier call, on the H200's host (tiny problem,
-    tools/host_overhead.py --dir bwd); the backward's is as long as its kernels at the bench's
-    512 points (~380-500 µs), so in a slower host state it went host-bound there: the bench's
-    "low mode" (docs/perf-notes.md, sixteenth session). Through this Function: 159 and 197 µs
-    (measured with a setup_context, since dropped). It runs the same CUDA functions with the same
-    saved tensors, and is taken only where nothing but autograd sees the call (call_fwd), so
-    torch.compile, dispatch modes and functorch still see the op. A second derivative raises, as
-    through the op (fa4::bwd has no autograd)."""
+    the torch.library layers. Host µs per call on the H200's host (tiny problem,
+    tools/host_overhead.py --dir bwd, two calls): a recorded forward 82 / 159 here against 218 /
+    328 through the op, its backward (autograd.grad) 206 / 197 against 206 / 240 (the rest of the
+    backward's is torch's autograd: docs/perf.md, sixteenth session). The backward's host time is
+    as long as its kernels at 512 tokens, where a slow host made the bench's backward host-bound
+    (its "low mode"). Same CUDA functions, same saved tensors; taken only where nothing but
+    autograd sees the call (call_fwd), so torch.compile, dispatch modes and functorch still see
+    the op. A second derivative raises, as through the op (fa4::bwd has no autograd)."""
 
     # forward takes ctx (no setup_context): with a setup_context, Function.apply binds the
     # arguments through inspect.signature on every call.

@@ -16,9 +16,8 @@ separates the two for the bench's shapes (16k tokens, heads = 2048 / hd):
   op (fa4::fwd), and the C++ op it calls (fa4::_fwd_kernel).
 
 `--dir bwd` measures the bench's backward (autograd.grad of one retained forward graph) instead:
-eager as above; graph is not possible for it (autograd runs the backward on the forward's
-stream, outside any capture), so the GPU's side comes from a profiler timeline of the same
-(flush, call) loop: per call, the kernels' busy time against their span from the flush's end
+eager as above; instead of a graph replay, the GPU's side comes from a profiler timeline of the
+same (flush, call) loop: per call, the kernels' busy time against their span from the flush's end
 (idle inside the span is the host launching late). fa4's layers then are autograd.grad, the
 torch.library op fa4::bwd and the C++ op fa4::_bwd_kernel.
 
@@ -173,8 +172,14 @@ def timeline_us(fn, flush, iters=10) -> dict[str, float]:
             flush.zero_()
             fn()
         torch.cuda.synchronize()
+    return per_call_timeline(kernels(prof), flush_names)
+
+
+def per_call_timeline(records, flush_names) -> dict[str, float]:
+    """records: (start, end, name) of every kernel, sorted by start; a flush kernel opens a call,
+    whose kernels are those up to the next flush. Medians over the calls with kernels."""
     calls = []  # (flush end, [(start, end) of fn's kernels])
-    for start, end, name in kernels(prof):
+    for start, end, name in records:
         if name in flush_names:
             calls.append((end, []))
         elif calls:
@@ -247,7 +252,8 @@ def main_bwd(args, impls, flush) -> list[dict]:
                     eager, tl = measure_bwd(impl, ins, causal, flush)
                     row = dict(impl=impl.name, hdim=hd, seqlen=s, causal=int(causal), rep=rep,
                                eager_ms=f"{eager:.4f}",
-                               **{f"{k}_us": f"{x:.1f}" for k, x in tl.items()})  # fmt: skip
+                               **{k if k == "kernels" else f"{k}_us": f"{x:.1f}"
+                                  for k, x in tl.items()})  # fmt: skip
                     rows.append(row)
                     print(row, flush=True)
                 del ins
