@@ -30,6 +30,7 @@ state that lasts a whole bench point (the bimodal short causal points) shows as 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import statistics
 import sys
@@ -111,20 +112,28 @@ def host_us(fn, calls=300) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+@contextlib.contextmanager
+def through_the_op(switch: str):
+    """fa4._ops' path switch `switch` (direct_call_ok, eager_autograd_ok) off for the block: the
+    calls in it go through the torch.library op."""
+    from fa4 import _ops
+
+    saved = getattr(_ops, switch)
+    setattr(_ops, switch, lambda *ts: False)
+    try:
+        yield
+    finally:
+        setattr(_ops, switch, saved)
+
+
 class Fa4Op(bi.Fa4):
     """fa4 with Note [inference fast path] off: every call through the torch.library op."""
 
     name = "fa4-op"
 
     def fwd(self, q, k, v, causal):
-        from fa4 import _ops
-
-        direct = _ops.direct_call_ok
-        _ops.direct_call_ok = lambda *ts: False
-        try:
+        with through_the_op("direct_call_ok"):
             return super().fwd(q, k, v, causal)
-        finally:
-            _ops.direct_call_ok = direct
 
 
 def make_impls(names: list[str]) -> list[bi.Impl]:
@@ -211,16 +220,11 @@ def fa4_bwd_layers_us(q, k, v, dout, causal) -> dict[str, float]:
     recorded forward and the bench's autograd.grad through Note [eager autograd path] and through
     the op's registered autograd, the op fa4::bwd and its C++ op."""
     import fa4
-    from fa4 import _ops
 
     fwd = partial(fa4.attention, q, k, v, causal=causal, backend="sm90")
     out, fwd_us = fwd(), host_us(fwd)
-    eager = _ops.eager_autograd_ok
-    _ops.eager_autograd_ok = lambda *ts: False
-    try:
+    with through_the_op("eager_autograd_ok"):
         out_op, fwd_op_us = fwd(), host_us(fwd)
-    finally:
-        _ops.eager_autograd_ok = eager
     with torch.no_grad():
         o2, lse = torch.ops.fa4._fwd_kernel(
             q, k, v, None, None, None, 0, 0, causal, q.shape[-1] ** -0.5, -1, -1, 0.0, False
