@@ -216,7 +216,7 @@ __device__ void compute_role(const KernelParams<T>& kp, typename T::SharedStorag
   Ring q_ready, s_ready, dp_ready, ds_free;
   for (int i = 0; i < t.iters; ++i) {
     const int m = t.m_of(i);
-    const bool masked = block_range<T::kBlockM, T::kBlockN>(t.mask, m).needs_mask(t.n);
+    const bool masked = block_needs_mask<T::kBlockM, T::kBlockN>(t.mask, m, t.n);
     bar_wait_cluster(bar_ptr<T, Bar::kQFull>(ss), q_ready.parity(1));
     ++q_ready.count;
     bar_wait_cluster(bar_ptr<T, Bar::kSFull>(ss), s_ready.parity(1));

@@ -213,7 +213,7 @@ __device__ void compute_role(const KernelParams<T>& kp, typename T::SharedStorag
   Ring q_ready, s_ready, dp_ready, ds_free;
   for (int i = 0; i < t.iters; ++i) {
     const int m = t.m_of(i);
-    const bool masked = block_range<T::kBlockM, T::kBlockN>(t.mask, m).needs_mask(t.n);
+    const bool masked = block_needs_mask<T::kBlockM, T::kBlockN>(t.mask, m, t.n);
     const int qs = q_ready.index(T::kStagesQ);
     bar_wait(bar_ptr<T, Bar::kQFull>(ss, qs), q_ready.parity(T::kStagesQ));
     ++q_ready.count;

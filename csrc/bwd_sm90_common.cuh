@@ -550,14 +550,16 @@ __device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,
 
 // One GEMM of the backward on the tensor cores as one wgmma batch: k-slices of a and b into c,
 // overwriting c first when zero. Not waited for (warpgroup_wait by the caller).
-template <class Mma, class A, class B, class C>
+template <bool kDesc64 = true, class Mma, class A, class B, class C>
 __device__ __forceinline__ void issue_gemm(Mma& mma, const A& a, const B& b, C& c, bool zero) {
   warpgroup_fence_operand(c);
   warpgroup_arrive();
   mma.accumulate_ = zero ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  auto&& a64 = desc64<kDesc64>(a);  // Note [64-bit descriptor steps]
+  auto&& b64 = desc64<kDesc64>(b);
   CUTLASS_PRAGMA_UNROLL
   for (int k = 0; k < size<2>(a); ++k) {
-    gemm(mma, a(_, _, k), b(_, _, k), c);
+    gemm(mma, a64(_, _, k), b64(_, _, k), c);
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();

@@ -136,6 +136,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
       const auto c_s = fragment_coords(mma_s, ltid, Shape<Int<kN>, Int<kM>>{});
       Tensor tDSsDSt =
           copy_ds.get_thread_slice(ltid).partition_D(as_position_independent_swizzle_tensor(sDSt));
+      // Note [block needs mask]: asked before the waits, off the path from Sᵀ to the softmax.
+      const bool masked = block_needs_mask<kM, kN>(mask, m, n);
       pipe_q.consumer_wait(q_state);
       if constexpr (!kEarlyDp) pipe_do.consumer_wait(do_state);
       ss.trace.mark(leader, wg, i, 1);
@@ -152,8 +154,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
       }
       warpgroup_fence_operand(acc_s);
       ss.trace.mark(leader, wg, i, 2);
-      p_and_ds(kp.score, mask, block_range<kM, kN>(mask, m).needs_mask(n), n * kN, m * kM, c_s,
-               ss.lse2[sq], ss.dpsum[sdo], acc_s, acc_dp, reg_p, reg_ds);
+      p_and_ds(kp.score, mask, masked, n * kN, m * kM, c_s, ss.lse2[sq], ss.dpsum[sdo], acc_s,
+               acc_dp, reg_p, reg_ds);
       fence_packed(reg_p);
       fence_packed(reg_ds);
       ss.trace.mark(leader, wg, i, 3);
@@ -199,7 +201,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
       ss.trace.mark(leader, wg, i, 8);
       if constexpr (kEarlyDp) {
         if (next) pipe_do.consumer_wait(do_state);
-        issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, do_state.index()), acc_dp, true);
+        // CuTe's 32-bit steps here: Note [64-bit descriptor steps] has why.
+        issue_gemm<false>(mma_dp, tPrV, tPrDO(_, _, _, do_state.index()), acc_dp, true);
         warpgroup_wait<1>();  // dK done
       } else {
         warpgroup_wait<0>();  // dK done

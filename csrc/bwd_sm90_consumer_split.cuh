@@ -127,6 +127,7 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
     // (head, m) walk the group's query heads and their Q blocks, counted rather than divided.
     int head = tile.head_kv * kp.group, m = m_begin;
     for (int i = 0; i < blocks; ++i, ++k, m = m + 1 == m_end ? (++head, m_begin) : m + 1) {
+      const bool masked = block_needs_mask<kM, kN>(mask, m, n);  // Note [block needs mask]
       pipe_q.consumer_wait(q_state);
       pipe_do.consumer_wait(do_state);
       const int sq = q_state.index(), sdo = do_state.index(), sds = k % T::kDsStages;
@@ -134,8 +135,8 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
       issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, sdo), acc_dp, true);
       warpgroup_wait<1>();
       warpgroup_fence_operand(acc_s);
-      p_and_ds(kp.score, mask, block_range<kM, kN>(mask, m).needs_mask(n), n * kN, m * kM, c_s,
-               ss.lse2[sq], ss.dpsum[sdo], acc_s, acc_dp, reg_p, reg_ds);
+      p_and_ds(kp.score, mask, masked, n * kN, m * kM, c_s, ss.lse2[sq], ss.dpsum[sdo], acc_s,
+               acc_dp, reg_p, reg_ds);
       copy(copy_pds, reg_p_c, tPsPt(_, _, _, sds));
       copy(copy_pds, reg_ds_c, tDSsDSt(_, _, _, sds));
       cutlass::arch::fence_view_async_shared();

@@ -150,6 +150,27 @@ __host__ __device__ BlockRange block_range(const Mask& mask, int m_block) {
   return br;
 }
 
+// Note [block needs mask]: block_range<kBlockM, kBlockN>(mask, m).needs_mask(n) for a Q block m
+// of the sequence (0 <= m kBlockM < seqlen_q) and any KV block n >= 0, in three compares
+// instead of a whole block_range. The backward asks it once per Q block, and block_range there
+// was ~70 dependent uniform instructions per warp and block right after the Sᵀ wait (SASS of the
+// hd128 loop, docs/perf-notes.md). With first / last the block's first and last rows' bounds,
+// block_range's full range holds n iff fb <= n < fe (none when fb >= fe), where
+//   n < fe = min(max(first.hi, 0) / kBlockN, n_end) iff first.hi >= (n + 1) kBlockN (> 0), i.e.
+//     seqlen_k and row0 + diag_hi are both >= (n + 1) kBlockN (then n_end > n as well);
+//   fb = max(ceil(last.lo / kBlockN), n_begin) <= n iff last.lo <= n kBlockN, i.e.
+//     row1 + diag_lo <= n kBlockN (last.lo = max(0, row1 + diag_lo) and n_begin <= fb).
+// Both together contradict an empty block (first.lo >= last.hi), for which block_range says
+// masked too. tests/test_shared_headers.py checks it against block_range over every Q block
+// and every KV block up to two past the last.
+template <int kBlockM, int kBlockN>
+__host__ __device__ __forceinline__ bool block_needs_mask(const Mask& mask, int m, int n) {
+  const int row0 = m * kBlockM;
+  const int row1 = detail::imin(row0 + kBlockM, mask.seqlen_q) - 1;
+  const int end = (n + 1) * kBlockN;
+  return end > mask.seqlen_k || row0 + mask.diag_hi < end || row1 + mask.diag_lo > n * kBlockN;
+}
+
 // Key columns the S GEMMs compute over every Q tile of one sequence: each KV block the tile
 // visits counts whole, masked ones and the zero-filled tail past seqlen_k included (Note [hd256
 // narrow blocks] compares two kBlockN by it).

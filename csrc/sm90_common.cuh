@@ -25,6 +25,55 @@ auto smem_atom_k() {
   }
 }
 
+// Note [64-bit descriptor steps]: CuTe's GMMA::DescriptorIterator steps a shared-memory
+// descriptor by adding to its low 32 bits and copying the high word, a compile-time constant
+// (layout type, stride offset), which ptxas then rematerializes with a UMOV per operand per wgmma:
+// two UMOVs beside the two UIADD3s of every SS wgmma (the hd128 backward executed 19.8 M UMOVs
+// against flash-attn-4's 6.4 M, 2.2 per HGMMA against 0.7; ncu census, docs/perf-notes.md). Desc64
+// steps the whole 64-bit descriptor instead, one UIADD3.64 per operand, as flash-attn-4's code
+// does. The two agree: a step moves the start address field (bits 0-13, the byte address / 16)
+// within shared memory, so it never carries out of those 14 bits (228 KB / 16 < 2^14).
+// Where ptxas splits the 64-bit add into an add with carry (UIADD3, UIADD3.X and the UMOVs of
+// both halves: six instructions per wgmma instead of four), the caller keeps CuTe's steps
+// (desc64<false>): the hd128 backward's early dPᵀ at the end of the Q-block loop, whose stage
+// index is decided there. Counted in the SASS of the backward's unmasked block per consumer warp:
+// 489 instructions with CuTe's steps everywhere, 471 with Desc64 everywhere, 450 with the early
+// dPᵀ excepted. The forward keeps CuTe's steps: there ptxas already holds Q's descriptors across
+// the KV-block loop, and Desc64 made its loop 7 instructions longer (hd128).
+struct Desc64 {
+  using reference = GmmaDescriptor;
+  using element_type = GmmaDescriptor;
+  using value_type = GmmaDescriptor;
+  GmmaDescriptor desc_;
+  __device__ reference operator*() const { return desc_; }
+  template <class Index>
+  __device__ reference operator[](const Index& i) const {
+    return *(*this + i);
+  }
+  template <class Index>
+  __device__ Desc64 operator+(const Index& offset) const {
+    return {GmmaDescriptor(desc_.desc_ + uint64_t(int64_t(offset)))};
+  }
+};
+// mma_unpack reads a descriptor operand as uint64_t (found by argument-dependent lookup, as
+// CuTe's own overload for DescriptorIterator).
+template <class NewT>
+__device__ Desc64 recast_ptr(const Desc64& it) {
+  static_assert(std::is_same_v<NewT, uint64_t>, "a descriptor operand is read as uint64_t");
+  return it;
+}
+
+// A wgmma operand with Desc64 steps (Note [64-bit descriptor steps]); register operands as they
+// are.
+template <bool kOn = true, class Engine, class Layout>
+__device__ decltype(auto) desc64(const Tensor<Engine, Layout>& t) {
+  if constexpr (kOn && std::is_base_of_v<GMMA::DescriptorIterator, typename Engine::iterator>) {
+    return make_tensor(Desc64{t.data().desc_}, t.layout());
+  } else {
+    return (t);
+  }
+}
+
 // Global tensors as TMA sees them: (rows, d, heads, batch), d contiguous. Varlen passes batch 1
 // and moves each sequence's rows by its offset (domain_offset).
 template <class Element>

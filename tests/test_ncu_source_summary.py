@@ -35,3 +35,28 @@ def test_summary_ranks_sites_and_reasons(tmp_path):
     # Offsets from the first instruction, as cuobjdump numbers them; only the top two sites.
     assert [s.split()[0] for s in sites] == ["0x00010", "0x00020"]
     assert "DEPBAR" in sites[0] and "60.00 %" in sites[0] and "barrier 55" in sites[0]
+
+
+CENSUS = """\
+"Kernel Name","void k<int>(int)",
+"Address","Source","Instructions Executed","Warp Stall Sampling (All Samples)"
+"0x7f0000002800","      UIADD3 UR4, UR4, 0x2, URZ","100","1"
+"0x7f0000002810","      @!P1 UIADD3.X UR5, UR5, URZ, URZ, UP0, !UPT","40","0"
+"0x7f0000002820","      HGMMA.64x64x16.F32.BF16 R184, gdesc[UR20], R184","100","3"
+"0x7f0000002830","      UTMALDG.2D [UR8], [UR10]","7","0"
+"0x7f0000002840","      EXIT","-","-"
+"""
+
+
+def test_opcode_census_counts_executed_per_opcode(tmp_path):
+    page = tmp_path / "census.csv"
+    page.write_text(CENSUS)
+    name, counts = ns.opcode_census(str(page))
+    assert name == "void k<int>(int)"
+    # Predicates and modifiers dropped; rows without a count (never executed) left out.
+    assert counts == {"UIADD3": 140, "HGMMA": 100, "UTMALDG": 7}
+    text = ns.format_census(name, counts, top=5)
+    # TMA instructions are not the uniform datapath's arithmetic.
+    assert "executed 247  uniform datapath 140" in text
+    # Offsets from the first instruction, both ends included.
+    assert ns.opcode_census(str(page), 0x10, 0x20)[1] == {"UIADD3": 40, "HGMMA": 100}

@@ -6,7 +6,8 @@ include them.
   on the blocks needs_mask names, RowMajorFrag and QuadFrag fragments) equal
   fa4.reference.allowed_keys element for element; the block ranges are exactly the blocks with a
   visible element, the "full" ranges exactly the blocks with every element visible; the
-  backward's Q-block range of each KV block (q_blocks_seeing) is the scan of those block ranges.
+  backward's Q-block range of each KV block (q_blocks_seeing) is the scan of those block ranges,
+  and its per-block mask test (block_needs_mask) is block_range's needs_mask.
 - softmax: whole attention problems through mask.cuh + softmax.cuh + exp2_poly.cuh against
   fa4.reference.attention_fa4_model: decision counts identical, out and lse close.
 - scheduler: every tile once, the documented orders.
@@ -66,6 +67,10 @@ def _mask_cases() -> list[tuple[int, int, int, int, int]]:
         (257, 113, -1, -1, 1), (113, 257, -1, -1, 1), (300, 7, 3, -1, 1), (7, 300, 0, 0, 0),
         (200, 200, big, big, 0), (200, 200, big, -1, 1), (190, 260, 0, big, 0),
         (260, 190, 64, 64, 0), (176, 176, 0, -1, 1), (352, 64, 100, 5, 0),
+        # Window edges exactly on a block edge of 64-row / 128-key blocks (the comparisons of
+        # Note [block needs mask] at equality).
+        (512, 512, 63, -1, 0), (512, 512, 191, 63, 0), (512, 512, -1, 63, 0),
+        (512, 512, -1, 127, 0), (448, 512, 127, 0, 1),
     ]  # fmt: skip
     rng = np.random.default_rng(3)
     for _ in range(220):
@@ -135,9 +140,9 @@ def test_mask_matches_reference(mask_results):
         assert torch.equal(vis, allowed), f"is_visible differs from allowed_keys: {case}"
         bad = take(1, np.int32)[0]
         assert bad == 0, (
-            f"visible elements outside the sequence, col_bounds or the band test wrong, or "
-            f"q_blocks_seeing not the "
-            f"scan of block_range: {case}"
+            f"visible elements outside the sequence, col_bounds or the band test wrong, "
+            f"q_blocks_seeing not the scan of block_range, or block_needs_mask not "
+            f"block_range's needs_mask: {case}"
         )
         for bm, bn in MASK_SHAPES:
             got = torch.from_numpy(take(s_q * s_k, np.uint8).reshape(s_q, s_k).astype(bool))

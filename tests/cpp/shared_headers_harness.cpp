@@ -146,6 +146,21 @@ int q_range_mismatches(const fa4::Mask& mask) {
   return bad;
 }
 
+// block_needs_mask against block_range's needs_mask over every Q block and KV blocks 0 to two
+// past the last (seen or not): mismatches (Note [block needs mask]).
+template <int kBM, int kBN>
+int needs_mask_mismatches(const fa4::Mask& mask) {
+  int bad = 0;
+  const int n_blocks = (mask.seqlen_k + kBN - 1) / kBN;
+  for (int m = 0; m * kBM < mask.seqlen_q; ++m) {
+    const fa4::BlockRange br = fa4::block_range<kBM, kBN>(mask, m);
+    for (int n = 0; n <= n_blocks + 1; ++n) {
+      bad += fa4::block_needs_mask<kBM, kBN>(mask, m, n) != br.needs_mask(n);
+    }
+  }
+  return bad;
+}
+
 int run_mask(const char* in_path, const char* out_path) {
   FILE* in = open_or_die(in_path, "r");
   FILE* out = open_or_die(out_path, "wb");
@@ -175,6 +190,8 @@ int run_mask(const char* in_path, const char* out_path) {
     outside[0] += q_range_mismatches<128, 128>(mask) + q_range_mismatches<64, 128>(mask) +
                   q_range_mismatches<64, 64>(mask) + q_range_mismatches<128, 176>(mask) +
                   q_range_mismatches<176, 64>(mask);
+    outside[0] += needs_mask_mismatches<64, 128>(mask) + needs_mask_mismatches<128, 128>(mask) +
+                  needs_mask_mismatches<64, 64>(mask) + needs_mask_mismatches<128, 256>(mask);
     put(out, outside);
     mask_shape<128, 128>(mask, out);  // MASK_SHAPES in the test, in this order
     mask_shape<64, 128>(mask, out);
