@@ -18,16 +18,15 @@ import collections
 import csv
 
 
-def _rows(path: str):
-    """The kernel row, the header row and the instruction rows of a source page."""
+def _page(path: str):
+    """A source page's kernel row, its columns by name and its instruction rows."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
-    return rows[0], rows[1], rows[2:]
+    return rows[0], {name: i for i, name in enumerate(rows[1])}, rows[2:]
 
 
 def summarize(path: str, top: int) -> str:
-    title, header, data = _rows(path)
-    col = {name: i for i, name in enumerate(header)}
+    title, col, data = _page(path)
     stall_cols = [
         (name[len("stall_") :], i)
         for name, i in col.items()
@@ -59,8 +58,7 @@ def summarize(path: str, top: int) -> str:
 
 def opcode_census(path: str, lo: int = 0, hi: int | None = None):
     """(kernel name, Counter of executed warp instructions per opcode) over offsets [lo, hi]."""
-    title, header, data = _rows(path)
-    col = {name: i for i, name in enumerate(header)}
+    title, col, data = _page(path)
     ex, addr_col, src_col = col["Instructions Executed"], col["Address"], col["Source"]
     counts: collections.Counter[str] = collections.Counter()
     base = None
