@@ -17,12 +17,15 @@ namespace fa4 {
 struct BwdGrid {
   int n_tiles, heads_kv;
   bool descending = false;  // deterministic mode
-  __device__ void decode(int64_t bid, int& n, int& head_kv, int& b) const {
-    n = int(bid % n_tiles);
+  // bid < 2^31: a block index (SM100) or an item below BwdKernelParams::tiles (SM90, an int).
+  // 32-bit divisions: int64 ones tested the high word and carried a 64-bit slow path, per tile
+  // in the SM90 consumers, which decode each tile twice.
+  __device__ void decode(int bid, int& n, int& head_kv, int& b) const {
+    n = bid % n_tiles;
     if (descending) n = n_tiles - 1 - n;
-    const int64_t rest = bid / n_tiles;
-    head_kv = int(rest % heads_kv);
-    b = int(rest / heads_kv);
+    const int rest = bid / n_tiles;
+    head_kv = rest % heads_kv;
+    b = rest / heads_kv;
   }
 };
 

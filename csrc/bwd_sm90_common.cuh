@@ -118,13 +118,15 @@ struct BwdTraits {
   using SmemLayoutKt = TransposedSmem<SmemLayoutK, kBlockN, kHeadDim, 1>;
   using SmemLayoutDSt = TransposedSmem<SmemLayoutDS, kBlockM, kBlockN, kDsStages>;
 
-  // Note [persistent bwd]: one CTA per SM walks kv tiles; dK/dV are staged over dS and dQ's
-  // buffers (and kStagePad more elements), which the next tile's loads
-  // do not touch.
-  static constexpr int kStageElems = kBlockN * (kHeadDim + 8 + kHeadDimV + 8);
-  static constexpr int kDsDqElems = cosize_v<SmemLayoutDS> + kDqBytes / sizeof(Element);
-  static constexpr int kStagePad = kStageElems > kDsDqElems ? kStageElems - kDsDqElems : 0;
-  static constexpr int kStageCapacity = kDsDqElems + kStagePad;
+  // Note [persistent bwd]: one CTA per SM walks kv tiles; dK/dV are staged over dS, stage_pad
+  // and dQ's buffer, which the next tile's loads do not touch, dV's rows first and within dS and
+  // the pad (Note [dK/dV epilogue]: they are staged before the reducer has read the last dQ).
+  static constexpr int kDvStageElems = kBlockN * (kHeadDimV + 8);
+  static constexpr int kStageElems = kBlockN * (kHeadDim + 8) + kDvStageElems;
+  static constexpr int kDsElems = cosize_v<SmemLayoutDS>;
+  static constexpr int kDqElems = kDqBytes / sizeof(Element);
+  static constexpr int kStagePad =
+      cute::max(0, cute::max(kDvStageElems - kDsElems, kStageElems - kDsElems - kDqElems));
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   struct SharedStorage {
@@ -133,8 +135,8 @@ struct BwdTraits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDO>> dout;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDS>> ds;
+    Element stage_pad[kStagePad + 8];  // ds, this and dq: the dK/dV staging rows (staging())
     alignas(128) float4 dq[kDqFloats / 4];
-    Element stage_pad[kStagePad + 8];           // ds, dq and this: the dK/dV staging rows
     alignas(16) float lse2[kStages][kBlockM];   // with Q's stage (bulk copy, pipe_q)
     alignas(16) float dpsum[kStages][kBlockM];  // with dO's stage (pipe_do)
     typename Pipeline::SharedStorage pipe_q;

@@ -222,17 +222,18 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     // This thread's GEMMs of the tile are done: K and V may be reloaded.
     ss.kv_empty.arrive();
     ss.trace.cta_mark(leader, wg == 0 ? 4 : 7);
-    // The staged epilogue writes over dQ's buffer too: the reducer must have read the last
-    // block's dQ (Note [dK/dV from registers] waits for it at the next dQ store instead).
-    if (!kDkDvRegs && blocks > 0 && !reds) {
-      cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
-    }
     const BwdTile out = BwdTile::of(kp, item, T::kBlockN);
     if constexpr (kDkDvRegs) {
       ds_use += blocks;
       store_dk_dv_regs(kp, out.seq, n, out.head_kv, out.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
     } else {
-      store_dk_dv(kp, ss, out.seq, n, out.head_kv, out.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
+      // The staged epilogue writes over dQ's buffer too: the reducer must have read the last
+      // block's dQ (Note [dV staged first]; Note [dK/dV from registers] waits for it at the next
+      // dQ store instead).
+      const bool wait = blocks > 0 && !reds;
+      store_dk_dv(kp, ss, out.seq, n, out.head_kv, out.b, tid, mma_dk, acc_dk, mma_dv, acc_dv, [&] {
+        if (wait) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
+      });
     }
     ss.trace.cta_mark(tid == 0, 5);
     ss.trace.dump(dv_tile<T>(kp, out.seq, n, out.head_kv, out.b), kp.p.dv_row_stride,

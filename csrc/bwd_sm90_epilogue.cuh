@@ -2,6 +2,8 @@
 // the dQ postprocess shares (write_quad_rows). Split from bwd_sm90_common.cuh by role.
 #pragma once
 
+#include <cutlass/arch/memory.h>
+
 #include "bwd_sm90_common.cuh"
 
 namespace fa4::sm90 {
@@ -32,8 +34,14 @@ __device__ __forceinline__ typename T::Element* dv_tile(const BwdKernelParams<T>
 // goes there in rows (pitch d + 8 elements: a warp's pairs then cover all 32 banks), and the CTA
 // writes whole 16-byte row chunks (dispatch guarantees 16-byte aligned dk, dv and strides).
 // Measured: the hd128 backward +8-9 % at 1k, 0-2 % at 16k (docs/perf.md). The d <= 128 variant
-// stages over dS, dQ and stage_pad, which its next tile's K/V and Q/dO loads leave alone (Note
+// stages over dS, stage_pad and dQ, which its next tile's K/V and Q/dO loads leave alone (Note
 // [persistent bwd]). The split variant has no such buffers (Note [split epilogue]).
+// Note [dV staged first]: dV's rows lie within dS and the pad, so they are staged while the
+// reducer may still be reading the tile's last dQ; the wait for its hand-back (which ncu put at
+// ~2.5 % of a consumer warp's time at hd128 causal 2k, docs/perf-notes.md) comes after them, and
+// dK's rows, which reach into dQ's buffer, after it. write_rows issues all of a thread's loads
+// before its stores, so a row pass costs one shared-memory round trip, not one per chunk (the
+// loop before was ~3.6 % of a consumer warp's time there).
 
 // The fragment, times scale, as rows of `rows` (pitch kD + 8 elements).
 template <class T, int kD, class Frag, class Coord>
@@ -50,29 +58,51 @@ __device__ __forceinline__ void stage_rows(typename T::Element* rows, float scal
   }
 }
 
-// Rows [0, rows_valid) of the staged tile to global memory, 16 bytes per store.
+// Rows [0, rows_valid) of the staged tile to global memory, 16 bytes per store, chunk c of the
+// tile (row c / kChunks) by thread c % kConsumerThreads: all loads, then all stores, predicated
+// (with a branch per store ptxas moved each load down to its store).
 template <class T, int kD>
 __device__ __forceinline__ void write_rows(const typename T::Element* rows,
                                            typename T::Element* base, int64_t row_stride,
                                            int rows_valid, int tid) {
-  constexpr int kChunks = kD / 8;
-  for (int c = tid; c < T::kBlockN * kChunks; c += T::kConsumerThreads) {
-    const int row = c / kChunks, col = c % kChunks * 8;
-    if (row >= rows_valid) break;  // rows only grow with c
-    *reinterpret_cast<uint4*>(base + row * row_stride + col) =
-        *reinterpret_cast<const uint4*>(rows + row * (kD + 8) + col);
+  constexpr int kChunks = kD / 8, kThreads = T::kConsumerThreads;
+  constexpr int kTotal = T::kBlockN * kChunks;
+  constexpr int kPasses = (kTotal + kThreads - 1) / kThreads;
+  // With kChunks dividing kThreads a thread keeps its column and steps kThreads / kChunks rows.
+  constexpr bool kFixedCol = kThreads % kChunks == 0;
+  auto row_of = [&](int k) {
+    return kFixedCol ? tid / kChunks + k * (kThreads / kChunks) : (tid + k * kThreads) / kChunks;
+  };
+  auto col_of = [&](int k) {
+    return (kFixedCol ? tid % kChunks : (tid + k * kThreads) % kChunks) * 8;
+  };
+  auto in_tile = [&](int k) { return kTotal % kThreads == 0 || tid + k * kThreads < kTotal; };
+  uint4 v[kPasses] = {};
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < kPasses; ++k) {
+    if (in_tile(k)) {
+      v[k] = *reinterpret_cast<const uint4*>(rows + row_of(k) * (kD + 8) + col_of(k));
+    }
+  }
+  const int64_t step = int64_t(kThreads / kChunks) * row_stride;  // kFixedCol
+  typename T::Element* const first = base + int64_t(row_of(0)) * row_stride + col_of(0);
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < kPasses; ++k) {
+    auto* at = kFixedCol ? first + k * step : base + int64_t(row_of(k)) * row_stride + col_of(k);
+    cutlass::arch::global_store<uint4, 16>(v[k], at, in_tile(k) && row_of(k) < rows_valid);
   }
 }
 
 // dK and dV of this tile, summed over the group: dK scaled by softmax_scale (dS is the gradient
 // w.r.t. the scaled scores), written as the dtype; rows past seqlen_k skipped. Called by every
-// consumer thread after its last GEMM (Note [dK/dV epilogue]).
-template <class T, class MmaK, class AccK, class MmaV, class AccV>
+// consumer thread after its last GEMM (Note [dK/dV epilogue]); wait_dq() waits until the reducer
+// has read this warpgroup's last dQ (Note [dV staged first]).
+template <class T, class MmaK, class AccK, class MmaV, class AccV, class WaitDq>
 __device__ __forceinline__ void store_dk_dv(const BwdKernelParams<T>& kp,
                                             typename T::SharedStorage& ss, const SeqInfo& seq,
                                             int n, int head_kv, int b, int tid, const MmaK& mma_dk,
                                             const AccK& acc_dk, const MmaV& mma_dv,
-                                            const AccV& acc_dv) {
+                                            const AccV& acc_dv, WaitDq&& wait_dq) {
   using Element = typename T::Element;
   constexpr int kN = T::kBlockN, kD = T::kHeadDim, kDV = T::kHeadDimV;
   const BwdParams& p = kp.p;
@@ -82,18 +112,23 @@ __device__ __forceinline__ void store_dk_dv(const BwdKernelParams<T>& kp,
   const int rows_valid = seq.seqlen_k - n * kN;
   const auto ck = fragment_coords(mma_dk, tid, Shape<Int<kN>, Int<kD>>{});
   const auto cv = fragment_coords(mma_dv, tid, Shape<Int<kN>, Int<kDV>>{});
-  // ss.staging(): ds, dq and stage_pad, which both warpgroups are done with once they pass the
-  // first barrier below.
-  static_assert(kN * (kD + 8 + kDV + 8) <= T::kStageCapacity, "staged dK and dV fit");
-  Element* rows_k = ss.staging();
-  Element* rows_v = rows_k + kN * (kD + 8);
+  // ss.staging(): dS, stage_pad and dQ's buffer, in that order; dS is free once both warpgroups
+  // pass the first barrier below, dQ's buffer once both have waited for the reducer.
+  static_assert(T::kDvStageElems <= T::kDsElems + T::kStagePad, "dV's rows end before dQ's buffer");
+  static_assert(T::kStageElems <= T::kDsElems + T::kStagePad + T::kDqElems, "dK's rows fit");
+  Element* rows_v = ss.staging();
+  Element* rows_k = rows_v + T::kDvStageElems;
+  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
+  stage_rows<T, kDV>(rows_v, 1.0f, acc_dv, cv);
+  wait_dq();
   cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
   stage_rows<T, kD>(rows_k, p.fwd.softmax_scale, acc_dk, ck);
-  stage_rows<T, kDV>(rows_v, 1.0f, acc_dv, cv);
-  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
   if constexpr (FA4_BWD_PROBE != 2) {  // Note [bwd probes]
-    write_rows<T, kD>(rows_k, dk, p.dk_row_stride, rows_valid, tid);
     write_rows<T, kDV>(rows_v, dv, p.dv_row_stride, rows_valid, tid);
+  }
+  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
+  if constexpr (FA4_BWD_PROBE != 2) {
+    write_rows<T, kD>(rows_k, dk, p.dk_row_stride, rows_valid, tid);
   }
   // The next tile's dS and dQ stores reuse the staging buffers (persistent grid).
   cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);

@@ -185,40 +185,28 @@ __host__ __device__ int64_t keys_computed(const Mask& mask) {
 
 // The Q blocks of kBlockM rows that see KV block n (whose block_range contains n): [m_begin,
 // m_end), or m_begin = the number of Q blocks and m_end = 0 when none does. The backward asks
-// once per CTA; a scan of every Q block cost ~20 us per CTA at 16k rows (docs/perf-notes.md), so
-// two binary searches over block_range instead. They are exact because the Q blocks that see no
-// key form a prefix (every row ends before key 0) and a suffix (every row starts past the last
-// key), and across the others n_begin and n_end never decrease (Note [mask alignment]: both
-// ends of a row's interval grow with the row); tests/test_shared_headers.py checks the result
-// against the scan.
+// once per CTA and tile. Note [Q blocks in closed form]: block_range(m) holds n iff a row of
+// block m sees a key of block n (its [n_begin, n_end) is the union of its rows' intervals, which
+// is contiguous: both ends grow by at most one per row, Note [mask alignment]). Row i sees key j
+// iff j - diag_hi < i <= j - diag_lo (0 <= i < seqlen_q), so with the block's keys [col0, col1]
+// the rows seeing one are (col0 - diag_hi, col1 - diag_lo] ∩ [0, seqlen_q): for such a row both
+// inequalities hold at some key of the block, since diag_lo < diag_hi. The Q blocks follow by two
+// divisions by kBlockM. Two binary searches over block_range did this before: ~400 dependent
+// uniform instructions per consumer warp and tile (ncu at hd128 causal 2k, docs/perf-notes.md),
+// and a scan of every Q block before them ~20 us per CTA at 16k rows. tests/test_shared_headers.py
+// checks the result against the scan of block_range. Overflow: |diag| <= seqlen_q + seqlen_k
+// (Note [mask clamping]).
 template <int kBlockM, int kBlockN>
-__host__ __device__ void q_blocks_seeing(const Mask& mask, int n, int& m_begin, int& m_end) {
+__host__ __device__ __forceinline__ void q_blocks_seeing(const Mask& mask, int n, int& m_begin,
+                                                         int& m_end) {
   const int m_blocks = (mask.seqlen_q + kBlockM - 1) / kBlockM;
-  auto before_keys = [&](int m) {
-    return mask.row_bounds(detail::imin((m + 1) * kBlockM, mask.seqlen_q) - 1).hi <= 0;
-  };
-  auto first_true = [&](auto pred) {  // pred: false ... false true ... true over the Q blocks
-    int lo = 0, hi = m_blocks;
-    while (lo < hi) {
-      const int mid = lo + (hi - lo) / 2;
-      if (pred(mid)) {
-        hi = mid;
-      } else {
-        lo = mid + 1;
-      }
-    }
-    return lo;
-  };
-  const int first = first_true([&](int m) {
-    const BlockRange br = block_range<kBlockM, kBlockN>(mask, m);
-    return br.empty() ? !before_keys(m) : br.n_end > n;
-  });
-  const int last = first_true([&](int m) {
-    const BlockRange br = block_range<kBlockM, kBlockN>(mask, m);
-    return br.empty() ? !before_keys(m) : br.n_begin > n;
-  });
-  m_begin = first < last ? first : m_blocks;
-  m_end = first < last ? last : 0;
+  const int col0 = n * kBlockN;
+  const int col1 = detail::imin(col0 + kBlockN, mask.seqlen_k) - 1;
+  const int row0 = detail::imax(0, col0 - mask.diag_hi + 1);
+  const int row1 = detail::imin(mask.seqlen_q - 1, col1 - mask.diag_lo);
+  const bool none = n < 0 || col0 >= mask.seqlen_k || row0 > row1;
+  m_begin = none ? m_blocks : row0 / kBlockM;
+  m_end = none ? 0 : row1 / kBlockM + 1;
 }
 
 // Sets to -inf the elements of a fragment (fragment.cuh) that row/column masking hides.
