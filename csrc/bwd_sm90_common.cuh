@@ -127,6 +127,19 @@ struct BwdTraits {
   static constexpr int kDqElems = kDqBytes / sizeof(Element);
   static constexpr int kStagePad =
       cute::max(0, cute::max(kDvStageElems - kDsElems, kStageElems - kDsElems - kDqElems));
+  // Note [TMA-store dK/dV]: dense problems stage dV over dS and dK over dQ's buffer in the K/V
+  // swizzled layouts (column-block-major atoms: one TMA box per 64 columns) and store each with
+  // TMA. Trace builds keep the row stores (Note [bwd trace] writes its marks into dV's rows).
+  using SmemLayoutDKst = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
+                                                Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutDVst = decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(),
+                                                Shape<Int<kBlockN>, Int<kHeadDimV>>{}));
+#ifdef FA4_BWD_TRACE
+  static constexpr bool kTmaStoreDkDv = false;
+#else
+  static constexpr bool kTmaStoreDkDv =
+      !kDkDvRegs && cosize_v<SmemLayoutDVst> <= kDsElems && cosize_v<SmemLayoutDKst> <= kDqElems;
+#endif
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   struct SharedStorage {
@@ -135,8 +148,8 @@ struct BwdTraits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDO>> dout;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutDS>> ds;
-    Element stage_pad[kStagePad + 8];  // ds, this and dq: the dK/dV staging rows (staging())
-    alignas(128) float4 dq[kDqFloats / 4];
+    Element stage_pad[kStagePad + 8];        // ds, this and dq: the dK/dV staging rows (staging())
+    alignas(1024) float4 dq[kDqFloats / 4];  // 1024: dK's swizzled staging (kTmaStoreDkDv)
     alignas(16) float lse2[kStages][kBlockM];   // with Q's stage (bulk copy, pipe_q)
     alignas(16) float dpsum[kStages][kBlockM];  // with dO's stage (pipe_do)
     typename Pipeline::SharedStorage pipe_q;
@@ -191,6 +204,7 @@ struct BwdTraitsSplit {
   static constexpr int kThreads = 128 + kConsumerThreads;
   static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0, "halves of whole 32-column atoms");
   static constexpr bool kPostRegs = false;  // Note [postprocess from registers]: not measured here
+  static constexpr bool kTmaStoreDkDv = false;  // Note [split epilogue]
 
   using AtomN2 = Layout<Shape<_1, _2, _1>>;  // the two warpgroups split N
   using MmaS = decltype(make_tiled_mma(
@@ -271,10 +285,28 @@ enum BwdBarrier : uint32_t {
   kDqEmpty = 2,
   kDqFull1 = 3,
   kDqEmpty1 = 4,
-  kTraceDump = 5,  // Note [bwd trace]
-  kEpilogue = 6    // consumers, Note [dK/dV epilogue]
+  kTraceDump = 5,   // Note [bwd trace]
+  kEpilogue = 6,    // consumers, Note [dK/dV epilogue]
+  kDkDvStaged = 7,  // consumers -> reducer, Note [TMA-store dK/dV]
+  kDkDvRead = 8     // reducer -> consumers, the same
 };
 constexpr int kReducerThreads = 32;  // one warp of the producer warpgroup
+
+// The TMA stores of dK and dV (Note [TMA-store dK/dV]); on: set for dense problems.
+template <class T, bool = T::kTmaStoreDkDv>
+struct BwdTmaStores {
+  static constexpr bool on = false;
+};
+template <class T>
+struct BwdTmaStores<T, true> {
+  using Element = typename T::Element;
+  using TmaDK = TmaStoreTile<Element, typename T::SmemLayoutDKst, T::kBlockN, T::kHeadDim>;
+  using TmaDV = TmaStoreTile<Element, typename T::SmemLayoutDVst, T::kBlockN, T::kHeadDimV>;
+  TmaDK tma_dk;
+  TmaDV tma_dv;
+  Shape<int, int, int, int> shape_dk, shape_dv;
+  bool on = false;
+};
 
 template <class T>
 struct BwdKernelParams {
@@ -294,6 +326,7 @@ struct BwdKernelParams {
   BwdGrid grid;
   int group;
   int tiles;  // kv tiles of the whole problem (the grid's items, Note [persistent bwd])
+  BwdTmaStores<T> out;
 };
 
 // One kv tile (an item of the grid) as every role needs it; skip: past its sequence's keys
@@ -336,14 +369,25 @@ __device__ __forceinline__ auto kv_partitions(const BwdKernelParams<T>& kp,
   return cute::make_tuple(tKgK, tKsK, tVgV, tVsV);
 }
 
-// The loads of one kv tile (the producer thread): K and V once (kv_full), then Q and dO of every
-// block that sees the tile through the pipelines, whose states continue across tiles.
-template <class T, class State>
+// The loads of one kv tile (the producer thread): Q and dO of every block that sees the tile
+// through the pipelines, whose states continue across tiles, and K and V once (kv_full) after
+// the first block's (Note [Q/dO before the K/V wait]). wait_kv(): until the K/V buffer is free.
+//
+// Note [Q/dO before the K/V wait]: a tile's first Q and dO need only a free pipeline stage, which
+// the previous tile's second-to-last block frees, not the K/V buffer, which its last GEMM frees;
+// they were issued after K and V, after that wait, and the consumers then waited on the first
+// dO (ncu at hd128 causal 2k: ~0.9 % of a consumer warp's time there, the K/V wait 0.3 %). Now
+// they go first, and K and V of a tile after the first are prefetched into L2 when the tile is
+// claimed (the previous tile's last loads are out by then), so that their load after the wait
+// reads L2. One block only: a second one's stage is freed by the previous tile's last block,
+// right before the K/V buffer, and would go ahead of K and V.
+template <class T, class State, class WaitKv>
 __device__ __forceinline__ void bwd_producer_tile(const BwdKernelParams<T>& kp,
                                                   typename T::SharedStorage& ss,
                                                   typename T::Pipeline& pipe_q,
                                                   typename T::Pipeline& pipe_do, const BwdTile& t,
-                                                  State& q_state, State& do_state, int kv_use) {
+                                                  State& q_state, State& do_state, int kv_use,
+                                                  WaitKv&& wait_kv) {
   const SeqInfo& seq = t.seq;
   const Mask& mask = t.mask;
   const int n = t.n, head_kv = t.head_kv, b = t.b;
@@ -351,11 +395,21 @@ __device__ __forceinline__ void bwd_producer_tile(const BwdKernelParams<T>& kp,
   const int bidb = varlen ? 0 : b;
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
   Tensor sDO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutDO{});
-  auto [tKgK, tKsK, tVgV, tVsV] = kv_partitions(kp, ss, seq, n, head_kv, b);
-  ss.kv_full.arrive_and_expect_tx(T::kKVBytes);
-  copy(kp.tma_k.with(reinterpret_cast<uint64_t&>(ss.kv_full), 0), tKgK, tKsK(_, 0));
-  copy(kp.tma_v.with(reinterpret_cast<uint64_t&>(ss.kv_full), 0), tVgV, tVsV(_, 0));
-  if constexpr (FA4_BWD_PROBE == 1) ss.kv_full.wait(uint32_t(kv_use & 1));  // Note [bwd probes]
+  // (gK, sK, gV, sV), a tuple: a lambda may not capture structured bindings before C++20.
+  const auto kv = kv_partitions(kp, ss, seq, n, head_kv, b);
+  if (kv_use > 0) {
+    cute::prefetch(kp.tma_k, get<0>(kv));
+    cute::prefetch(kp.tma_v, get<2>(kv));
+  }
+  bool kv_issued = false;
+  auto load_kv = [&] {
+    wait_kv();
+    ss.kv_full.arrive_and_expect_tx(T::kKVBytes);
+    copy(kp.tma_k.with(reinterpret_cast<uint64_t&>(ss.kv_full), 0), get<0>(kv), get<1>(kv)(_, 0));
+    copy(kp.tma_v.with(reinterpret_cast<uint64_t&>(ss.kv_full), 0), get<2>(kv), get<3>(kv)(_, 0));
+    if constexpr (FA4_BWD_PROBE == 1) ss.kv_full.wait(uint32_t(kv_use & 1));  // Note [bwd probes]
+    kv_issued = true;
+  };
 
   Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);
   Tensor mDO = kp.tma_do.get_tma_tensor(kp.shape_do);
@@ -388,8 +442,10 @@ __device__ __forceinline__ void bwd_producer_tile(const BwdKernelParams<T>& kp,
       SM90_BULK_COPY_G2S::copy(dpsum + m * T::kBlockM, bar_do, ss.dpsum[do_state.index()],
                                T::kRowStatBytes);
       ++do_state;
+      if (!kv_issued) load_kv();
     }
   }
+  if (!kv_issued) load_kv();  // a tile that no Q block sees
 }
 
 // Note [persistent bwd]: the producer thread walks the CTA's items (tile_ring.cuh: the first is
@@ -416,10 +472,11 @@ __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
     const BwdTile tile = BwdTile::of(kp, int(item), T::kBlockN);
     if (tile.skip) continue;  // not published: the readers see only tiles with keys
     publish_item(ss.tile_full, ss.tile_empty, ss.tile_item, t, int(item));
-    ss.trace.producer_mark(t, 8);
-    if (t > 0) ss.kv_empty.wait(uint32_t((t - 1) & 1));
-    ss.trace.producer_mark(t, 9);
-    bwd_producer_tile(kp, ss, pipe_q, pipe_do, tile, q_state, do_state, t);
+    bwd_producer_tile(kp, ss, pipe_q, pipe_do, tile, q_state, do_state, t, [&] {
+      ss.trace.producer_mark(t, 8);
+      if (t > 0) ss.kv_empty.wait(uint32_t((t - 1) & 1));
+      ss.trace.producer_mark(t, 9);
+    });
     ++t;
   }
   finish_claims(counter);
@@ -487,6 +544,40 @@ __device__ __forceinline__ void red_add_fragment(float* dq, const Frag& acc) {
 // that its shared-memory reads do not stretch the loop there (docs/perf-notes.md, step 23).
 // Deterministic mode keeps the reducer (its turn order).
 
+// One TMA store of this tile's kN rows of a kv-row tensor from `buf` (Layout).
+template <class T, class Layout, int kCols, class Tma, class Shape4>
+__device__ __forceinline__ void tma_store_rows(const Tma& tma, const Shape4& shape,
+                                               typename T::Element* buf, int n, int head_kv,
+                                               int b) {
+  Tensor m = tma.get_tma_tensor(shape);
+  Tensor g =
+      local_tile(m(_, _, head_kv, b), Shape<Int<T::kBlockN>, Int<kCols>>{}, make_coord(n, _0{}));
+  Tensor sbuf = make_tensor(make_smem_ptr(buf), Layout{});
+  auto cta = tma.get_slice(_0{});
+  copy(tma, cta.partition_S(sbuf), cta.partition_D(g));
+}
+
+// The reducer's part of Note [TMA-store dK/dV] (bwd_sm90_epilogue.cuh; its whole warp calls it
+// after the tile's last reduce-add): both stores, then kDkDvRead once they have read shared
+// memory.
+template <class T>
+__device__ __forceinline__ void issue_dk_dv_tma(const BwdKernelParams<T>& kp,
+                                                typename T::SharedStorage& ss, const BwdTile& t,
+                                                bool leader) {
+  using Element = typename T::Element;
+  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads + kReducerThreads, kDkDvStaged);
+  if (leader) {
+    tma_store_rows<T, typename T::SmemLayoutDVst, T::kHeadDimV>(kp.out.tma_dv, kp.out.shape_dv,
+                                                                ss.ds.data(), t.n, t.head_kv, t.b);
+    tma_store_rows<T, typename T::SmemLayoutDKst, T::kHeadDim>(
+        kp.out.tma_dk, kp.out.shape_dk, reinterpret_cast<Element*>(ss.dq), t.n, t.head_kv, t.b);
+    tma_store_arrive();
+    tma_store_wait<0>();
+  }
+  __syncwarp();
+  cutlass::arch::NamedBarrier::arrive(T::kConsumerThreads + kReducerThreads, kDkDvRead);
+}
+
 // The reducer warp: one bulk reduce-add per Q block, in the consumers' order.
 template <class T>
 __device__ __forceinline__ void bwd_dq_reducer_tile(const BwdKernelParams<T>& kp,
@@ -544,7 +635,11 @@ __device__ __forceinline__ void bwd_dq_reducer(const BwdKernelParams<T>& kp,
   for (int t = 0;; ++t) {
     const int item = take_item(ss.tile_full, ss.tile_empty, ss.tile_item, t);
     if (item < 0) break;
-    bwd_dq_reducer_tile(kp, ss, BwdTile::of(kp, item, T::kBlockN), leader);
+    const BwdTile tile = BwdTile::of(kp, item, T::kBlockN);
+    bwd_dq_reducer_tile(kp, ss, tile, leader);
+    if constexpr (T::kTmaStoreDkDv) {
+      if (kp.out.on) issue_dk_dv_tma(kp, ss, tile, leader);
+    }
   }
   // The last reduce-add must finish before the CTA (and its shared memory) goes away.
   if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");

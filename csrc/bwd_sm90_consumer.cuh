@@ -72,8 +72,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   // Note [dK/dV from registers]: the reducer's hand-back of this warpgroup's last dQ is waited for
   // at the next dQ store (or after the last tile), and the dS stages count blocks across tiles.
   constexpr bool kDkDvRegs = T::kDkDvRegs;
-  bool dq_owed = false;  // a dQ handed to the reducer whose dq_empty is not yet waited for
-  int ds_use = 0;        // blocks of the earlier tiles (the dS stage of the tile's block i)
+  bool dq_owed = false;        // a dQ handed to the reducer whose dq_empty is not yet waited for
+  bool store_pending = false;  // Note [TMA-store dK/dV]: a store may still read dS / dQ's buffer
+  int ds_use = 0;              // blocks of the earlier tiles (the dS stage of the tile's block i)
   // Note [persistent bwd]: the tiles the producer publishes, each a use of the K/V buffer.
   for (int t = 0;; ++t) {
     const int item = take_item(ss.tile_full, ss.tile_empty, ss.tile_item, t);
@@ -99,6 +100,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     int g = 0;
     ss.kv_full.wait(uint32_t(t & 1));
     ss.trace.cta_mark(tid == 0, 2);
+    if (store_pending) {  // the block loop writes dS and dQ's buffer (Note [TMA-store dK/dV])
+      cutlass::arch::NamedBarrier::sync(T::kConsumerThreads + kReducerThreads, kDkDvRead);
+      store_pending = false;
+    }
     if (kEarlyDp && blocks > 0) {  // Note [early dPᵀ]: the tile's first dPᵀ
       pipe_do.consumer_wait(do_state);
       issue_gemm(mma_dp, tPrV, tPrDO(_, _, _, do_state.index()), acc_dp, true);
@@ -231,9 +236,18 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
       // block's dQ (Note [dV staged first]; Note [dK/dV from registers] waits for it at the next
       // dQ store instead).
       const bool wait = blocks > 0 && !reds;
-      store_dk_dv(kp, ss, out.seq, n, out.head_kv, out.b, tid, mma_dk, acc_dk, mma_dv, acc_dv, [&] {
+      auto wait_dq = [&] {
         if (wait) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
-      });
+      };
+      if (kp.out.on) {  // Note [TMA-store dK/dV]
+        if constexpr (T::kTmaStoreDkDv) {
+          stage_dk_dv_tma(kp, ss, tid, mma_dk, acc_dk, mma_dv, acc_dv, wait_dq);
+          store_pending = true;
+        }
+      } else {
+        store_dk_dv(kp, ss, out.seq, n, out.head_kv, out.b, tid, mma_dk, acc_dk, mma_dv, acc_dv,
+                    wait_dq);
+      }
     }
     ss.trace.cta_mark(tid == 0, 5);
     ss.trace.dump(dv_tile<T>(kp, out.seq, n, out.head_kv, out.b), kp.p.dv_row_stride,
@@ -242,6 +256,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
   // Every arrival of the reducer on dq_empty is matched (Note [dK/dV from registers]; the staged
   // epilogue waited for each tile's last one already).
   if (kDkDvRegs && dq_owed) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
+  // The reducer's last kDkDvRead is matched too.
+  if (store_pending) {
+    cutlass::arch::NamedBarrier::sync(T::kConsumerThreads + kReducerThreads, kDkDvRead);
+  }
 }
 
 }  // namespace fa4::sm90

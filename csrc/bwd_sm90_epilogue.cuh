@@ -134,6 +134,52 @@ __device__ __forceinline__ void store_dk_dv(const BwdKernelParams<T>& kp,
   cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
 }
 
+// Note [TMA-store dK/dV]: in dense problems (whose TMA tensors end at seqlen_k, so a partial
+// last tile is clipped; varlen packs the sequences, and a clipped box would write the next
+// sequence's rows) dV and dK leave by TMA stores instead of write_rows. Their stores were ~3.3 %
+// of a consumer warp's time at hd128 causal 2k (ncu, docs/perf-notes.md), mostly waits until
+// the stores had read their source registers; the TMA store reads shared memory in the
+// background while the next tile starts. The consumers stage them with stmatrix in the K/V
+// swizzled layouts (dV over dS, dK over dQ's buffer, which needs no padded rows) and signal
+// kDkDvStaged; the dQ reducer warp, after the tile's last reduce-add, issues both stores, waits
+// for their reads and signals kDkDvRead, which the consumers wait for once the next tile's K
+// and V have landed (their first block writes dS and dQ's buffer again) and after their last
+// tile. Issued by a consumer thread instead, the store code's uniform registers made ptxas move
+// a descriptor base of the loop into vector registers (+34 instructions per warp and block).
+
+// The fragment acc · scale, as the dtype, into `buf` in Layout (stmatrix, 16 bytes per lane).
+template <class T, class Layout, class Mma, class Acc>
+__device__ __forceinline__ void stage_swizzled(typename T::Element* buf, const Mma& mma,
+                                               const Acc& acc, float scale, int tid) {
+  using Element = typename T::Element;
+  Tensor s = as_position_independent_swizzle_tensor(make_tensor(make_smem_ptr(buf), Layout{}));
+  auto copy_c = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma);
+  auto thr = copy_c.get_thread_slice(tid);
+  Tensor r = make_tensor_like<Element>(acc);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(acc); ++i) r(i) = Element(acc(i) * scale);
+  copy(copy_c, thr.retile_S(r), thr.partition_D(s));
+}
+
+// The consumers' part: dK (scaled) and dV of this tile staged for the reducer's TMA stores;
+// wait_dq as in store_dk_dv.
+template <class T, class MmaK, class AccK, class MmaV, class AccV, class WaitDq>
+__device__ __forceinline__ void stage_dk_dv_tma(const BwdKernelParams<T>& kp,
+                                                typename T::SharedStorage& ss, int tid,
+                                                const MmaK& mma_dk, const AccK& acc_dk,
+                                                const MmaV& mma_dv, const AccV& acc_dv,
+                                                WaitDq&& wait_dq) {
+  using Element = typename T::Element;
+  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);  // dS read by every dQ GEMM
+  stage_swizzled<T, typename T::SmemLayoutDVst>(ss.ds.data(), mma_dv, acc_dv, 1.0f, tid);
+  wait_dq();
+  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);  // dQ's buffer read
+  stage_swizzled<T, typename T::SmemLayoutDKst>(reinterpret_cast<Element*>(ss.dq), mma_dk, acc_dk,
+                                                kp.p.fwd.softmax_scale, tid);
+  cutlass::arch::fence_view_async_shared();
+  cutlass::arch::NamedBarrier::arrive(T::kConsumerThreads + kReducerThreads, kDkDvStaged);
+}
+
 // Note [split epilogue]: the split variant's shared memory is K, V, two stages of Q and dO, and
 // P and dS (224 KB at d = 256). With the persistent grid, K, V, Q and dO take the next tile's
 // loads while this tile's epilogue runs, and P and dS (32 KB) cannot hold a 64-row dK or dV

@@ -224,6 +224,21 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
   kp.tma_do = make_tma_tile<Element, typename T::SmemLayoutDO, T::kBlockM, T::kHeadDimV>(dout);
   kp.tma_k = make_tma_tile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>(k);
   kp.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(v);
+  if constexpr (T::kTmaStoreDkDv) {  // Note [TMA-store dK/dV]: dense problems
+    if (f.cu_seqlens_q == nullptr) {
+      const GmemView dk = gmem_view(f, p.dk, true, T::kHeadDim, p.dk_row_stride, p.dk_head_stride,
+                                    p.dk_batch_stride);
+      const GmemView dv = gmem_view(f, p.dv, true, T::kHeadDimV, p.dv_row_stride, p.dv_head_stride,
+                                    p.dv_batch_stride);
+      kp.out.shape_dk = dk.shape();
+      kp.out.shape_dv = dv.shape();
+      kp.out.tma_dk =
+          make_tma_store_tile<Element, typename T::SmemLayoutDKst, T::kBlockN, T::kHeadDim>(dk);
+      kp.out.tma_dv =
+          make_tma_store_tile<Element, typename T::SmemLayoutDVst, T::kBlockN, T::kHeadDimV>(dv);
+      kp.out.on = true;
+    }
+  }
   // Grids flattened into x (at most 2^31 - 1 blocks: a 2^31-row problem is far past memory).
   const RowBlockGrid row_grid = RowBlockGrid::of(f);
   const int64_t pp_blocks = row_grid.blocks(f);
