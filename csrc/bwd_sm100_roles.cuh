@@ -354,23 +354,31 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // The MMA warp allocates TMEM and frees it at the end.
   const uint32_t tmem =
       tmem_allocate_for_cta(role == Role::kMma, &ss.tmem_base, T::Plan::kAllocColumns);
-  const TileWork t = tile_work(kp);
   const int lane = threadIdx.x % 32;
+  // Each role derives its tile after its setmaxnreg: derived once before the switch, the TileWork
+  // stayed live across it and hd 192 spilled 40 bytes of it once q_blocks_seeing became closed
+  // form (tests/test_sass_sm100_bwd_split.py bounds the spills).
   switch (role) {
     case Role::kCompute0:
-    case Role::kCompute1:
+    case Role::kCompute1: {
       cutlass::arch::warpgroup_reg_alloc<kRegsCompute>();
+      const TileWork t = tile_work(kp);
       compute_role(kp, ss, tmem, t, role == Role::kCompute0 ? 0 : 1, threadIdx.x % 128);
       break;
-    case Role::kReduce:
+    }
+    case Role::kReduce: {
       cutlass::arch::warpgroup_reg_alloc<kRegsReduce>();
+      const TileWork t = tile_work(kp);
       reduce_role(kp, ss, tmem, t, threadIdx.x % 128);
       break;
-    default:
+    }
+    default: {
       cutlass::arch::warpgroup_reg_dealloc<kRegsOther>();
+      const TileWork t = tile_work(kp);
       if (role == Role::kMma) mma_role<T>(ss, tmem, t);
       if (role == Role::kLoad && lane == 0) load_role(kp, ss, t);
       break;
+    }
   }
   // Every tcgen05 operation has completed: the compute warpgroups waited for kDkvFull (committed
   // after the last MMA) and the reduce warpgroup for its own loads.
