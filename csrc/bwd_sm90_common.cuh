@@ -288,8 +288,14 @@ enum BwdBarrier : uint32_t {
   kTraceDump = 5,   // Note [bwd trace]
   kEpilogue = 6,    // consumers, Note [dK/dV epilogue]
   kDkDvStaged = 7,  // consumers -> reducer, Note [TMA-store dK/dV]
-  kDkDvRead = 8     // reducer -> consumers, the same
+  // reducer -> consumers, the same. kTraceDump's id: trace builds keep the row stores, so the two
+  // never meet. The next id, 8, is hardware barrier 16, which does not exist (encoded as 0:
+  // __syncthreads' barrier).
+  kDkDvRead = kTraceDump
 };
+static_assert(kDkDvStaged + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount <
+                  cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
+              "named barrier ids of the backward exceed the hardware's 16");
 constexpr int kReducerThreads = 32;  // one warp of the producer warpgroup
 
 // The TMA stores of dK and dV (Note [TMA-store dK/dV]); on: set for dense problems.
