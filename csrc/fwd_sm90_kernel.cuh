@@ -363,7 +363,7 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
 }
 
 template <class T>
-__global__ void __launch_bounds__(T::kThreads, 1)
+__global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
     fwd_kernel(const __grid_constant__ KernelParams<T> kp) {
   // Only the sm_90a pass has wgmma and setmaxnreg; other archs of a multi-arch build (sm_100a)
   // compile an empty body, and dispatch never launches it there.
@@ -433,8 +433,17 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
     kp.tma_o = make_tma_store_tile<Element, typename T::SmemLayoutOHalf, 64, T::kHeadDimV>(o);
   }
   kp.sched = TileScheduler::for_forward(p, T::kBlockM, int(sizeof(Element)));
-  const int grid = kp.sched.grid(dev.num_sms);
+  const int grid = kp.sched.grid(dev.num_sms * T::kCtasPerSm);
   if (grid == 0) return Status::kOk;
+  if constexpr (T::kCtasPerSm > 1) {
+    // The carveout is a hint the driver may override; ask for all of it so that the CTAs fit.
+    const cudaError_t e =
+        cudaFuncSetAttribute(fwd_kernel<T>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+    if (e != cudaSuccess) {
+      return kernel_fail(Status::kCudaError, "fwd_sm90: carveout: %s", cudaGetErrorString(e));
+    }
+  }
   return launch_kernel("fwd_sm90", fwd_kernel<T>, dim3(grid), T::kThreads, T::kSmemBytes, stream,
                        kp);
 }
@@ -445,6 +454,13 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
 // block), while winning 5 % at causal 4k; short causal and local problems take the two. Measured
 // with the two for <= 2048 rows (docs/perf.md, 2026-12-01 switch A/B): +11 % at causal 512, +10 %
 // at 1k, but -3..-6 % at 2k (10 2/3 tiles of 192 against 16 of 128), so the limit is 1024 rows.
+//
+// Note [three CTAs at short causal hd64]: those problems run FwdTraits<64, 64, bf16, 1, 64, 3>
+// (Note [several CTAs per SM]), three CTAs of one consumer warpgroup with 64-key blocks, when
+// FA4_SM90_HD64_THREE_CTAS is set. Measured against the two-warpgroup kernel (docs/perf.md,
+// 2026-12-04 twenty-third session): causal 512 +6.8 %, causal 1k +3 %, but non-causal 512 / 1k
+// -5 / -1..-8 % against the three-consumer kernel, which keeps them. bf16 only: the fp16
+// instantiation has not been executed yet, so fp16 keeps the two-warpgroup kernel.
 template <int D, int DV>
 bool two_consumer_variant(const FwdParams& p) {
   if constexpr (FwdTraits<D, DV, cutlass::half_t>::kConsumerWGs != 3) {
@@ -481,6 +497,10 @@ bool narrow_blocks(const FwdParams& p) {
 template <int D, int DV, class Element>
 Status launch_element(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   if constexpr (FwdTraits<D, DV, Element>::kConsumerWGs == 3) {
+    if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+      if (FA4_SM90_HD64_THREE_CTAS && two_consumer_variant<D, DV>(p))
+        return launch<FwdTraits<D, DV, Element, 1, 64, 3>>(p, dev, stream);
+    }
     if (two_consumer_variant<D, DV>(p)) return launch<FwdTraits<D, DV, Element, 2>>(p, dev, stream);
   }
   if constexpr (FwdTraits<D, DV, Element>::kBlockN == 80) {

@@ -5,6 +5,8 @@
 // Shared memory (bf16/fp16, kStages = 2; the O staging of Note [TMA-store epilogue] and the second
 // Q buffer of Note [two Q buffers] where they fit, in that order):
 //   hd 64:  Q 2×24 KB + K 2×16 KB + V 2×16 KB + O 24 KB = 136 KB  (kBlockM 192, kBlockN 128)
+//           three CTAs per SM (Note [several CTAs per SM]): Q 2×8 KB + K 2×8 KB + V 2×8 KB
+//           + O 8 KB = 56 KB each (kBlockM 64, kBlockN 64)
 //   hd 128: Q 2×32 KB + K 2×32 KB + V 2×32 KB + O 32 KB = 224 KB  (kBlockN 128)
 //   hd 192: Q 48 KB + K 2×24 KB + V 2×(16|24) KB + O 32|48 KB = 160..192 KB, plus a second Q
 //           at (192, 128): 208 KB (kBlockN 64: S registers)
@@ -59,6 +61,11 @@
 #ifndef FA4_SM90_HD64_TWO_WG_ROWS
 #define FA4_SM90_HD64_TWO_WG_ROWS 1024
 #endif
+// Note [three CTAs at short causal hd64] (fwd_sm90_kernel.cuh): 1 runs the three-CTA kernel in
+// place of the two-warpgroup one where that note says; 0 never (an A/B switch).
+#ifndef FA4_SM90_HD64_THREE_CTAS
+#define FA4_SM90_HD64_THREE_CTAS 1
+#endif
 
 // Note [right-edge mask] (mask.cuh): masked blocks that no left window edge cuts take the
 // one-compare test where FwdTraits::kRightEdgeMask says (every head dim but 96); 0 keeps the
@@ -79,12 +86,21 @@ using namespace cute;
 //   2 consumers, d_v > 128: producer 40 (its TMA and scheduler arithmetic spilled at 24),
 //                consumers 232 (O alone is d_v / 2 registers)
 //   3 consumers: producer 32, consumers 160: 32·128 + 160·384 = 65536 = 128·512
-template <int kConsumerWGs, int kHeadDimV>
+//   several CTAs per SM (Note [several CTAs per SM]): the launch gives 65536 / kCtasPerSm over
+//                the CTA's threads (rounded down to 8 each), the producer keeps 32 and the
+//                consumers share the rest: 1 consumer, 3 CTAs: 32·128 + 128·128 = 20480 = 80·256
+template <int kConsumerWGs, int kHeadDimV, int kCtasPerSm = 1>
 struct RegisterSplit {
-  static constexpr int kProducer = kConsumerWGs == 3 ? 32 : (kHeadDimV <= 128 ? 56 : 40);
-  static constexpr int kConsumer = kConsumerWGs == 3 ? 160 : (kHeadDimV <= 128 ? 224 : 232);
-  static_assert(kConsumerWGs == 2 || kConsumerWGs == 3, "two or three consumer warpgroups");
-  static_assert(kProducer * 128 + kConsumer * 128 * kConsumerWGs <= 65536, "register file");
+  static constexpr int kLaunchRegs = 65536 / kCtasPerSm / (128 * (kConsumerWGs + 1)) / 8 * 8;
+  static constexpr int kProducer =
+      kCtasPerSm > 1 ? 32 : (kConsumerWGs == 3 ? 32 : (kHeadDimV <= 128 ? 56 : 40));
+  static constexpr int kConsumer =
+      kCtasPerSm > 1 ? (kLaunchRegs * (kConsumerWGs + 1) - kProducer) / kConsumerWGs / 8 * 8
+                     : (kConsumerWGs == 3 ? 160 : (kHeadDimV <= 128 ? 224 : 232));
+  static_assert(kConsumerWGs >= 1 && kConsumerWGs <= 3, "one to three consumer warpgroups");
+  static_assert(kConsumer <= 256, "setmaxnreg");
+  static_assert((kProducer + kConsumer * kConsumerWGs) <= kLaunchRegs * (kConsumerWGs + 1),
+                "register file");
 };
 
 // The ring of Note [dynamic tiles] (tile_ring.cuh): the producer thread publishes the decoded
@@ -106,8 +122,9 @@ struct TileRing {
 };
 
 // Compile-time options of one forward kernel; kConsumerWGs_ and kBlockN_ 0 take the head dim's
-// defaults.
-template <int kHeadDim_, int kHeadDimV_, class Element_, int kConsumerWGs_ = 0, int kBlockN_ = 0>
+// defaults; kCtasPerSm_ > 1 is Note [several CTAs per SM].
+template <int kHeadDim_, int kHeadDimV_, class Element_, int kConsumerWGs_ = 0, int kBlockN_ = 0,
+          int kCtasPerSm_ = 1>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -126,9 +143,22 @@ struct FwdTraits {
   static constexpr int kBlockN =
       kBlockN_ != 0 ? kBlockN_ : (kHeadDim <= 128 ? 128 : (kHeadDim == 256 ? 80 : 64));
   static constexpr int kStages = 2;
-  using Regs = RegisterSplit<kConsumerWGs, kHeadDimV>;
+  // Note [several CTAs per SM]: a short tile is a chain of latencies (Q load, the first S, a few
+  // blocks' softmax, the epilogue) that one CTA's warpgroups, all on the same tile, reach
+  // together, so nothing fills the tensor cores at its ends. kCtasPerSm CTAs share an SM
+  // (registers by RegisterSplit, shared memory 228 KB per SM less 1 KB per CTA), and the
+  // hardware interleaves their independent chains. With one consumer warpgroup (64-row tiles)
+  // there is no ping-pong. Measured variants (docs/perf-notes.md, forward step 22): three CTAs of
+  // one consumer with 64-key blocks (128 registers: S 32, P 16, O 32) won at hd64 short causal;
+  // two CTAs of two consumers (104 registers) and two of one consumer with 128-key blocks did
+  // not. (A producer warp without setmaxnreg instead of a warpgroup gives fewer registers, not
+  // more: 96 for two CTAs of 288 threads, a sub-partition's 16384 over its 5 warps.)
+  static constexpr int kCtasPerSm = kCtasPerSm_;
+  static_assert(kCtasPerSm == 1 || kConsumerWGs_ != 0, "several CTAs: an explicit consumer count");
+  using Regs = RegisterSplit<kConsumerWGs, kHeadDimV, kCtasPerSm>;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kConsumerThreads = 128 * kConsumerWGs;
+  static constexpr int kSmemLimit = kCtasPerSm == 1 ? 227 * 1024 : 228 * 1024 / kCtasPerSm - 1024;
   // Note [SM90 exp2 split]: Hopper's MUFU (16/clk/SM) keeps up with its wgmma rate at these
   // tile shapes, so the polynomial path starts switched off; docs/perf-notes.md records the
   // measurements that set it (forward step 4) and why small fractions are worth measuring again
@@ -153,7 +183,7 @@ struct FwdTraits {
   static constexpr bool kStaleMaxVote = FA4_SM90_STALE_MAX_VOTE != 0;
   // Note [warpgroup ping-pong]: the consumer warpgroups take turns issuing their GEMMs (one
   // named barrier each), so one's softmax runs while another's GEMMs hold the tensor cores.
-  static constexpr bool kPingPong = FA4_SM90_PINGPONG;
+  static constexpr bool kPingPong = FA4_SM90_PINGPONG && kConsumerWGs > 1;
 
   using TileQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
   using AtomLayout = Layout<Shape<Int<kConsumerWGs>, _1, _1>>;
@@ -193,7 +223,7 @@ struct FwdTraits {
       int(cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV>) *
       int(sizeof(Element));
   static constexpr int kOBytes = kBlockM * kHeadDimV * int(sizeof(Element));
-  static constexpr bool kTmaStoreO = kQKVBytes + kOBytes + 1024 <= 227 * 1024;
+  static constexpr bool kTmaStoreO = kQKVBytes + kOBytes + 1024 <= kSmemLimit;
   // Note [two Q buffers]: the next tile's Q goes to the other buffer, issued by the producer
   // between the current tile's last K and V loads (it claims the next item there), where with
   // one buffer it waited for the current tile's last S. The trace (Note [fwd trace]) had that Q
@@ -202,7 +232,7 @@ struct FwdTraits {
   // measurement switch, docs/perf-notes.md).
   static constexpr int kQStagesFit = kQKVBytes + int(cosize_v<SmemLayoutQ> * sizeof(Element)) +
                                                  (kTmaStoreO ? kOBytes : 0) + 1024 <=
-                                             227 * 1024
+                                             kSmemLimit
                                          ? 2
                                          : 1;
 #ifdef FA4_SM90_Q_STAGES
@@ -229,7 +259,8 @@ struct FwdTraits {
     FwdTrace trace;  // Note [fwd trace]
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (227 KB per CTA on SM90)");
+  static_assert(kSmemBytes <= kSmemLimit,
+                "shared memory budget (227 KB per CTA; 75 KB at three per SM)");
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);

@@ -215,14 +215,16 @@ def test_tile_boundaries(monkeypatch, hdims, kw):
     check(qd, kd, vd, *run(qd, kd, vd, **kw), **kw)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("s", [1024, 1025])
-def test_hd64_short_causal_dispatch_boundary(s):
-    """Note [short causal hd64]: causal hd64 problems with at most 1024 query rows per sequence
-    run the two-warpgroup kernel, longer ones the three-warpgroup kernel; both sides of the
-    boundary against the reference (the other tests reach both as well, by their sizes)."""
+def test_hd64_short_causal_dispatch_boundary(s, dtype):
+    """Note [short causal hd64] and Note [three CTAs at short causal hd64]: causal hd64 problems
+    with at most 1024 query rows per sequence run the three-CTA kernel (bf16) or the
+    two-warpgroup kernel (fp16), longer ones the three-warpgroup kernel; both sides of the
+    boundary against the reference (the other tests reach them as well, by their sizes)."""
     if (64, 64) not in _sm90_hdims():
         pytest.skip("hd64 not compiled (FA4_HDIMS)")
-    q, k, v = make((1, s, 4, 64), (1, s, 2, 64), 64, torch.bfloat16, seed=s)
+    q, k, v = make((1, s, 4, 64), (1, s, 2, 64), 64, dtype, seed=s)
     check(q, k, v, *run(q, k, v, causal=True), causal=True)
 
 

@@ -159,15 +159,38 @@ def test_hd64_three_consumers_and_bounded_spills(compiled_hd64):
 def test_hd64_two_consumer_variant(compiled_hd64):
     """Note [short causal hd64]: the hd64 file also holds FwdTraits<64, 64, bf16, 2> (fp16's
     pair is in fwd_sm90_hd64_fp16.cu), with the two-warpgroup register split (consumers 224,
-    producer 56) and no spills at all."""
+    producer 56) and no spills at all; and the three-CTA kernel (next test)."""
     ptxas, sass = compiled_hd64
     kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", ptxas)
-    assert len(kernels) == 2 and sum("bfloat16_tELi2E" in k for k in kernels) == 1, kernels
+    assert len(kernels) == 3 and sum("bfloat16_tELi2E" in k for k in kernels) == 1, kernels
     assert all("bfloat16" in k for k in kernels), kernels
     _, body = _bf16_body(sass, "fwd_kernel", "bfloat16_tELi2E")
     assert "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xe0" in body, "consumers at 224 registers"
     assert "USETMAXREG.DEALLOC.CTAPOOL 0x38" in body, "producer at 56 registers"
     assert not re.search(r"\b(LDL|STL)\b", body), "local memory in the two-warpgroup kernel"
+
+
+def test_hd64_three_cta_kernel(compiled_hd64):
+    """Note [three CTAs at short causal hd64]: FwdTraits<64, 64, bf16, 1, 64, 3> is launched with
+    three CTAs per SM in mind (__launch_bounds__(256, 3): 80 registers at launch), setmaxnreg
+    gives its one consumer warpgroup 128 and the producer 32 (RegisterSplit), and the consumer
+    has no local memory. Its block loop holds one 64-key block (4 + 4 HGMMA 64x64x16, 32
+    exponentials per thread) and no named barrier: one consumer, no ping-pong turns."""
+    ptxas, sass = compiled_hd64
+    tag = "bfloat16_tELi1ELi64ELi3E"
+    entry = [c for c in ptxas.split("Compiling entry function")[1:] if tag in c.split("\n")[0]]
+    assert len(entry) == 1, ptxas
+    assert "Used 80 registers" in entry[0], entry[0]
+    _, body = _bf16_body(sass, "fwd_kernel", tag)
+    assert "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0x80" in body, "consumer at 128 registers"
+    assert "USETMAXREG.DEALLOC.CTAPOOL 0x20" in body, "producer at 32 registers"
+    consumer = body[body.index("USETMAXREG.TRY_ALLOC") : body.index("USETMAXREG.DEALLOC")]
+    assert not re.search(r"\b(LDL|STL)\b", consumer), "local memory in the consumer"
+    assert set(re.findall(r"HGMMA\.\d+x\d+x\d+", body)) == {"HGMMA.64x64x16"}
+    loop = _block_loop_ops(sass, tag=tag)
+    assert sum(o.startswith("HGMMA") for o in loop) == 8
+    assert loop.count("MUFU.EX2") >= 32
+    assert not [o for o in loop if o.startswith("BAR")], "a turn barrier in the loop"
 
 
 def test_hd256_two_block_widths(compiled_hd256):
@@ -176,7 +199,7 @@ def test_hd256_two_block_widths(compiled_hd256):
     of spills the stale-max vote left at hd256 (docs/testing.md)."""
     ptxas, sass = compiled_hd256
     kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", ptxas)
-    assert sorted(k.split("bfloat16_t")[1][:10] for k in kernels) == ["ELi0ELi0EE", "ELi0ELi64E"]
+    assert sorted(k.split("bfloat16_t")[1][:10] for k in kernels) == ["ELi0ELi0EL", "ELi0ELi64E"]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", ptxas)]
     assert len(spills) == 2 and max(spills) <= 24, ptxas
     for tag, s_gemm in (
