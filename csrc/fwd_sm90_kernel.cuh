@@ -497,11 +497,13 @@ bool narrow_blocks(const FwdParams& p) {
 template <int D, int DV, class Element>
 Status launch_element(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   if constexpr (FwdTraits<D, DV, Element>::kConsumerWGs == 3) {
-    if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-      if (FA4_SM90_HD64_THREE_CTAS && two_consumer_variant<D, DV>(p))
-        return launch<FwdTraits<D, DV, Element, 1, 64, 3>>(p, dev, stream);
+    if (two_consumer_variant<D, DV>(p)) {
+      if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+        if (FA4_SM90_HD64_THREE_CTAS)
+          return launch<FwdTraits<D, DV, Element, 1, 64, 3>>(p, dev, stream);
+      }
+      return launch<FwdTraits<D, DV, Element, 2>>(p, dev, stream);
     }
-    if (two_consumer_variant<D, DV>(p)) return launch<FwdTraits<D, DV, Element, 2>>(p, dev, stream);
   }
   if constexpr (FwdTraits<D, DV, Element>::kBlockN == 80) {
     if (narrow_blocks<D, DV>(p)) return launch<FwdTraits<D, DV, Element, 0, 64>>(p, dev, stream);
