@@ -21,7 +21,8 @@
 # BASE_TREE (a directory holding another tree of this repository to build base from, e.g. a
 # branch's parent: `git archive main | tar -x -C .base` in the repo root, `/.base/` in
 # .git/info/exclude, carried to the device; var is built from the current tree; both with their
-# FA4_NVCC_EXTRA).
+# FA4_NVCC_EXTRA), BUILD (0: no builds, the ones an earlier call left in /tmp/ab_so_* on the same
+# warm machine), BENCH (0: build and test only, for a call of its own before the benches).
 set -o pipefail
 base_flags=$1
 var_flags=$2
@@ -63,10 +64,13 @@ bench() {  # name, csv name, hdims, impls
 }
 
 other=$(python3 -c "import sys; a, b = sys.argv[1:]; print(','.join(h for h in a.split(',') if h not in b.split(',')))" "$hdims" "$peer_hdims")
-build base "$base_flags" "${BASE_TREE:-.}" || exit 1
-build var "$var_flags" || exit 1  # last, so that fa4 imports from this tree
+if [ "${BUILD:-1}" != 0 ]; then
+  build base "$base_flags" "${BASE_TREE:-.}" || exit 1
+  build var "$var_flags" || exit 1  # last, so that fa4 imports from this tree
+fi
 # The variant's correctness; the timings run either way (a failure is in the log).
 [ "${TESTS:-1}" = 0 ] || { use var && python3 -m pytest "tests/test_${dir}_sm90.py" -q -rs 2>&1 | tail -15; }
+[ "${BENCH:-1}" = 0 ] && exit 0
 bench base base "$peer_hdims" fa4 || exit 1
 bench var var_peers "$peer_hdims" fa4,sdpa-cudnn,flash-attn-4 || exit 1
 bench base base2 "$peer_hdims" fa4 || exit 1

@@ -33,6 +33,10 @@
 #ifndef FA4_BWD_POST_REGS
 #define FA4_BWD_POST_REGS 1
 #endif
+// Note [known thread range] for the block loop's fresh thread index; 0: without (an A/B switch).
+#ifndef FA4_BWD_KNOWN_TID
+#define FA4_BWD_KNOWN_TID 1
+#endif
 
 namespace fa4::sm90 {
 

@@ -135,9 +135,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     // not i % (m_end - m_begin): an integer division per block).
     for (int i = 0, m = m_begin; i < blocks; ++i, m = m + 1 == m_end ? (++g, m_begin) : m + 1) {
       // Note [fresh tid]: the score coordinates and the dSᵀ store addresses per iteration (the
-      // consumers are threads 128.., tid = threadIdx.x - 128 as bwd_kernel passes it).
+      // consumers are threads 128.., tid = threadIdx.x - 128 as bwd_kernel passes it; Note
+      // [known thread range]).
       ss.trace.mark(leader, wg, i, 0);
-      const int ltid = fresh_thread_index() - 128;
+      const int ltid =
+          known_thread_range<T::kConsumerThreads, FA4_BWD_KNOWN_TID>(fresh_thread_index() - 128);
       const auto c_s = fragment_coords(mma_s, ltid, Shape<Int<kN>, Int<kM>>{});
       Tensor tDSsDSt =
           copy_ds.get_thread_slice(ltid).partition_D(as_position_independent_swizzle_tensor(sDSt));

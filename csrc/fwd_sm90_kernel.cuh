@@ -459,8 +459,12 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
 // (Note [several CTAs per SM]), three CTAs of one consumer warpgroup with 64-key blocks, when
 // FA4_SM90_HD64_THREE_CTAS is set. Measured against the two-warpgroup kernel (docs/perf.md,
 // 2026-12-04 twenty-third session): causal 512 +6.8 %, causal 1k +3 %, but non-causal 512 / 1k
-// -5 / -1..-8 % against the three-consumer kernel, which keeps them. bf16 only: the fp16
-// instantiation has not been executed yet, so fp16 keeps the two-warpgroup kernel.
+// -5 / -1..-8 % against the three-consumer kernel, which keeps them. fp16 takes it too (the
+// same kernel but for the element type; its tests ran in the twenty-fourth session).
+// The same pair at hd128 (two CTAs of one consumer, 64-key blocks; FwdTraits<128, 128, E, 1, 64,
+// 2>, no spills with the producer at 56 registers) lost 11-12 % at causal 512 / 1k, and at hd64
+// the three-CTA kernel up to 2048 rows lost 3 % at causal 2k (H100, docs/perf.md, 2026-12-05
+// twenty-fourth session); neither is kept.
 template <int D, int DV>
 bool two_consumer_variant(const FwdParams& p) {
   if constexpr (FwdTraits<D, DV, cutlass::half_t>::kConsumerWGs != 3) {
@@ -498,10 +502,8 @@ template <int D, int DV, class Element>
 Status launch_element(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   if constexpr (FwdTraits<D, DV, Element>::kConsumerWGs == 3) {
     if (two_consumer_variant<D, DV>(p)) {
-      if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-        if (FA4_SM90_HD64_THREE_CTAS)
-          return launch<FwdTraits<D, DV, Element, 1, 64, 3>>(p, dev, stream);
-      }
+      if (FA4_SM90_HD64_THREE_CTAS)
+        return launch<FwdTraits<D, DV, Element, 1, 64, 3>>(p, dev, stream);
       return launch<FwdTraits<D, DV, Element, 2>>(p, dev, stream);
     }
   }

@@ -66,6 +66,10 @@
 #ifndef FA4_SM90_HD64_THREE_CTAS
 #define FA4_SM90_HD64_THREE_CTAS 1
 #endif
+// K/V stages of the three-CTA kernel (Note [three-CTA stages]); 2 is the A/B switch's other side.
+#ifndef FA4_SM90_THREE_CTA_STAGES
+#define FA4_SM90_THREE_CTA_STAGES 3
+#endif
 
 // Note [right-edge mask] (mask.cuh): masked blocks that no left window edge cuts take the
 // one-compare test where FwdTraits::kRightEdgeMask says (every head dim but 96); 0 keeps the
@@ -142,7 +146,13 @@ struct FwdTraits {
   // blocks], fwd_sm90_kernel.cuh).
   static constexpr int kBlockN =
       kBlockN_ != 0 ? kBlockN_ : (kHeadDim <= 128 ? 128 : (kHeadDim == 256 ? 80 : 64));
-  static constexpr int kStages = 2;
+  // Note [three-CTA stages]: the three-CTA kernel has 75 KB of shared memory per CTA, of which
+  // two 8 KB K and V stages at hd64 use 32 KB; a third stage fits (72 KB with both Q buffers and
+  // the O staging) and lets the producer run a block further ahead of the one consumer
+  // warpgroup, whose 64-key blocks are short. Measured against two stages (H100, docs/perf.md,
+  // 2026-12-05 twenty-fourth session): causal 512 +2.6 %, causal 1k +3.9 %; a fourth stage
+  // does not fit (88 KB).
+  static constexpr int kStages = kCtasPerSm_ == 3 ? FA4_SM90_THREE_CTA_STAGES : 2;
   // Note [several CTAs per SM]: a short tile is a chain of latencies (Q load, the first S, a few
   // blocks' softmax, the epilogue) that one CTA's warpgroups, all on the same tile, reach
   // together, so nothing fills the tensor cores at its ends. kCtasPerSm CTAs share an SM

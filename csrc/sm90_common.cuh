@@ -170,6 +170,24 @@ __device__ __forceinline__ int fresh_thread_index() {
   return t;
 }
 
+// Note [known thread range]: a consumer's thread index (threadIdx.x - 128, passed in or read by
+// fresh_thread_index) is a signed int whose range the compiler does not know, so each division
+// and remainder by a power of two that CuTe's layouts make of it (fragment coordinates, stmatrix
+// addresses) became the signed form: a shift for the sign, a LEA.HI and a mask where the unsigned
+// form is one instruction. Stating the range lets it use the unsigned forms: the backward's block
+// loop (static SASS, bf16) 20 instructions shorter at hd 96 / 128 (hd128's unmasked block 450 ->
+// 430 per consumer warp) and 37 at hd64 (whose spills went 286 -> 250 bytes). Not in the split
+// consumer (d > 128), whose thread offsets are computed once: there the stated range made its
+// block loop ~55 instructions longer. Measured (H100, docs/perf.md, 2026-12-05 twenty-fourth
+// session, against FA4_BWD_KNOWN_TID=0): hd64 backward +1.8 / +3.3 / +3.8 % at 1k / 16k /
+// causal 2k (two samples each), level at 512 and 2k; hd128 level (six samples each, means
+// within 1 % at 1k-16k, causal and not).
+template <int kThreads, bool kOn = true>
+__device__ __forceinline__ int known_thread_range(int tid) {
+  if constexpr (kOn) __builtin_assume(tid >= 0 && tid < kThreads);
+  return tid;
+}
+
 // Note [quad transpose]: in the accumulator a quad's four lanes hold one row, lane q the pair of
 // columns 8g + 2q (g = 0 .. d_v/8 - 1): a 4-byte store each, half of every 32-byte sector per
 // warp instruction. Over four consecutive groups the quad exchanges pairs (two xor-shuffle

@@ -219,8 +219,8 @@ def test_tile_boundaries(monkeypatch, hdims, kw):
 @pytest.mark.parametrize("s", [1024, 1025])
 def test_hd64_short_causal_dispatch_boundary(s, dtype):
     """Note [short causal hd64] and Note [three CTAs at short causal hd64]: causal hd64 problems
-    with at most 1024 query rows per sequence run the three-CTA kernel (bf16) or the
-    two-warpgroup kernel (fp16), longer ones the three-warpgroup kernel; both sides of the
+    with at most 1024 query rows per sequence run the three-CTA kernel (bf16 and fp16),
+    longer ones the three-warpgroup kernel; both sides of the
     boundary against the reference (the other tests reach them as well, by their sizes)."""
     if (64, 64) not in _sm90_hdims():
         pytest.skip("hd64 not compiled (FA4_HDIMS)")

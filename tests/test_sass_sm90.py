@@ -388,6 +388,18 @@ def test_bwd_loop_reads_local_memory_once(compiled_bwd):
     assert ops.count("LDL") <= 4, ops.count("LDL")
 
 
+@pytest.mark.parametrize("variant", ["compiled_bwd", "compiled_bwd_hd64"])
+def test_bwd_loop_thread_offsets_unsigned(variant, request):
+    """Note [known thread range]: inside the Q-block loop the thread offsets of Note [fresh tid]
+    are divided unsigned: no sign extraction (SHF.R.S32.HI Rd, RZ, 0x1f, Rs), which each signed
+    division by a power of two begins with (3 in hd128's loop and hd64's without the stated
+    range, and 9 / 10 LEA.HI)."""
+    _, body = _bf16_body(request.getfixturevalue(variant)[1], "bwd_kernel")
+    loop = body[body.index("HGMMA") : body.rindex("HGMMA")]
+    assert not re.findall(r"SHF\.R\.S32\.HI R\d+, RZ, 0x1f, R\d+", loop)
+    assert len(re.findall(r"\bLEA\.HI\b", loop)) <= 2
+
+
 def test_bwd_masked_block_costs_under_300_instructions(compiled_bwd):
     """Note [band test]: the masked, softcap-free elementwise path (between the Sᵀ wait and the
     join of the four variants) is one add and one unsigned compare per element on top of the
