@@ -461,7 +461,7 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
 // 2026-12-04 twenty-third session): causal 512 +6.8 %, causal 1k +3 %, but non-causal 512 / 1k
 // -5 / -1..-8 % against the three-consumer kernel, which keeps them. fp16 takes it too (the
 // same kernel but for the element type; its tests ran in the twenty-fourth session).
-// The same pair at hd128 (two CTAs of one consumer, 64-key blocks; FwdTraits<128, 128, E, 1, 64,
+// The same design at hd128 (two CTAs of one consumer, 64-key blocks; FwdTraits<128, 128, E, 1, 64,
 // 2>, no spills with the producer at 56 registers) lost 11-12 % at causal 512 / 1k, and at hd64
 // the three-CTA kernel up to 2048 rows lost 3 % at causal 2k (H100, docs/perf.md, 2026-12-05
 // twenty-fourth session); neither is kept.
