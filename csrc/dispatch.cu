@@ -408,6 +408,13 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept {
 
   const ArchKernels* arch = nullptr;
   DeviceInfo info;
+  info.tile_order = TileOrderOptions::from_env();  // Note [tile order options]
+  if (!info.tile_order.ok) {
+    return fail(Status::kInvalid,
+                "FA4_TILE_ORDER=%s: its tokens are first, wave or a positive number, "
+                "comma-separated (or unset it)",
+                getenv("FA4_TILE_ORDER"));
+  }
   s = select_arch(/*fwd=*/true, p.num_sms, &arch, &info);
   if (s != Status::kOk) return s;
   return arch->fwd(p, info, stream);

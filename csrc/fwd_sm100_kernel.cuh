@@ -691,7 +691,8 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
     kp.tma_o =
         sm90::make_tma_store_tile<Element, typename T::SmemLayoutO, T::kBlockM, T::kHeadDimV>(o);
   }
-  kp.sched = TileScheduler::for_forward(p, T::kCtaRows, int(sizeof(Element)));
+  kp.sched =
+      TileScheduler::for_forward(p, T::kCtaRows, int(sizeof(Element)), dev.num_sms, dev.tile_order);
   const int grid = kp.sched.grid(dev.num_sms);
   if (grid == 0) return Status::kOk;
   return launch_kernel("fwd_sm100", fwd_kernel<T>, dim3(grid), T::kThreads, T::kSmemBytes, stream,

@@ -432,7 +432,8 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
     kp.shape_o = o.shape();
     kp.tma_o = make_tma_store_tile<Element, typename T::SmemLayoutOHalf, 64, T::kHeadDimV>(o);
   }
-  kp.sched = TileScheduler::for_forward(p, T::kBlockM, int(sizeof(Element)));
+  kp.sched = TileScheduler::for_forward(p, T::kBlockM, int(sizeof(Element)),
+                                        dev.num_sms * T::kCtasPerSm, dev.tile_order);
   const int grid = kp.sched.grid(dev.num_sms * T::kCtasPerSm);
   if (grid == 0) return Status::kOk;
   if constexpr (T::kCtasPerSm > 1) {

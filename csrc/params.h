@@ -3,14 +3,17 @@
 #pragma once
 
 #include "fa4.h"
+#include "tile_scheduler.cuh"
 
 namespace fa4 {
 
-// Resolved once by dispatch.cu so that kernels do not each query the device.
+// Resolved once by dispatch.cu so that kernels do not each query the device (or the
+// environment).
 struct DeviceInfo {
   int cc_major = 0;
   int cc_minor = 0;
-  int num_sms = 0;  // FwdParams::num_sms if set, else the device's SM count
+  int num_sms = 0;              // FwdParams::num_sms if set, else the device's SM count
+  TileOrderOptions tile_order;  // the forward's FA4_TILE_ORDER (Note [tile order options])
 };
 
 using FwdLaunch = Status (*)(const FwdParams&, const DeviceInfo&, cudaStream_t);

@@ -27,6 +27,18 @@
 //   all heads would run the same m_block of 132 different heads at once: each tile's K/V
 //   from HBM, 128 FLOP/byte at d = 128, which caps 4.3 TB/s at ~550 TFLOP/s.
 //
+// Note [tile order options]: FA4_TILE_ORDER (read by run_fwd at each call, TileOrderOptions)
+// changes two things of the causal order, for measuring them (docs/perf-notes.md, "Prepared in
+// the twenty-fifth session"); unset, the order above. "first" puts the partial section (pairs %
+// section) first instead of last: left last, its longest tiles are claimed when the other CTAs
+// are finishing the previous section's shortest ones, the tail LPT is meant to avoid (at 2k rows,
+// d = 128, b·h = 128: sections of 25 leave 3 pairs, whose 16-block tiles start at item 2000 of
+// 2048). "wave" caps a section at the pairs whose tiles fill the grid once (ctas / m_blocks
+// pairs, at least one GQA group): with 100 pairs of 4 tiles (512 rows), the CTAs running at one
+// time all hold the section's first tiles, which load every K/V block of the section from HBM
+// at once, and later its last tiles, which load none. A number caps it at that many pairs. Tokens
+// are comma-separated ("first,wave"); any other makes run_fwd return kInvalid before a launch.
+//
 // Note [scheduler int64]: the item index is int64. Dense problems cannot reach 2^31 items
 // (b·h·s_q <= 2^30 for a bf16 q of d >= 64 in 141 GB, so items <= b·h·(s_q/128 + 1) < 2^31), but
 // varlen tiles are counted over max_seqlen_q for every sequence: 10^6 sequences, one of them
@@ -35,6 +47,8 @@
 #pragma once
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "fragment.cuh"
 
@@ -57,41 +71,100 @@ __host__ __device__ inline int lpt_section_heads(int64_t l2_bytes, int seqlen_k,
   return static_cast<int>(groups) * group;
 }
 
+// Note [tile order options]; the defaults are the order of Note [LPT order].
+struct TileOrderOptions {
+  bool partial_first = false;  // "first": the section of pairs % section pairs goes first
+  bool wave = false;           // "wave": at most ctas / m_blocks pairs (whole groups) a section
+  int max_pairs = 0;           // "<n>": at most n pairs a section (rounded up to whole groups)
+  bool ok = true;              // false: the text had a token other than these
+
+  // Host only: parses a FA4_TILE_ORDER value (nullptr or "": the defaults).
+  static TileOrderOptions parse(const char* text) {
+    TileOrderOptions o;
+    if (text == nullptr) return o;
+    const char* t = text;
+    while (*t != '\0') {
+      const char* end = t;
+      while (*end != '\0' && *end != ',') ++end;
+      const int n = int(end - t);
+      int value = 0;
+      bool digits = n > 0 && n < 8;
+      for (const char* c = t; c < end && digits; ++c) {
+        digits = *c >= '0' && *c <= '9';
+        value = value * 10 + (*c - '0');
+      }
+      if (n == 5 && strncmp(t, "first", 5) == 0) {
+        o.partial_first = true;
+      } else if (n == 4 && strncmp(t, "wave", 4) == 0) {
+        o.wave = true;
+      } else if (digits && value > 0) {
+        o.max_pairs = value;
+      } else {
+        o.ok = false;
+      }
+      t = *end == ',' ? end + 1 : end;
+    }
+    return o;
+  }
+  static TileOrderOptions from_env() { return parse(getenv("FA4_TILE_ORDER")); }
+};
+
 struct TileScheduler {
   int num_batch = 0, num_heads = 0, num_m_blocks = 0;
   TileOrder order = TileOrder::kMBlockFastest;
   int section_heads = 1;  // kLongestFirst: (batch, head) pairs per section, >= 1
+  int64_t rotation = 0;   // kLongestFirst: the items of the sections before a partial last one
+  int64_t items = 0;      // num_batch · num_heads · num_m_blocks, kept for at()'s rotation
 
   // num_m_blocks: ceil(seqlen_q / kBlockM), of max_seqlen_q for varlen (the tiles past a
-  // sequence's end get an empty BlockRange with no rows, and the CTA moves on).
+  // sequence's end get an empty BlockRange with no rows, and the CTA moves on). partial_first:
+  // Note [tile order options]'s "first", as a rotation of the items: the last section's items
+  // first, then the others' from item 0. One add and one compare against the kept item count in
+  // at(): the producer decodes there with 32 registers in the three-CTA kernel, and a first
+  // section of its own size (a branch, two more live values) or the count recomputed raised its
+  // spills from 72 to 76 and 88 bytes (ptxas; tests/test_sass_sm90.py bounds them).
   __host__ __device__ static TileScheduler make(int num_batch, int num_heads, int num_m_blocks,
-                                                TileOrder order, int section_heads = 1) {
+                                                TileOrder order, int section_heads = 1,
+                                                bool partial_first = false) {
     TileScheduler s;
     s.num_batch = num_batch;
     s.num_heads = num_heads;
     s.num_m_blocks = num_m_blocks;
     s.order = order;
     s.section_heads = section_heads < 1 ? 1 : section_heads;
+    const int64_t pairs = int64_t(num_batch) * num_heads;
+    const int64_t rest = pairs % s.section_heads;
+    s.items = pairs * num_m_blocks;
+    if (partial_first && order == TileOrder::kLongestFirst && rest != 0) {
+      s.rotation = (pairs - rest) * num_m_blocks;
+    }
     return s;
   }
 
   // The forward's scheduler for FwdParams (a template, so this header needs no fa4.h): tiles of
   // `tile_rows` query rows (max_seqlen_q for varlen), longest-first for any mask. 50 MB is the
   // H100/H200 L2; B200's is larger, left at 50 MB until a B200 can measure it.
+  // ctas: the CTAs the launch may run at once (SMs × CTAs per SM), for opt.wave.
   template <class Params>
-  static TileScheduler for_forward(const Params& p, int tile_rows, int elem_bytes) {
+  static TileScheduler for_forward(const Params& p, int tile_rows, int elem_bytes, int ctas = 0,
+                                   const TileOrderOptions& opt = {}) {
     const int m_blocks = (p.seqlen_q + tile_rows - 1) / tile_rows;
     const bool masked = p.causal || p.window_right >= 0 || p.window_left >= 0;
     const int group = p.heads_q / p.heads_kv;
-    const int section = lpt_section_heads(int64_t(50) << 20, p.seqlen_k, p.head_dim, p.head_dim_v,
-                                          elem_bytes, group);
+    int section = lpt_section_heads(int64_t(50) << 20, p.seqlen_k, p.head_dim, p.head_dim_v,
+                                    elem_bytes, group);
+    auto cap = [&](int64_t pairs) {  // whole groups, at least one
+      const int64_t g = (pairs + group - 1) / group;
+      if (g * group < section) section = static_cast<int>((g < 1 ? 1 : g) * group);
+    };
+    if (opt.wave && m_blocks > 0 && ctas > 0) cap(ctas / m_blocks / group * group);
+    if (opt.max_pairs > 0) cap(opt.max_pairs);
     return make(p.batch, p.heads_q, m_blocks,
-                masked ? TileOrder::kLongestFirst : TileOrder::kMBlockFastest, section);
+                masked ? TileOrder::kLongestFirst : TileOrder::kMBlockFastest, section,
+                opt.partial_first);
   }
 
-  __host__ __device__ int64_t total() const {
-    return int64_t(num_batch) * num_heads * num_m_blocks;
-  }
+  __host__ __device__ int64_t total() const { return items; }
   // CTAs to launch: one per SM, fewer when there are fewer tiles (0: nothing to launch).
   __host__ __device__ int grid(int num_sms) const {
     const int64_t t = total();
@@ -107,7 +180,10 @@ struct TileScheduler {
       pair = w / num_m_blocks;
     } else {
       // Note [LPT order]: section k holds pairs [k S, k S + S_k), S_k = S except for the last;
-      // its items run m_block from num_m_blocks - 1 down, each over the section's pairs.
+      // its items run m_block from num_m_blocks - 1 down, each over the section's pairs. A
+      // rotation starts the walk at the last section (Note [tile order options]).
+      w += rotation;
+      if (w >= items) w -= items;
       const int64_t pairs = int64_t(num_batch) * num_heads;
       const int64_t per_section = int64_t(section_heads) * num_m_blocks;
       const int64_t k = w / per_section;

@@ -152,3 +152,39 @@ def test_guard_and_seeds():
     assert not bu.agrees(float("nan"), 1.0)
     pts = bu.sweep()
     assert len({bu.point_seed(p) for p in pts}) == len(pts)  # one seed per point, filter-free
+
+
+def _load_sweep():
+    spec = importlib.util.spec_from_file_location("env_sweep", BENCH.parent / "env_sweep.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_env_sweep_variants_and_rounds():
+    es = _load_sweep()
+    assert es.parse_variant("-") == {}
+    assert es.parse_variant("FA4_TILE_ORDER=first,wave") == {"FA4_TILE_ORDER": "first,wave"}
+    assert es.parse_variant("A=1+B_2=") == {"A": "1", "B_2": ""}
+    for bad in ("A", "=1", "A=1+", "A-B=1"):
+        with pytest.raises(ValueError):
+            es.parse_variant(bad)
+    assert [es.rotated(3, r) for r in range(3)] == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
+
+
+def test_env_sweep_table_means_and_ratios():
+    es = _load_sweep()
+
+    def row(impl, variant, tflops, status="ok", seqlen=512):
+        point = {"direction": "fwd", "hdim": "128", "causal": "1", "seqlen": str(seqlen)}
+        return {"impl": impl, "variant": variant, **point, "tflops": str(tflops), "status": status}
+
+    rows = [
+        row("fa4", "-", 280.0), row("fa4", "-", 290.0), row("fa4", "X=1", 306.0),
+        row("fa4", "X=1", 310.0), row("fa4", "X=1", 999.0, status="failed: diff"),
+        row("sdpa-cudnn", "-", 318.8), row("fa4", "-", 500.0, seqlen=1024),
+    ]  # fmt: skip
+    lines = es.table(rows, ["-", "X=1"]).splitlines()
+    assert lines[0] == "| dir | hd | causal | seqlen | - | X=1 | sdpa-cudnn |"
+    assert lines[2] == "| fwd | 128 | 1 | 512 | 285.0 | 308.0 (1.081) | 318.8 |"
+    assert lines[3] == "| fwd | 128 | 1 | 1024 | 500.0 |  |  |"

@@ -164,12 +164,20 @@ M_FASTEST, LONGEST_FIRST = 0, 1
 
 
 def _sched_cases() -> list[tuple[int, ...]]:
-    """(batch, heads, s_q, s_k, causal, order, section, num_sms)."""
+    """(batch, heads, s_q, s_k, causal, order, section, num_sms, first): first = 1 puts the
+    partial section first (Note [tile order options])."""
     rng = np.random.default_rng(5)
     cases = [
-        (1, 1, 1, 1, 0, M_FASTEST, 1, 132), (2, 3, 1000, 1000, 1, LONGEST_FIRST, 6, 132),
-        (3, 4, 2048, 1024, 1, LONGEST_FIRST, 1000, 7), (1, 2, 129, 700, 1, LONGEST_FIRST, 1, 1),
-        (4, 5, 600, 600, 0, M_FASTEST, 1, 100000), (2, 2, 2000, 130, 1, LONGEST_FIRST, 3, 132),
+        (1, 1, 1, 1, 0, M_FASTEST, 1, 132, 0),
+        (2, 3, 1000, 1000, 1, LONGEST_FIRST, 6, 132, 0),
+        (3, 4, 2048, 1024, 1, LONGEST_FIRST, 1000, 7, 0),
+        (1, 2, 129, 700, 1, LONGEST_FIRST, 1, 1, 0),
+        (4, 5, 600, 600, 0, M_FASTEST, 1, 100000, 0),
+        (2, 2, 2000, 130, 1, LONGEST_FIRST, 3, 132, 0),
+        (8, 16, 2048, 2048, 1, LONGEST_FIRST, 25, 132, 1),
+        (5, 5, 700, 700, 1, LONGEST_FIRST, 4, 9, 1),
+        (3, 3, 900, 900, 1, LONGEST_FIRST, 3, 5, 1),  # 9 pairs: no partial section
+        (4, 5, 600, 600, 0, M_FASTEST, 1, 7, 1),  # no sections to rotate
     ]  # fmt: skip
     for _ in range(60):
         b, h = int(rng.integers(1, 6)), int(rng.integers(1, 9))
@@ -178,8 +186,18 @@ def _sched_cases() -> list[tuple[int, ...]]:
         order = LONGEST_FIRST if causal else M_FASTEST
         section = int(rng.integers(1, b * h + 3))
         num_sms = int(rng.choice([1, 2, 7, 132, 148, 100000]))
-        cases.append((b, h, s_q, s_k, causal, order, section, num_sms))
+        first = int(rng.random() < 0.5)
+        cases.append((b, h, s_q, s_k, causal, order, section, num_sms, first))
     return cases
+
+
+def _section_of(pairs: np.ndarray, n_pairs: int, section: int, first: int) -> np.ndarray:
+    """Each pair's section in walk order: runs of `section` pairs; with `first`, a partial last
+    section is walked first (-1)."""
+    sec = pairs // section
+    if first and n_pairs % section:
+        sec = np.where(sec == n_pairs // section, -1, sec)
+    return sec
 
 
 def _parse_sched(text: str):
@@ -218,7 +236,7 @@ def test_scheduler_visits_every_tile_once_in_order(harness, tmp_path):
     parsed = list(_parse_sched((tmp_path / "out.txt").read_text()))
     assert len(parsed) == len(cases)
     for case, (grid, total, rows) in zip(cases, parsed, strict=True):
-        b, h, s_q, s_k, causal, order, section, num_sms = case
+        b, h, s_q, s_k, causal, order, section, num_sms, first = case
         n_m = -(-s_q // 128)
         assert total == b * h * n_m and grid == min(num_sms, total), case
         cta, bi, hi, mi, cost = rows.T
@@ -234,19 +252,57 @@ def test_scheduler_visits_every_tile_once_in_order(harness, tmp_path):
         if order == M_FASTEST:
             assert np.array_equal(key[by_w], np.arange(total)), case  # m_block fastest
             continue
-        # LPT: per section of `section` (batch, head) pairs, m_block descending, pair fastest
+        # LPT: per section of `section` (batch, head) pairs (the first of `first`), m_block
+        # descending, pair fastest
         pair, m_w, cost_w = (bi * h + hi)[by_w], mi[by_w], cost[by_w]
-        sec = pair // section
+        sec = _section_of(pair, b * h, section, first)
         assert np.all(np.diff(sec) >= 0), case
         for s in np.unique(sec):
             sel = sec == s
             assert np.all(np.diff(m_w[sel]) <= 0), case
+            assert np.all(np.diff(pair[sel].reshape(-1, np.unique(pair[sel]).size)) > 0), case
             if causal:
                 assert np.all(np.diff(cost_w[sel]) <= 0), f"{case}: cost rises in section {s}"
                 assert cost_w[sel][0] == cost_w.max(), case
-        if causal and grid <= min(section, b * h) * n_m:
+        first_pairs = np.unique(pair[sec == sec[0]]).size
+        if causal and grid <= first_pairs * n_m:
             first = cost_w[:grid]  # every CTA's first tile: the most expensive ones, in order
             assert np.all(np.diff(first) <= 0) and first[0] == cost_w.max(), case
+
+
+@pytest.mark.parametrize(
+    "case, want",
+    [
+        # (batch, heads_q, heads_kv, s_q = s_k, ctas, FA4_TILE_ORDER): (ok, section, rotation);
+        # d = d_v = 128 bf16, half of 50 MB: 100 pairs at 512 rows, 25 at 2k, 3 at 16k
+        ((32, 16, 16, 512, 132, "-"), (1, 100, 0)),
+        ((32, 16, 16, 512, 132, "first"), (1, 100, 2000)),  # 512 = 5 * 100 + 12: 500 * 4 items
+        ((32, 16, 16, 512, 132, "wave"), (1, 33, 0)),  # 132 CTAs / 4 tiles
+        ((32, 16, 16, 512, 132, "first,wave"), (1, 33, 1980)),  # 512 = 15 * 33 + 17
+        ((32, 16, 16, 512, 396, "wave,first"), (1, 99, 1980)),  # three CTAs per SM: 396 / 4
+        ((8, 16, 16, 2048, 132, "first"), (1, 25, 2000)),  # 125 pairs * 16 tiles
+        ((8, 16, 16, 2048, 132, "first,16"), (1, 16, 0)),  # 128 = 8 * 16: nothing partial
+        ((1, 16, 16, 16384, 132, "wave"), (1, 1, 0)),  # 132 CTAs / 128 tiles: one pair
+        ((32, 16, 16, 512, 132, "7"), (1, 7, 0)),
+        ((32, 16, 16, 512, 132, "200"), (1, 100, 0)),  # a cap above the L2 rule's section
+        ((4, 32, 4, 512, 132, "wave"), (1, 32, 0)),  # GQA groups of 8: 33 -> 4 groups
+        ((4, 32, 4, 512, 132, "5,first"), (1, 8, 0)),  # a cap rounds up to whole groups
+        ((4, 32, 4, 512, 132, "last"), (0, 0, 0)),  # unknown token: the launch refuses
+        ((4, 32, 4, 512, 132, "0"), (0, 0, 0)),
+        ((4, 32, 4, 512, 132, "wave,,first"), (0, 0, 0)),
+    ],
+)
+def test_tile_order_options(case, want, harness, tmp_path):
+    """Note [tile order options]: FA4_TILE_ORDER's tokens, as TileScheduler::for_forward applies
+    them (GQA-aligned sections; invalid text flagged for the launch to refuse)."""
+    b, h, h_kv, s, ctas, text = case
+    (tmp_path / "in.txt").write_text(f"{b} {h} {h_kv} {s} {s} {ctas} {text}\n")
+    _run(harness, "order", tmp_path / "in.txt", tmp_path / "out.txt")
+    got = tuple(int(x) for x in (tmp_path / "out.txt").read_text().split())
+    if want[0] == 0:
+        assert got[0] == 0, case  # the rest is whatever the valid tokens gave: unused
+    else:
+        assert got == want, case
 
 
 # --- softmax: whole problems against the tile model -------------------------------------------

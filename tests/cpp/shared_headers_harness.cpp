@@ -10,9 +10,13 @@
 //                          SM90 forward does; RowMajorFrag rows; for 128 x 128 also QuadFrag
 //                          quads), then (int32) n_begin n_end full_begin full_end left_end of
 //                          every Q tile.
-//   harness sched IN OUT   IN: lines "batch heads s_q s_k causal order section num_sms". OUT
-//                          (text): per CTA, its items in order: "cta batch head m_block cost",
-//                          cost = KV blocks of the tile (block_range, 128 x 128).
+//   harness sched IN OUT   IN: lines "batch heads s_q s_k causal order section num_sms first"
+//                          (first: 0/1, the partial section first). OUT (text): per CTA, its
+//                          items in order: "cta batch head m_block cost", cost = KV blocks of the
+//                          tile (block_range, 128 x 128).
+//   harness order IN OUT   IN: lines "batch heads_q heads_kv s_q s_k ctas FA4_TILE_ORDER" (the
+//                          value "-" for unset). OUT (text): per case "ok section rotation"
+//                          of TileScheduler::for_forward (128-row tiles, d = d_v = 128, bf16).
 //   harness keys IN OUT    IN: lines "s_q s_k window_left window_right causal". OUT (text): per
 //                          case, keys_computed of 128-row tiles with 80- and with 64-key blocks.
 //   harness attn IN OUT    a whole attention problem (layout in run_attention) through the
@@ -208,12 +212,12 @@ int run_mask(const char* in_path, const char* out_path) {
 int run_sched(const char* in_path, const char* out_path) {
   FILE* in = open_or_die(in_path, "r");
   FILE* out = open_or_die(out_path, "w");
-  int batch, heads, s_q, s_k, causal, order, section, num_sms;
-  while (std::fscanf(in, "%d %d %d %d %d %d %d %d", &batch, &heads, &s_q, &s_k, &causal, &order,
-                     &section, &num_sms) == 8) {
+  int batch, heads, s_q, s_k, causal, order, section, num_sms, first;
+  while (std::fscanf(in, "%d %d %d %d %d %d %d %d %d", &batch, &heads, &s_q, &s_k, &causal, &order,
+                     &section, &num_sms, &first) == 9) {
     const fa4::Mask mask = fa4::Mask::make(s_q, s_k, -1, -1, causal != 0);
     const fa4::TileScheduler sched = fa4::TileScheduler::make(
-        batch, heads, (s_q + 127) / 128, static_cast<fa4::TileOrder>(order), section);
+        batch, heads, (s_q + 127) / 128, static_cast<fa4::TileOrder>(order), section, first != 0);
     const int grid = sched.grid(num_sms);
     std::fprintf(out, "case %d %lld\n", grid, static_cast<long long>(sched.total()));
     for (int cta = 0; cta < grid; ++cta) {
@@ -223,6 +227,32 @@ int run_sched(const char* in_path, const char* out_path) {
         std::fprintf(out, "%d %d %d %d %d\n", cta, t.batch, t.head, t.m_block, cost);
       }
     }
+  }
+  std::fclose(in);
+  return std::fclose(out) == 0 ? 0 : 1;
+}
+
+// The forward's choice of sections under FA4_TILE_ORDER (Note [tile order options]).
+struct OrderParams {
+  int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+  int head_dim = 128, head_dim_v = 128;
+  int window_left = -1, window_right = -1;
+  bool causal = true;
+};
+
+int run_order(const char* in_path, const char* out_path) {
+  FILE* in = open_or_die(in_path, "r");
+  FILE* out = open_or_die(out_path, "w");
+  OrderParams p;
+  int ctas;
+  char text[64];
+  while (std::fscanf(in, "%d %d %d %d %d %d %63s", &p.batch, &p.heads_q, &p.heads_kv, &p.seqlen_q,
+                     &p.seqlen_k, &ctas, text) == 7) {
+    const fa4::TileOrderOptions opt =
+        fa4::TileOrderOptions::parse(std::strcmp(text, "-") == 0 ? nullptr : text);
+    const fa4::TileScheduler s = fa4::TileScheduler::for_forward(p, 128, 2, ctas, opt);
+    std::fprintf(out, "%d %d %lld\n", int(opt.ok), s.section_heads,
+                 static_cast<long long>(s.rotation));
   }
   std::fclose(in);
   return std::fclose(out) == 0 ? 0 : 1;
@@ -443,6 +473,7 @@ int main(int argc, char** argv) {
     const std::string mode = argv[1];
     if (mode == "mask") return run_mask(argv[2], argv[3]);
     if (mode == "sched") return run_sched(argv[2], argv[3]);
+    if (mode == "order") return run_order(argv[2], argv[3]);
     if (mode == "keys") return run_keys(argv[2], argv[3]);
     if (mode == "attn") return run_attention(argv[2], argv[3]);
   }

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #ifndef FA4_EXPECTED_VERSION
@@ -286,6 +287,17 @@ void test_no_kernel_yet() {
   CHECK(error_has("no backward kernel is compiled into this build yet"));
 }
 
+// Note [tile order options]: FA4_TILE_ORDER is read by run_fwd before it looks for a kernel, and
+// text it does not know is kInvalid there, naming the variable.
+void test_tile_order_env() {
+  setenv("FA4_TILE_ORDER", "first,bogus", 1);
+  CHECK(fa4::run_fwd(base(), nullptr) == fa4::Status::kInvalid);
+  CHECK(error_has("FA4_TILE_ORDER=first,bogus"));
+  setenv("FA4_TILE_ORDER", "first,wave,16", 1);
+  CHECK(fa4::run_fwd(base(), nullptr) == fa4::Status::kUnsupported);
+  unsetenv("FA4_TILE_ORDER");
+}
+
 void test_empty_problems() {
   // No query rows: nothing to write, kOk with no kernel and null q/out.
   fa4::FwdParams p = dense(2, 0, 300, 8, 2, 128, 128);
@@ -405,6 +417,7 @@ int main() {
   test_valid_fwd();
   test_last_error_is_sticky();
   test_no_kernel_yet();
+  test_tile_order_env();
   test_empty_problems();
   test_invalid_bwd();
   test_workspace_formula();

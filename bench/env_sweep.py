@@ -1,0 +1,118 @@
+"""Run-time settings of one build side by side, in one device call: each variant is a set of
+environment assignments under which bench/bench.py times fa4 alone; the variants run in rounds
+whose order rotates (round r starts with variant r), the peers once after the first round. Writes
+sweep.csv (every row, with its variant and round) and table.md (per point: each variant's mean
+TFLOP/s over the rounds, its ratio to the first variant, and the peers), and prints the table.
+
+  python3 bench/env_sweep.py --out $OUT/orders --rounds 2 \\
+      --variants - FA4_TILE_ORDER=first FA4_TILE_ORDER=first,wave \\
+      -- --dirs fwd --causal yes --hdims 64,128 --seqlens 512,1k,2k,16k
+
+"-" is the unchanged environment; a variant of several settings joins them with "+" (commas
+belong to the values), e.g. FA4_TILE_ORDER=first,wave+FA4_NUM_SMS=64.
+Written for Note [tile order options] (csrc/tile_scheduler.cuh): switches read at each launch need
+no rebuild, so a call measures several of them where ab_sm90_fwd.sh measures two builds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent / "bench.py"
+
+
+def parse_variant(text: str) -> dict[str, str]:
+    """'-' -> {}; 'A=1+B=x,y' -> {'A': '1', 'B': 'x,y'}."""
+    if text == "-":
+        return {}
+    env = {}
+    for part in text.split("+"):
+        name, eq, value = part.partition("=")
+        if not eq or not name or not name.replace("_", "").isalnum():
+            raise ValueError(f"variant {text!r}: {part!r} is not NAME=value")
+        env[name] = value
+    return env
+
+
+def rotated(n: int, r: int) -> list[int]:
+    """The variants' order in round r: r first, then on around."""
+    return [(r + i) % n for i in range(n)]
+
+
+def table(rows: list[dict], variants: list[str]) -> str:
+    """Markdown: per (direction, hdim, causal, seqlen), each variant's mean TFLOP/s over its ok
+    rows (ratio to the first variant in brackets) and each peer's."""
+    by_key: dict[tuple, dict[str, list[float]]] = {}
+    peers: list[str] = []
+    for row in rows:
+        key = (row["direction"], int(row["hdim"]), int(row["causal"]), int(row["seqlen"]))
+        name = row["variant"] if row["impl"] == "fa4" else row["impl"]
+        if row["impl"] != "fa4" and name not in peers:
+            peers.append(name)
+        if row["status"].startswith("ok"):
+            by_key.setdefault(key, {}).setdefault(name, []).append(float(row["tflops"]))
+    cols = variants + peers
+    lines = ["| dir | hd | causal | seqlen | " + " | ".join(cols) + " |"]
+    lines.append("|" + "---|" * (4 + len(cols)))
+    for key in sorted(by_key):
+        vals = by_key[key]
+        mean = {c: sum(v) / len(v) for c, v in vals.items() if v}
+        base = mean.get(variants[0])
+        cells = []
+        for c in cols:
+            if c not in mean:
+                cells.append("")
+            elif c in variants and base and c != variants[0]:
+                cells.append(f"{mean[c]:.1f} ({mean[c] / base:.3f})")
+            else:
+                cells.append(f"{mean[c]:.1f}")
+        d, hd, causal, seqlen = key
+        lines.append(f"| {d} | {hd} | {causal} | {seqlen} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_bench(out: Path, env: dict[str, str], impls: str, bench_args: list[str]) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(BENCH), "--impls", impls, "--out", str(out), *bench_args]
+    subprocess.run(cmd, env={**os.environ, **env}, check=True)
+    with open(out / "results.csv") as fh:
+        return list(csv.DictReader(fh))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variants", nargs="+", required=True, help="'-' or NAME=value[+NAME=value]")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--peers", default="sdpa-cudnn", help="impls run once ('' for none)")
+    ap.add_argument("--out", default="/tmp/env_sweep")
+    ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: bench.py's arguments")
+    args = ap.parse_args(argv)
+    bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
+    envs = [parse_variant(v) for v in args.variants]
+    out = Path(args.out)
+    rows: list[dict] = []
+    for r in range(args.rounds):
+        for i in rotated(len(envs), r):
+            got = run_bench(out / f"r{r}_v{i}", envs[i], "fa4", bench_args)
+            rows += [{**row, "variant": args.variants[i], "round": r} for row in got]
+        if r == 0 and args.peers:
+            got = run_bench(out / "peers", {}, args.peers, bench_args)
+            rows += [{**row, "variant": "-", "round": r} for row in got]
+    if rows:
+        with open(out / "sweep.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
+            w.writeheader()
+            w.writerows(rows)
+    text = table(rows, args.variants)
+    (out / "table.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

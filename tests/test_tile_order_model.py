@@ -1,0 +1,52 @@
+"""tools/tile_order_model.py, the model behind the FA4_TILE_ORDER predictions (Note [tile order
+options]): its order and its section choice agree with the scheduler's documented ones (the
+cases of test_shared_headers.py::test_tile_order_options with GQA group 1), and its simulation
+reduces to plain sums where it must. Plain CPU test."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import tile_order_model as tom  # noqa: E402  (tools/ is not a package)
+
+
+def test_order_sections_and_lpt():
+    assert tom.sections(10, 4, 4) == [4, 4, 2]
+    assert tom.sections(10, 4, 2) == [2, 4, 4]
+    items = tom.order(5, 3, 2, 1)
+    assert items[:3] == [(0, 2), (0, 1), (0, 0)]  # section 0: one pair, m descending
+    assert items[3:9] == [(1, 2), (2, 2), (1, 1), (2, 1), (1, 0), (2, 0)]  # pair fastest
+    assert sorted(items) == [(p, m) for p in range(5) for m in range(3)]
+
+
+@pytest.mark.parametrize(
+    "pairs, m_blocks, l2, ctas, text, want",
+    [
+        (512, 4, 100, 132, "-", (100, 100)),
+        (512, 4, 100, 132, "first", (100, 12)),
+        (512, 4, 100, 132, "wave", (33, 33)),
+        (512, 4, 100, 132, "first,wave", (33, 17)),
+        (512, 4, 100, 396, "wave,first", (99, 17)),
+        (128, 16, 25, 132, "first", (25, 3)),
+        (128, 16, 25, 132, "first,16", (16, 16)),
+        (16, 128, 3, 132, "wave", (1, 1)),
+        (512, 4, 100, 132, "200", (100, 100)),
+    ],
+)
+def test_choose_matches_the_scheduler(pairs, m_blocks, l2, ctas, text, want):
+    assert tom.choose(pairs, m_blocks, l2, ctas, text) == want
+
+
+def test_simulate_sums():
+    items = tom.order(3, 4, 3, 3)
+    work = sum(m * 2.0 + 1.5 * 2.0 + 1.0 for _, m in items)
+    one = tom.simulate(items, ctas=1, block_us=2.0, tile_us=1.0, mask_factor=1.5, bw_tbs=1e9)
+    assert one == pytest.approx(work)
+    # HBM-bound: one tile of 4 us (3 blocks + the diagonal) moving its 4 K/V blocks, Q and O,
+    # at an eighth of the bandwidth it would need: 8 times as long
+    tile = [(0, 3)]
+    need_tbs = (4 + 1) * 128 * 128 * 2 * 2 / 4.0 / 1e6  # bytes per us / 1e6
+    t = tom.simulate(tile, ctas=1, block_us=1.0, tile_us=0.0, mask_factor=1.0, bw_tbs=need_tbs / 8)
+    assert t == pytest.approx(8 * 4.0)

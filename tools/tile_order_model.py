@@ -1,0 +1,135 @@
+"""A model of the causal forward's tile order (Note [LPT order], Note [tile order options] in
+csrc/tile_scheduler.cuh), for predicting FA4_TILE_ORDER's variants before measuring them.
+
+  python3 tools/tile_order_model.py --seqlen 512            # hd128 causal 512 on an H100
+  python3 tools/tile_order_model.py --seqlen 2048 --bw-tbs 4.5
+
+What it models: persistent CTAs claiming items in the scheduler's order (each CTA claims its
+next item when it starts the current one, as the producer does); an item's time is its blocks
+(the diagonal block costs mask_factor more) plus a per-tile overhead; its HBM bytes are Q and O
+and every K/V block not in an LRU L2 of l2_mb. HBM is shared fluidly: while the running tiles
+together ask for more than bw_tbs, all slow down in proportion. Calibrated on the H100 run of
+2026-12-05 (docs/perf.md): 1.67 us per 128 x 128 block at hd128 (663 TFLOP/s non-causal 16k),
+1.9 us per tile (516 TFLOP/s non-causal 512), mask factor 1.45 (the SASS count of the masked
+block, docs/perf-notes.md). Its absolute times are rough (it puts the default order at 16k
+causal 8 % over the measurement); the differences between orders are the prediction.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import OrderedDict
+
+
+def sections(pairs: int, section: int, first: int) -> list[int]:
+    """Section sizes as TileScheduler::at cuts them: `first` pairs, then `section` each."""
+    sizes, done = [], 0
+    size = first
+    while done < pairs:
+        sizes.append(min(size, pairs - done))
+        done += sizes[-1]
+        size = section
+    return sizes
+
+
+def order(pairs: int, m_blocks: int, section: int, first: int) -> list[tuple[int, int]]:
+    """Items (pair, m_block): per section, m_block descending, pair fastest."""
+    items, base = [], 0
+    for size in sections(pairs, section, first):
+        items += [(base + r % size, m_blocks - 1 - r // size) for r in range(size * m_blocks)]
+        base += size
+    return items
+
+
+def choose(pairs, m_blocks, l2_section, ctas, opts: str) -> tuple[int, int]:
+    """(section, first) for FA4_TILE_ORDER text `opts` (GQA group 1), as for_forward does."""
+    section = l2_section
+    toks = [t for t in opts.split(",") if t] if opts not in ("", "-") else []
+    for t in toks:
+        cap = ctas // m_blocks if t == "wave" else (int(t) if t.isdigit() else None)
+        if cap is not None:
+            section = min(section, max(1, cap))
+    rest = pairs % section
+    return section, rest if "first" in toks and rest else section
+
+
+def simulate(items, *, ctas=132, block_us=1.67, tile_us=1.9, mask_factor=1.45, bw_tbs=3.0,
+             l2_mb=40.0, rows=128, hdim=128) -> float:  # fmt: skip
+    """Makespan (us) of the items, causal with kBlockM = kBlockN = rows (tile m: m + 1 blocks)."""
+    kv_bytes = rows * hdim * 2 * 2  # one K and one V block, 16-bit
+    qo_bytes = rows * hdim * 2 * 2
+    bw = bw_tbs * 1e6  # bytes per us
+    lru: OrderedDict = OrderedDict()
+    held = [0]
+    nxt = [0]
+
+    def fetch(key) -> int:
+        if key in lru:
+            lru.move_to_end(key)
+            return 0
+        while held[0] + kv_bytes > l2_mb * 1e6 and lru:
+            lru.popitem(last=False)
+            held[0] -= kv_bytes
+        lru[key] = True
+        held[0] += kv_bytes
+        return kv_bytes
+
+    def claim():
+        if nxt[0] >= len(items):
+            return None
+        nxt[0] += 1
+        return items[nxt[0] - 1]
+
+    queue: dict[int, list] = {c: [] for c in range(ctas)}
+    running: dict[int, list[float]] = {}  # cta -> [compute us left, bytes left]
+
+    def start(c):
+        if not queue[c]:
+            it = claim()
+            if it is None:
+                return
+            queue[c].append(it)
+        pair, m = queue[c].pop(0)
+        it = claim()  # the next one, claimed as this one starts
+        if it is not None:
+            queue[c].append(it)
+        work = m * block_us + mask_factor * block_us + tile_us
+        moved = qo_bytes + sum(fetch((pair, n)) for n in range(m + 1))
+        running[c] = [work, float(moved)]
+
+    for c in range(ctas):
+        start(c)
+    t = 0.0
+    while running:
+        demand = sum(b / w for w, b in running.values())
+        rate = min(1.0, bw / demand) if demand > 0 else 1.0
+        dt = min(w for w, _ in running.values()) / rate
+        for v in running.values():
+            v[1] -= v[1] / v[0] * rate * dt if v[0] > 0 else 0.0
+            v[0] -= rate * dt
+        t += dt
+        for c in [c for c, v in running.items() if v[0] <= 1e-9]:
+            del running[c]
+            start(c)
+    return t
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seqlen", type=int, default=512)
+    ap.add_argument("--hdim", type=int, default=128)
+    ap.add_argument("--bw-tbs", type=float, default=3.0, help="HBM TB/s (H100 ~3.0, H200 ~4.5)")
+    ap.add_argument("--variants", default="-;first;wave;first,wave;16;first,16")
+    args = ap.parse_args(argv)
+    pairs = 16384 // args.seqlen * (2048 // args.hdim)  # the sweep's b x h (DESIGN.md §6)
+    m_blocks = args.seqlen // 128
+    l2_section = max(1, (25 << 20) // (args.seqlen * 2 * args.hdim * 2))
+    print(f"s={args.seqlen} hd={args.hdim} pairs={pairs} L2 section={l2_section}")
+    for v in args.variants.split(";"):
+        section, first = choose(pairs, m_blocks, l2_section, 132, v)
+        us = simulate(order(pairs, m_blocks, section, first), bw_tbs=args.bw_tbs, hdim=args.hdim)
+        print(f"  {v:<12} section {section:>3} first {first:>3}: {us:8.1f} us")
+
+
+if __name__ == "__main__":
+    main()
