@@ -1,33 +1,15 @@
 // Arch-neutral pieces of the backward kernels (SM90: bwd_sm90_kernel.cuh, SM100:
-// bwd_sm100_kernel.cuh): the grid of kv tiles, the Q blocks a kv tile visits, and the turn
-// counters of deterministic mode. Plain CUDA (no wgmma, no tcgen05).
+// bwd_sm100_kernel.cuh): the Q blocks a kv tile visits and the turn counters of deterministic
+// mode (the grid of kv tiles, BwdGrid, is in tile_scheduler.cuh). Plain CUDA (no wgmma, no
+// tcgen05).
 #pragma once
 
 #include <stdint.h>
 
 #include "mask.cuh"
+#include "tile_scheduler.cuh"  // BwdGrid
 
 namespace fa4 {
-
-// Grid: (kv tile, kv head, batch) flattened into x with the kv tile fastest, and no grid
-// dimension limiting heads or batch. The hardware dispatches blocks in increasing index order:
-// by default tile 0 first, the longest one under a causal mask (it sees every Q block); in
-// deterministic mode the last tile first, because each tile waits only on higher tiles (Note
-// [deterministic dQ]).
-struct BwdGrid {
-  int n_tiles, heads_kv;
-  bool descending = false;  // deterministic mode
-  // bid < 2^31: a block index (SM100) or an item below BwdKernelParams::tiles (SM90, an int).
-  // 32-bit divisions: int64 ones tested the high word and carried a 64-bit slow path, per tile
-  // in the SM90 consumers, which decode each tile twice.
-  __device__ void decode(int bid, int& n, int& head_kv, int& b) const {
-    n = bid % n_tiles;
-    if (descending) n = n_tiles - 1 - n;
-    const int rest = bid / n_tiles;
-    head_kv = rest % heads_kv;
-    b = rest / heads_kv;
-  }
-};
 
 // The Q blocks (of kBlockM rows) that see kv block n (mask.cuh).
 template <class T>

@@ -336,6 +336,17 @@ Status select_arch(bool fwd, int num_sms, const ArchKernels** arch, DeviceInfo* 
   return Status::kOk;
 }
 
+// The tile order options of the environment variable `name` (tile_scheduler.cuh), or kInvalid
+// naming it when its text has a token they do not know.
+Status tile_order_from_env(const char* name, DeviceInfo* info) {
+  info->tile_order = TileOrderOptions::from_env(name);
+  if (info->tile_order.ok) return Status::kOk;
+  return fail(Status::kInvalid,
+              "%s=%s: its tokens are first, wave, l2 or a positive number, comma-separated (or "
+              "unset it)",
+              name, getenv(name));
+}
+
 }  // namespace
 
 Status kernel_fail(Status s, const char* fmt, ...) {
@@ -408,13 +419,8 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept {
 
   const ArchKernels* arch = nullptr;
   DeviceInfo info;
-  info.tile_order = TileOrderOptions::from_env();  // Note [tile order options]
-  if (!info.tile_order.ok) {
-    return fail(Status::kInvalid,
-                "FA4_TILE_ORDER=%s: its tokens are first, wave or a positive number, "
-                "comma-separated (or unset it)",
-                getenv("FA4_TILE_ORDER"));
-  }
+  s = tile_order_from_env("FA4_TILE_ORDER", &info);  // Note [tile order options]
+  if (s != Status::kOk) return s;
   s = select_arch(/*fwd=*/true, p.num_sms, &arch, &info);
   if (s != Status::kOk) return s;
   return arch->fwd(p, info, stream);
@@ -451,6 +457,8 @@ Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes,
 
   const ArchKernels* arch = nullptr;
   DeviceInfo info;
+  s = tile_order_from_env("FA4_BWD_TILE_ORDER", &info);  // Note [bwd tile order options]
+  if (s != Status::kOk) return s;
   s = select_arch(/*fwd=*/false, p.fwd.num_sms, &arch, &info);
   if (s != Status::kOk) return s;
   return arch->bwd(p, info, workspace, stream);

@@ -1,7 +1,8 @@
 // Persistent static tile scheduling for the forward kernels of every architecture: a grid of
 // min(num_sms, tiles) CTAs, CTA c taking work items c, c + grid, c + 2 grid, ...; each item is
 // one (batch, head, m_block) Q tile. Host-callable, so tests/test_shared_headers.py checks that
-// every tile is visited exactly once and that the causal order is longest first.
+// every tile is visited exactly once and that the causal order is longest first. The
+// backward's grid of kv tiles (BwdGrid) is at the end.
 //
 //   const TileScheduler sched = TileScheduler::make(...);
 //   for (int64_t w = blockIdx.x; w < sched.total(); w += gridDim.x) {
@@ -76,14 +77,15 @@ struct TileOrderOptions {
   bool partial_first = false;  // "first": the section of pairs % section pairs goes first
   bool wave = false;           // "wave": at most ctas / m_blocks pairs (whole groups) a section
   int max_pairs = 0;           // "<n>": at most n pairs a section (rounded up to whole groups)
+  bool l2 = false;             // "l2": sections by the L2 (the forward's always are; BwdGrid)
   bool ok = true;              // false: the text had a token other than these
 
-  // Host only: parses a FA4_TILE_ORDER value (nullptr or "": the defaults).
+  // Host only: parses a FA4_TILE_ORDER value (nullptr or "": the defaults; an empty token, as
+  // in "wave,", is unknown).
   static TileOrderOptions parse(const char* text) {
     TileOrderOptions o;
-    if (text == nullptr) return o;
-    const char* t = text;
-    while (*t != '\0') {
+    if (text == nullptr || *text == '\0') return o;
+    for (const char* t = text;;) {
       const char* end = t;
       while (*end != '\0' && *end != ',') ++end;
       const int n = int(end - t);
@@ -97,16 +99,20 @@ struct TileOrderOptions {
         o.partial_first = true;
       } else if (n == 4 && strncmp(t, "wave", 4) == 0) {
         o.wave = true;
+      } else if (n == 2 && strncmp(t, "l2", 2) == 0) {
+        o.l2 = true;
       } else if (digits && value > 0) {
         o.max_pairs = value;
       } else {
         o.ok = false;
       }
-      t = *end == ',' ? end + 1 : end;
+      if (*end == '\0') break;
+      t = end + 1;  // an empty token after a comma is unknown
     }
     return o;
   }
-  static TileOrderOptions from_env() { return parse(getenv("FA4_TILE_ORDER")); }
+  // FA4_TILE_ORDER (the forward) or FA4_BWD_TILE_ORDER (the backward).
+  static TileOrderOptions from_env(const char* name) { return parse(getenv(name)); }
 };
 
 struct TileScheduler {
@@ -199,6 +205,76 @@ struct TileScheduler {
     t.head = static_cast<int>(pair - int64_t(t.batch) * num_heads);
     t.m_block = m_block;
     return t;
+  }
+};
+
+// The backward's grid: (kv tile, kv head, batch) flattened into x with the kv tile fastest, and
+// no grid dimension limiting heads or batch. The hardware dispatches blocks in increasing index
+// order (SM100), and the SM90 persistent walk claims items so: by default tile 0 first, the
+// longest one under a causal mask (it sees every Q block); in deterministic mode the last tile
+// first, because each tile waits only on higher tiles (Note [deterministic dQ], bwd_common.cuh).
+//
+// Note [bwd tile order options]: FA4_BWD_TILE_ORDER (read by run_bwd at each call; the SM90
+// backward takes it) walks the (batch, kv head) pairs in sections instead of one by one: within
+// a section the kv tile runs slowest and the pair fastest, so a section's longest tiles go first,
+// as the forward's Note [LPT order]. Pair by pair, the last pair's longest tile is claimed when
+// ~1/pairs of the work is left (at 2k rows, d = 128: 16 tiles of 32..2 Q blocks, the first claimed
+// at item 2032 of 2048). Sections hold the pairs of a number token, or of "wave" (the pairs
+// whose tiles fill the grid once), or of "l2" (the pairs whose Q, dO, fp32 dQ and row statistics
+// fit half the L2: every tile of a pair reads its Q / dO rows and adds to its dQ), the smallest
+// of those given; "first" puts the partial section first (a rotation, as the forward's). Unset:
+// one pair per section, the walk above. Deterministic mode keeps its guarantee under any of
+// them: a tile waits only on higher tiles of its own pair, which come earlier in its section.
+struct BwdGrid {
+  int n_tiles, heads_kv;
+  bool descending = false;  // deterministic mode
+  int section = 1;          // (batch, kv head) pairs per section, >= 1
+  int pairs = 0;            // batch · heads_kv (section > 1 only)
+  int rotation = 0;         // items before a partial last section walked first, or 0
+  int items = 0;            // n_tiles · pairs (section > 1 only)
+
+  // Sections for FA4_BWD_TILE_ORDER's options; ctas: the CTAs running at once; pair_bytes: the
+  // bytes one pair's tiles share (Q, dO, dQ's fp32 accumulator, LSE and D rows of its group).
+  static BwdGrid make(int n_tiles, int heads_kv, int batch, bool descending, int ctas,
+                      const TileOrderOptions& opt, int64_t pair_bytes) {
+    BwdGrid g{n_tiles, heads_kv, descending};
+    const int64_t pairs = int64_t(batch) * heads_kv;
+    int64_t s = 0;  // 0: no cap given
+    auto cap = [&](int64_t c) { s = s == 0 || c < s ? (c < 1 ? 1 : c) : s; };
+    if (opt.max_pairs > 0) cap(opt.max_pairs);
+    if (opt.wave && n_tiles > 0) cap(ctas / n_tiles);
+    if (opt.l2 && pair_bytes > 0) cap((int64_t(50) << 20) / 2 / pair_bytes);
+    if (s <= 1 || pairs <= 1) return g;
+    g.section = static_cast<int>(s < pairs ? s : pairs);
+    g.pairs = static_cast<int>(pairs);
+    g.items = static_cast<int>(pairs * n_tiles);
+    const int rest = g.pairs % g.section;
+    if (opt.partial_first && rest != 0) g.rotation = (g.pairs - rest) * n_tiles;
+    return g;
+  }
+
+  // bid < 2^31: a block index (SM100) or an item below BwdKernelParams::tiles (SM90, an int).
+  // 32-bit divisions: int64 ones tested the high word and carried a 64-bit slow path, per tile
+  // in the SM90 consumers, which decode each tile twice.
+  __host__ __device__ void decode(int bid, int& n, int& head_kv, int& b) const {
+    int pair;
+    if (section <= 1) {
+      n = bid % n_tiles;
+      pair = bid / n_tiles;
+    } else {
+      bid += rotation;
+      if (bid >= items) bid -= items;
+      const int per_section = section * n_tiles;
+      const int k = bid / per_section;
+      const int r = bid - k * per_section;
+      const int first = k * section;
+      const int size = pairs - first < section ? pairs - first : section;
+      n = r / size;
+      pair = first + (r - n * size);
+    }
+    if (descending) n = n_tiles - 1 - n;
+    head_kv = pair % heads_kv;
+    b = pair / heads_kv;
   }
 };
 

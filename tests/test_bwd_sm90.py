@@ -253,6 +253,34 @@ def test_over_2_31_elements():
     over_2_31_case("sm90")
 
 
+@pytest.mark.parametrize("shape", [(4, 1100, 8, 2), (40, 512, 16, 16)])
+def test_bwd_tile_orders_agree(monkeypatch, shape):
+    """Note [bwd tile order options]: FA4_BWD_TILE_ORDER walks the (batch, kv head) pairs in
+    sections (the wave's, the L2's, of 3 pairs, the partial one first). Deterministic mode adds
+    dQ in a fixed order whatever the walk, so every order's gradients are bit-equal to the pair
+    by pair walk's; the default mode's are checked against the reference. An unknown token is
+    refused before any launch."""
+    dims = _bwd_hdims()
+    d, d_v = dims[0]
+    b, s, h, h_kv = shape
+    q, k, v = make((b, s, h, d), (b, s, h_kv, d), d_v, torch.bfloat16, seed=s + b)
+    dout = torch.randn(b, s, h, d_v, device="cuda").to(torch.bfloat16)
+    base = grads(q, k, v, dout, "sm90", causal=True, deterministic=True)
+    ref = reference_grads(q, k, v, dout, True, causal=True)
+    low = reference_grads(q, k, v, dout, False, causal=True)
+    for order in ("wave", "l2,first", "3,first", "wave,first"):
+        monkeypatch.setenv("FA4_BWD_TILE_ORDER", order)
+        got = grads(q, k, v, dout, "sm90", causal=True, deterministic=True)
+        for name, a, g in zip(("dq", "dk", "dv"), base, got, strict=True):
+            assert torch.equal(a.view(torch.int16), g.view(torch.int16)), f"{order}: {name}"
+        fast = grads(q, k, v, dout, "sm90", causal=True)
+        for name, g, r, lo in zip(("dq", "dk", "dv"), fast, ref, low, strict=True):
+            assert_tolerance(name, g, r, lo, torch.bfloat16)
+    monkeypatch.setenv("FA4_BWD_TILE_ORDER", "wave,bogus")
+    with pytest.raises(RuntimeError, match="FA4_BWD_TILE_ORDER=wave,bogus"):
+        grads(q, k, v, dout, "sm90", causal=True)
+
+
 @pytest.mark.parametrize("sms", [1, 3])
 def test_persistent_walk_with_few_ctas(monkeypatch, sms):
     """Note [persistent bwd]: capped at `sms` CTAs (FA4_NUM_SMS), each CTA walks many kv tiles,

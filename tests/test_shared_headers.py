@@ -290,6 +290,9 @@ def test_scheduler_visits_every_tile_once_in_order(harness, tmp_path):
         ((4, 32, 4, 512, 132, "last"), (0, 0, 0)),  # unknown token: the launch refuses
         ((4, 32, 4, 512, 132, "0"), (0, 0, 0)),
         ((4, 32, 4, 512, 132, "wave,,first"), (0, 0, 0)),
+        ((4, 32, 4, 512, 132, "wave,"), (0, 0, 0)),
+        ((4, 32, 4, 512, 132, ",wave"), (0, 0, 0)),
+        ((32, 16, 16, 512, 132, "l2"), (1, 100, 0)),  # the forward's sections always are
     ],
 )
 def test_tile_order_options(case, want, harness, tmp_path):
@@ -303,6 +306,68 @@ def test_tile_order_options(case, want, harness, tmp_path):
         assert got[0] == 0, case  # the rest is whatever the valid tokens gave: unused
     else:
         assert got == want, case
+
+
+BWD_GRID_CASES = [
+    # (n_tiles, heads_kv, batch, descending, ctas, pair_bytes, FA4_BWD_TILE_ORDER): (section,
+    # rotation). 2k rows at d = 128: 16 tiles, 16 heads, batch 8, 2 MB a pair.
+    ((16, 16, 8, 0, 132, 2 << 20, "-"), (1, 0)),  # pair by pair
+    ((16, 16, 8, 0, 132, 2 << 20, "wave"), (8, 0)),  # 132 / 16
+    ((16, 16, 8, 0, 132, 2 << 20, "l2"), (12, 0)),  # 25 MB / 2 MB
+    ((16, 16, 8, 0, 132, 2 << 20, "l2,first"), (12, 1920)),  # 128 = 10 * 12 + 8: 120 * 16
+    ((16, 16, 8, 1, 132, 2 << 20, "l2,wave,first"), (8, 0)),  # the smallest cap; 128 = 16 * 8
+    ((16, 16, 8, 1, 132, 2 << 20, "5,first"), (5, 2000)),  # 125 * 16; deterministic: n descending
+    ((4, 3, 5, 0, 132, 1 << 20, "100"), (15, 0)),  # capped at the pairs there are
+    ((7, 1, 1, 0, 132, 1 << 20, "wave"), (1, 0)),  # one pair: nothing to order
+    ((3, 5, 2, 0, 1, 1 << 20, "wave"), (1, 0)),  # 1 CTA / 3 tiles: one pair a section
+    ((16, 16, 8, 0, 132, 2 << 20, "wave,x"), None),  # unknown token
+]
+
+
+def _parse_bwdgrid(text: str):
+    for blk in text.split("case ")[1:]:
+        lines = blk.strip().splitlines()
+        ok, section, rotation = (int(x) for x in lines[0].split())
+        items = np.array([[int(x) for x in ln.split()] for ln in lines[1:]], dtype=np.int64)
+        yield ok, section, rotation, items.reshape(-1, 3)
+
+
+def test_bwd_grid_orders(harness, tmp_path):
+    """Note [bwd tile order options]: every kv tile of every (batch, kv head) once; sections of
+    pairs, each walked with the kv tile slowest (ascending, or descending in deterministic mode)
+    and the pair fastest; the partial section first under "first"."""
+    (tmp_path / "in.txt").write_text(
+        "".join(" ".join(map(str, c)) + "\n" for c, _ in BWD_GRID_CASES)
+    )
+    _run(harness, "bwdgrid", tmp_path / "in.txt", tmp_path / "out.txt")
+    parsed = list(_parse_bwdgrid((tmp_path / "out.txt").read_text()))
+    assert len(parsed) == len(BWD_GRID_CASES)
+    for (case, want), (ok, section, rotation, items) in zip(BWD_GRID_CASES, parsed, strict=True):
+        if want is None:
+            assert ok == 0, case
+            continue
+        n_tiles, heads_kv, batch, descending, *_ = case
+        assert ok == 1 and (section, rotation) == want, case
+        n, h, b = items.T
+        pair = b * heads_kv + h
+        key = pair * n_tiles + n
+        assert np.array_equal(np.sort(key), np.arange(n_tiles * heads_kv * batch)), case
+        pairs = heads_kv * batch
+        sec = pair // section
+        if rotation:  # the partial last section is walked first
+            sec = np.where(sec == pairs // section, -1, sec)
+        assert np.all(np.diff(sec) >= 0), case
+        for s in np.unique(sec):
+            sel = sec == s
+            size = np.unique(pair[sel]).size
+            steps = n[sel].reshape(n_tiles, size)  # kv tile slowest ...
+            assert np.all(steps == steps[:, :1]), case
+            order = steps[:, 0]
+            want_n = np.arange(n_tiles)[::-1] if descending else np.arange(n_tiles)
+            assert np.array_equal(order, want_n), case
+            assert np.all(np.diff(pair[sel].reshape(n_tiles, size), axis=1) > 0), (
+                case
+            )  # pair fastest
 
 
 # --- softmax: whole problems against the tile model -------------------------------------------

@@ -3,9 +3,11 @@ csrc/tile_scheduler.cuh), for predicting FA4_TILE_ORDER's variants before measur
 
   python3 tools/tile_order_model.py --seqlen 512            # hd128 causal 512 on an H100
   python3 tools/tile_order_model.py --seqlen 2048 --bw-tbs 4.5
+  python3 tools/tile_order_model.py --dir bwd --seqlen 2048 --variants "default;wave;l2;l2,first"
 
 What it models: persistent CTAs claiming items in the scheduler's order (each CTA claims its
-next item when it starts the current one, as the producer does); an item's time is its blocks
+next item as it finishes the current one: the producers claim once they have issued the
+current tile's last loads, a pipeline's depth before its end); an item's time is its blocks
 (the diagonal block costs mask_factor more) plus a per-tile overhead; its HBM bytes are Q and O
 and every K/V block not in an LRU L2 of l2_mb. HBM is shared fluidly: while the running tiles
 together ask for more than bw_tbs, all slow down in proportion. Calibrated on the H100 run of
@@ -44,7 +46,7 @@ def order(pairs: int, m_blocks: int, section: int, first: int) -> list[tuple[int
 def choose(pairs, m_blocks, l2_section, ctas, opts: str) -> tuple[int, int]:
     """(section, first) for FA4_TILE_ORDER text `opts` (GQA group 1), as for_forward does."""
     section = l2_section
-    toks = [t for t in opts.split(",") if t] if opts not in ("", "-") else []
+    toks = [t for t in opts.split(",") if t] if opts not in ("", "-", "default") else []
     for t in toks:
         cap = ctas // m_blocks if t == "wave" else (int(t) if t.isdigit() else None)
         if cap is not None:
@@ -80,19 +82,13 @@ def simulate(items, *, ctas=132, block_us=1.67, tile_us=1.9, mask_factor=1.45, b
         nxt[0] += 1
         return items[nxt[0] - 1]
 
-    queue: dict[int, list] = {c: [] for c in range(ctas)}
     running: dict[int, list[float]] = {}  # cta -> [compute us left, bytes left]
 
     def start(c):
-        if not queue[c]:
-            it = claim()
-            if it is None:
-                return
-            queue[c].append(it)
-        pair, m = queue[c].pop(0)
-        it = claim()  # the next one, claimed as this one starts
-        if it is not None:
-            queue[c].append(it)
+        it = claim()
+        if it is None:
+            return
+        pair, m = it
         work = m * block_us + mask_factor * block_us + tile_us
         moved = qo_bytes + sum(fetch((pair, n)) for n in range(m + 1))
         running[c] = [work, float(moved)]
@@ -114,15 +110,66 @@ def simulate(items, *, ctas=132, block_us=1.67, tile_us=1.9, mask_factor=1.45, b
     return t
 
 
+def bwd_order(pairs: int, n_tiles: int, section: int, first: int) -> list[int]:
+    """The backward's kv tiles n in BwdGrid's walk (Note [bwd tile order options]): per section,
+    n ascending with the pair fastest; the pairs themselves do not matter to the model."""
+    items = []
+    for size in sections(pairs, section, first):
+        items += [n for n in range(n_tiles) for _ in range(size)]
+    return items
+
+
+def simulate_bwd(tiles: list[int], *, ctas=132, qblock_us=2.35, tile_us=10.7) -> float:
+    """Makespan (us) of the causal backward's kv tiles (s_q = s_k, 64-row Q blocks, 128-row kv
+    tiles: tile n of n_tiles sees 2 (n_tiles - n) Q blocks), claimed as in simulate() but
+    without HBM: the pair's Q / dO stay in L2 when sections are sized by it. Constants from
+    the same H100 run: 589 TFLOP/s non-causal 16k, 319 at 512 less ~80 us of pre/postprocess."""
+    n_tiles = max(tiles) + 1 if tiles else 0
+    items = [2 * (n_tiles - n) * qblock_us + tile_us for n in tiles]
+    return simulate_costs(items, ctas)
+
+
+def simulate_costs(costs: list[float], ctas: int) -> float:
+    """Makespan of items of fixed cost, claimed in order, each CTA claiming its next item as it
+    finishes the current one."""
+    import heapq
+
+    events = [(costs[c], c) for c in range(min(ctas, len(costs)))]
+    heapq.heapify(events)
+    nxt, end = len(events), 0.0
+    while events:
+        t, c = heapq.heappop(events)
+        end = max(end, t)
+        if nxt < len(costs):
+            heapq.heappush(events, (t + costs[nxt], c))
+            nxt += 1
+    return end
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seqlen", type=int, default=512)
     ap.add_argument("--hdim", type=int, default=128)
     ap.add_argument("--bw-tbs", type=float, default=3.0, help="HBM TB/s (H100 ~3.0, H200 ~4.5)")
-    ap.add_argument("--variants", default="-;first;wave;first,wave;16;first,16")
+    ap.add_argument("--variants", default="default;first;wave;first,wave;16;first,16")
+    ap.add_argument("--dir", choices=("fwd", "bwd"), default="fwd")
     args = ap.parse_args(argv)
     pairs = 16384 // args.seqlen * (2048 // args.hdim)  # the sweep's b x h (DESIGN.md §6)
     m_blocks = args.seqlen // 128
+    if args.dir == "bwd":  # BwdGrid: one pair a section unless given; l2 as BwdGrid::make
+        pair_bytes = args.seqlen * (args.hdim * 8 + 8)
+        print(f"bwd s={args.seqlen} hd={args.hdim} pairs={pairs}")
+        for v in args.variants.split(";"):
+            toks = [t for t in v.split(",") if t] if v not in ("", "-", "default") else []
+            caps = [132 // m_blocks] if "wave" in toks else []
+            caps += [(25 << 20) // pair_bytes] if "l2" in toks else []
+            caps += [int(t) for t in toks if t.isdigit()]
+            section = min(pairs, max(1, min(caps))) if caps else 1
+            rest = pairs % section
+            first = rest if "first" in toks and rest else section
+            us = simulate_bwd(bwd_order(pairs, m_blocks, section, first))
+            print(f"  {v:<14} section {section:>3} first {first:>3}: {us:8.1f} us")
+        return
     l2_section = max(1, (25 << 20) // (args.seqlen * 2 * args.hdim * 2))
     print(f"s={args.seqlen} hd={args.hdim} pairs={pairs} L2 section={l2_section}")
     for v in args.variants.split(";"):

@@ -17,6 +17,9 @@
 //   harness order IN OUT   IN: lines "batch heads_q heads_kv s_q s_k ctas FA4_TILE_ORDER" (the
 //                          value "-" for unset). OUT (text): per case "ok section rotation"
 //                          of TileScheduler::for_forward (128-row tiles, d = d_v = 128, bf16).
+//   harness bwdgrid IN OUT IN: lines "n_tiles heads_kv batch descending ctas pair_bytes
+//                          FA4_BWD_TILE_ORDER" ("-" for unset). OUT (text): per case "case ok
+//                          section rotation", then each item's "n head_kv b" in item order.
 //   harness keys IN OUT    IN: lines "s_q s_k window_left window_right causal". OUT (text): per
 //                          case, keys_computed of 128-row tiles with 80- and with 64-key blocks.
 //   harness attn IN OUT    a whole attention problem (layout in run_attention) through the
@@ -258,6 +261,30 @@ int run_order(const char* in_path, const char* out_path) {
   return std::fclose(out) == 0 ? 0 : 1;
 }
 
+// The backward's walk of its kv tiles (Note [bwd tile order options]).
+int run_bwdgrid(const char* in_path, const char* out_path) {
+  FILE* in = open_or_die(in_path, "r");
+  FILE* out = open_or_die(out_path, "w");
+  int n_tiles, heads_kv, batch, descending, ctas;
+  long long pair_bytes;
+  char text[64];
+  while (std::fscanf(in, "%d %d %d %d %d %lld %63s", &n_tiles, &heads_kv, &batch, &descending,
+                     &ctas, &pair_bytes, text) == 7) {
+    const fa4::TileOrderOptions opt =
+        fa4::TileOrderOptions::parse(std::strcmp(text, "-") == 0 ? nullptr : text);
+    const fa4::BwdGrid g =
+        fa4::BwdGrid::make(n_tiles, heads_kv, batch, descending != 0, ctas, opt, pair_bytes);
+    std::fprintf(out, "case %d %d %d\n", int(opt.ok), g.section, g.rotation);
+    for (int bid = 0; bid < n_tiles * heads_kv * batch; ++bid) {
+      int n, h, b;
+      g.decode(bid, n, h, b);
+      std::fprintf(out, "%d %d %d\n", n, h, b);
+    }
+  }
+  std::fclose(in);
+  return std::fclose(out) == 0 ? 0 : 1;
+}
+
 // ---- keys computed (Note [hd256 narrow blocks]) -------------------------------------------
 
 int run_keys(const char* in_path, const char* out_path) {
@@ -474,6 +501,7 @@ int main(int argc, char** argv) {
     if (mode == "mask") return run_mask(argv[2], argv[3]);
     if (mode == "sched") return run_sched(argv[2], argv[3]);
     if (mode == "order") return run_order(argv[2], argv[3]);
+    if (mode == "bwdgrid") return run_bwdgrid(argv[2], argv[3]);
     if (mode == "keys") return run_keys(argv[2], argv[3]);
     if (mode == "attn") return run_attention(argv[2], argv[3]);
   }

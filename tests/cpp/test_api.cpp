@@ -287,15 +287,26 @@ void test_no_kernel_yet() {
   CHECK(error_has("no backward kernel is compiled into this build yet"));
 }
 
-// Note [tile order options]: FA4_TILE_ORDER is read by run_fwd before it looks for a kernel, and
-// text it does not know is kInvalid there, naming the variable.
+// Note [tile order options] / [bwd tile order options]: FA4_TILE_ORDER and FA4_BWD_TILE_ORDER are
+// read by run_fwd / run_bwd before they look for a kernel, and text they do not know is kInvalid
+// there, naming the variable; each direction reads only its own.
 void test_tile_order_env() {
+  const fa4::BwdParams b = bwd_of(base());
+  const size_t ws = fa4::bwd_workspace_size(b);
   setenv("FA4_TILE_ORDER", "first,bogus", 1);
   CHECK(fa4::run_fwd(base(), nullptr) == fa4::Status::kInvalid);
   CHECK(error_has("FA4_TILE_ORDER=first,bogus"));
+  CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr) == fa4::Status::kUnsupported);
   setenv("FA4_TILE_ORDER", "first,wave,16", 1);
   CHECK(fa4::run_fwd(base(), nullptr) == fa4::Status::kUnsupported);
   unsetenv("FA4_TILE_ORDER");
+  setenv("FA4_BWD_TILE_ORDER", "l2,", 1);
+  CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr) == fa4::Status::kInvalid);
+  CHECK(error_has("FA4_BWD_TILE_ORDER=l2,"));
+  CHECK(fa4::run_fwd(base(), nullptr) == fa4::Status::kUnsupported);
+  setenv("FA4_BWD_TILE_ORDER", "l2,wave,first", 1);
+  CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr) == fa4::Status::kUnsupported);
+  unsetenv("FA4_BWD_TILE_ORDER");
 }
 
 void test_empty_problems() {
