@@ -77,9 +77,15 @@ def table(rows: list[dict], variants: list[str]) -> str:
 
 
 def run_bench(out: Path, env: dict[str, str], impls: str, bench_args: list[str]) -> list[dict]:
+    """One bench.py run; the rows it wrote (results.csv is flushed as measured), also when it
+    failed part way, so that one call's other variants still count."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(BENCH), "--impls", impls, "--out", str(out), *bench_args]
-    subprocess.run(cmd, env={**os.environ, **env}, check=True)
+    proc = subprocess.run(cmd, env={**os.environ, **env})
+    if proc.returncode != 0:
+        print(f"env_sweep: {env or 'default'} exited with {proc.returncode}", file=sys.stderr)
+    if not (out / "results.csv").exists():
+        return []
     with open(out / "results.csv") as fh:
         return list(csv.DictReader(fh))
 

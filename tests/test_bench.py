@@ -1,5 +1,6 @@
 """CPU tests of the pure parts of bench/bench.py: FLOPs, the sweep, CSV rows, tables."""
 
+import csv
 import importlib.util
 import subprocess
 import sys
@@ -188,3 +189,46 @@ def test_env_sweep_table_means_and_ratios():
     assert lines[0] == "| dir | hd | causal | seqlen | - | X=1 | sdpa-cudnn |"
     assert lines[2] == "| fwd | 128 | 1 | 512 | 285.0 | 308.0 (1.081) | 318.8 |"
     assert lines[3] == "| fwd | 128 | 1 | 1024 | 500.0 |  |  |"
+
+
+FAKE_BENCH = """
+import argparse, csv, os, sys
+ap = argparse.ArgumentParser()
+ap.add_argument("--impls")
+ap.add_argument("--out")
+ap.add_argument("--dirs")
+a = ap.parse_args()
+os.makedirs(a.out, exist_ok=True)
+with open(os.path.join(a.out, "results.csv"), "w", newline="") as fh:
+    w = csv.DictWriter(fh, ["impl", "direction", "hdim", "causal", "seqlen", "tflops", "status"])
+    w.writeheader()
+    for impl in a.impls.split(","):
+        w.writerow({"impl": impl, "direction": a.dirs, "hdim": 128, "causal": 1, "seqlen": 512,
+                    "tflops": os.environ.get("X", "100"), "status": "ok"})
+sys.exit(int(os.environ.get("FAIL", "0")))
+"""
+
+
+def test_env_sweep_end_to_end_with_a_stand_in_bench(tmp_path, monkeypatch):
+    """main() runs every variant in every round under its environment, the peers once, and
+    keeps a failed run's rows: a stand-in for bench.py writes the value of X as TFLOP/s."""
+    es = _load_sweep()
+    fake = tmp_path / "fake_bench.py"
+    fake.write_text(FAKE_BENCH)
+    monkeypatch.setattr(es, "BENCH", fake)
+    out = tmp_path / "sweep"
+    variants = ["-", "X=150", "X=120+FAIL=1"]
+    assert (
+        es.main(
+            ["--out", str(out), "--rounds", "2", "--variants", *variants, "--", "--dirs", "fwd"]
+        )
+        == 0
+    )
+    rows = list(csv.DictReader(open(out / "sweep.csv")))
+    assert len(rows) == 2 * 3 + 1
+    assert sorted((r["variant"], r["round"]) for r in rows if r["impl"] == "fa4") == sorted(
+        (v, str(r)) for v in variants for r in range(2)
+    )
+    table = (out / "table.md").read_text().splitlines()
+    assert table[0] == "| dir | hd | causal | seqlen | - | X=150 | X=120+FAIL=1 | sdpa-cudnn |"
+    assert table[2] == "| fwd | 128 | 1 | 512 | 100.0 | 150.0 (1.500) | 120.0 (1.200) | 100.0 |"
