@@ -262,8 +262,7 @@ struct BwdGrid {
       n = bid % n_tiles;
       pair = bid / n_tiles;
     } else {
-      bid += rotation;
-      if (bid >= items) bid -= items;
+      bid = bid < items - rotation ? bid + rotation : bid - (items - rotation);  // no int overflow
       const int per_section = section * n_tiles;
       const int k = bid / per_section;
       const int r = bid - k * per_section;
