@@ -7,7 +7,8 @@ csrc/tile_scheduler.cuh), for predicting FA4_TILE_ORDER's variants before measur
 
 What it models: persistent CTAs claiming items in the scheduler's order (each CTA claims its
 next item as it finishes the current one: the producers claim once they have issued the
-current tile's last loads, a pipeline's depth before its end); an item's time is its blocks
+current tile's last loads, a pipeline's depth before its end, or near its start for tiles no
+longer than the K/V stages, which the model does not separate); an item's time is its blocks
 (the diagonal block costs mask_factor more) plus a per-tile overhead; its HBM bytes are Q and O
 and every K/V block not in an LRU L2 of l2_mb. HBM is shared fluidly: while the running tiles
 together ask for more than bw_tbs, all slow down in proportion. Calibrated on the H100 run of
