@@ -265,6 +265,7 @@ def test_bwd_tile_orders_agree(monkeypatch, shape):
     b, s, h, h_kv = shape
     q, k, v = make((b, s, h, d), (b, s, h_kv, d), d_v, torch.bfloat16, seed=s + b)
     dout = torch.randn(b, s, h, d_v, device="cuda").to(torch.bfloat16)
+    monkeypatch.delenv("FA4_BWD_TILE_ORDER", raising=False)
     base = grads(q, k, v, dout, "sm90", causal=True, deterministic=True)
     ref = reference_grads(q, k, v, dout, True, causal=True)
     low = reference_grads(q, k, v, dout, False, causal=True)

@@ -185,6 +185,7 @@ def test_tile_orders_agree(monkeypatch, shape):
     d, d_v = _sm90_hdims()[0]
     b, s, h, h_kv = shape
     q, k, v = make((b, s, h, d), (b, s, h_kv, d), d_v, torch.bfloat16, seed=s)
+    monkeypatch.delenv("FA4_TILE_ORDER", raising=False)
     default = run(q, k, v, causal=True)
     check(q, k, v, *default, causal=True)
     for order in ("first", "wave", "first,wave", "3", "first,4"):
