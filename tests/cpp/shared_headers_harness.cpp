@@ -243,6 +243,11 @@ struct OrderParams {
   bool causal = true;
 };
 
+// A FA4_TILE_ORDER / FA4_BWD_TILE_ORDER value as the inputs write it ("-": unset).
+fa4::TileOrderOptions options_of(const char* text) {
+  return fa4::TileOrderOptions::parse(std::strcmp(text, "-") == 0 ? nullptr : text);
+}
+
 int run_order(const char* in_path, const char* out_path) {
   FILE* in = open_or_die(in_path, "r");
   FILE* out = open_or_die(out_path, "w");
@@ -251,8 +256,7 @@ int run_order(const char* in_path, const char* out_path) {
   char text[64];
   while (std::fscanf(in, "%d %d %d %d %d %d %63s", &p.batch, &p.heads_q, &p.heads_kv, &p.seqlen_q,
                      &p.seqlen_k, &ctas, text) == 7) {
-    const fa4::TileOrderOptions opt =
-        fa4::TileOrderOptions::parse(std::strcmp(text, "-") == 0 ? nullptr : text);
+    const fa4::TileOrderOptions opt = options_of(text);
     const fa4::TileScheduler s = fa4::TileScheduler::for_forward(p, 128, 2, ctas, opt);
     std::fprintf(out, "%d %d %lld\n", int(opt.ok), s.section_heads,
                  static_cast<long long>(s.rotation));
@@ -270,8 +274,7 @@ int run_bwdgrid(const char* in_path, const char* out_path) {
   char text[64];
   while (std::fscanf(in, "%d %d %d %d %d %lld %63s", &n_tiles, &heads_kv, &batch, &descending,
                      &ctas, &pair_bytes, text) == 7) {
-    const fa4::TileOrderOptions opt =
-        fa4::TileOrderOptions::parse(std::strcmp(text, "-") == 0 ? nullptr : text);
+    const fa4::TileOrderOptions opt = options_of(text);
     const fa4::BwdGrid g =
         fa4::BwdGrid::make(n_tiles, heads_kv, batch, descending != 0, ctas, opt, pair_bytes);
     std::fprintf(out, "case %d %d %d\n", int(opt.ok), g.section, g.rotation);
