@@ -29,16 +29,29 @@
 //   from HBM, 128 FLOP/byte at d = 128, which caps 4.3 TB/s at ~550 TFLOP/s.
 //
 // Note [tile order options]: FA4_TILE_ORDER (read by run_fwd at each call, TileOrderOptions)
-// changes two things of the causal order, for measuring them (docs/perf-notes.md, "Prepared in
-// the twenty-fifth session"); unset, the order above. "first" puts the partial section (pairs %
-// section) first instead of last: left last, its longest tiles are claimed when the other CTAs
-// are finishing the previous section's shortest ones, the tail LPT is meant to avoid (at 2k rows,
+// changes two things of the causal order. "first" puts the partial section (pairs % section)
+// first instead of last: left last, its longest tiles are claimed when the other CTAs are
+// finishing the previous section's shortest ones, the tail LPT is meant to avoid (at 2k rows,
 // d = 128, b·h = 128: sections of 25 leave 3 pairs, whose 16-block tiles start at item 2000 of
 // 2048). "wave" caps a section at the pairs whose tiles fill the grid once (ctas / m_blocks
 // pairs, at least one GQA group): with 100 pairs of 4 tiles (512 rows), the CTAs running at one
 // time all hold the section's first tiles, which load every K/V block of the section from HBM
-// at once, and later its last tiles, which load none. A number caps it at that many pairs. Tokens
-// are comma-separated ("first,wave"); any other makes run_fwd return kInvalid before a launch.
+// at once, and later its last tiles, which load none. A number caps it at that many pairs;
+// "plain" is the order above with neither. Tokens are comma-separated ("first,wave"); any other
+// makes run_fwd return kInvalid before a launch. Unset (or empty): Note [default tile order].
+//
+// Note [default tile order]: measured on an H100 (docs/perf.md, 2026-12-05: bench/env_sweep.py,
+// two rotated rounds, three calls), "first,wave" against "plain" gave the causal forward
+// +10-12 % at 512 rows (d = 64 and 128), +4-8 % at 1k, +2.5-4.5 % at 2k-4k and 0-4 % at 16k, and
+// d = 256 +1 % at 512 and +4-8 % from 1k, so it is the forward's default; it changes only masked
+// problems' order. (The same call's unmasked
+// points, whose order the options do not touch, moved up to 3.5 % between variants: the noise.)
+// The backward's "l2,first" gave causal d = 128 +5 % at 512 rows, +1-4 % at 1k-4k and 0 at 16k,
+// d = 256 +2-3 % at 512-4k and +1 % at 16k, but cost d = 64 2.5 % at 512 and, unmasked, up to
+// 15 % at 512 (sections of many pairs hold different pairs' Q / dO in L2 at once where pair by
+// pair shares them), so it is the default for causal d >= 128 (192 lies between the two measured
+// dims; not measured itself), and not in deterministic mode, whose descending walk was not
+// measured.
 //
 // Note [scheduler int64]: the item index is int64. Dense problems cannot reach 2^31 items
 // (b·h·s_q <= 2^30 for a bf16 q of d >= 64 in 141 GB, so items <= b·h·(s_q/128 + 1) < 2^31), but
@@ -78,6 +91,7 @@ struct TileOrderOptions {
   bool wave = false;           // "wave": at most ctas / m_blocks pairs (whole groups) a section
   int max_pairs = 0;           // "<n>": at most n pairs a section (rounded up to whole groups)
   bool l2 = false;             // "l2": sections by the L2 (the forward's always are; BwdGrid)
+  bool given = false;          // the variable named options ("plain": none): no defaults added
   bool ok = true;              // false: the text had a token other than these
 
   // Host only: parses a FA4_TILE_ORDER value (nullptr or "": the defaults; an empty token, as
@@ -85,6 +99,7 @@ struct TileOrderOptions {
   static TileOrderOptions parse(const char* text) {
     TileOrderOptions o;
     if (text == nullptr || *text == '\0') return o;
+    o.given = true;
     for (const char* t = text;;) {
       const char* end = t;
       while (*end != '\0' && *end != ',') ++end;
@@ -101,6 +116,8 @@ struct TileOrderOptions {
         o.wave = true;
       } else if (n == 2 && strncmp(t, "l2", 2) == 0) {
         o.l2 = true;
+      } else if (n == 5 && strncmp(t, "plain", 5) == 0) {
+        // no option: the walk of Note [LPT order] / pair by pair, to measure the defaults against
       } else if (digits && value > 0) {
         o.max_pairs = value;
       } else {
@@ -113,6 +130,18 @@ struct TileOrderOptions {
   }
   // FA4_TILE_ORDER (the forward) or FA4_BWD_TILE_ORDER (the backward).
   static TileOrderOptions from_env(const char* name) { return parse(getenv(name)); }
+
+  // Note [default tile order]: the options when the variable names none.
+  TileOrderOptions forward_or_default() const {
+    TileOrderOptions o = *this;
+    if (!given) o.partial_first = o.wave = true;
+    return o;
+  }
+  TileOrderOptions backward_or_default(bool causal, int head_dim, bool deterministic) const {
+    TileOrderOptions o = *this;
+    if (!given && causal && head_dim >= 128 && !deterministic) o.partial_first = o.l2 = true;
+    return o;
+  }
 };
 
 struct TileScheduler {
@@ -153,7 +182,8 @@ struct TileScheduler {
   // ctas: the CTAs the launch may run at once (SMs × CTAs per SM), for opt.wave.
   template <class Params>
   static TileScheduler for_forward(const Params& p, int tile_rows, int elem_bytes, int ctas = 0,
-                                   const TileOrderOptions& opt = {}) {
+                                   const TileOrderOptions& given = {}) {
+    const TileOrderOptions opt = given.forward_or_default();
     const int m_blocks = (p.seqlen_q + tile_rows - 1) / tile_rows;
     const bool masked = p.causal || p.window_right >= 0 || p.window_left >= 0;
     const int group = p.heads_q / p.heads_kv;
@@ -222,9 +252,10 @@ struct TileScheduler {
 // at item 2032 of 2048). Sections hold the pairs of a number token, or of "wave" (the pairs
 // whose tiles fill the grid once), or of "l2" (the pairs whose Q, dO, fp32 dQ and row statistics
 // fit half the L2: every tile of a pair reads its Q / dO rows and adds to its dQ), the smallest
-// of those given; "first" puts the partial section first (a rotation, as the forward's). Unset:
-// one pair per section, the walk above. Deterministic mode keeps its guarantee under any of
-// them: a tile waits only on higher tiles of its own pair, which come earlier in its section.
+// of those given; "first" puts the partial section first (a rotation, as the forward's); "plain"
+// is one pair per section, the walk above. Unset: Note [default tile order]. Deterministic mode
+// keeps its guarantee under any of them: a tile waits only on higher tiles of its own pair,
+// which come earlier in its section.
 struct BwdGrid {
   int n_tiles, heads_kv;
   bool descending = false;  // deterministic mode

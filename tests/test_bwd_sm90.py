@@ -269,7 +269,7 @@ def test_bwd_tile_orders_agree(monkeypatch, shape):
     base = grads(q, k, v, dout, "sm90", causal=True, deterministic=True)
     ref = reference_grads(q, k, v, dout, True, causal=True)
     low = reference_grads(q, k, v, dout, False, causal=True)
-    for order in ("wave", "l2,first", "3,first", "wave,first"):
+    for order in ("plain", "wave", "l2,first", "3,first", "wave,first"):
         monkeypatch.setenv("FA4_BWD_TILE_ORDER", order)
         got = grads(q, k, v, dout, "sm90", causal=True, deterministic=True)
         for name, a, g in zip(("dq", "dk", "dv"), base, got, strict=True):

@@ -188,7 +188,7 @@ def test_tile_orders_agree(monkeypatch, shape):
     monkeypatch.delenv("FA4_TILE_ORDER", raising=False)
     default = run(q, k, v, causal=True)
     check(q, k, v, *default, causal=True)
-    for order in ("first", "wave", "first,wave", "3", "first,4"):
+    for order in ("plain", "first", "wave", "first,wave", "3", "first,4"):
         monkeypatch.setenv("FA4_TILE_ORDER", order)
         got = run(q, k, v, causal=True)
         assert torch.equal(got[0], default[0]) and torch.equal(got[1], default[1]), order

@@ -275,7 +275,10 @@ def test_scheduler_visits_every_tile_once_in_order(harness, tmp_path):
     [
         # (batch, heads_q, heads_kv, s_q = s_k, ctas, FA4_TILE_ORDER): (ok, section, rotation);
         # d = d_v = 128 bf16, half of 50 MB: 100 pairs at 512 rows, 25 at 2k, 3 at 16k
-        ((32, 16, 16, 512, 132, "-"), (1, 100, 0)),
+        ((32, 16, 16, 512, 132, "-"), (1, 33, 1980)),  # Note [default tile order]: first,wave
+        ((32, 16, 16, 512, 132, "plain"), (1, 100, 0)),
+        ((8, 16, 16, 2048, 132, "-"), (1, 8, 0)),  # 132 / 16 tiles: 8 pairs, 128 = 16 * 8
+        ((8, 16, 16, 2048, 132, "plain,16"), (1, 16, 0)),
         ((32, 16, 16, 512, 132, "first"), (1, 100, 2000)),  # 512 = 5 * 100 + 12: 500 * 4 items
         ((32, 16, 16, 512, 132, "wave"), (1, 33, 0)),  # 132 CTAs / 4 tiles
         ((32, 16, 16, 512, 132, "first,wave"), (1, 33, 1980)),  # 512 = 15 * 33 + 17
@@ -306,6 +309,32 @@ def test_tile_order_options(case, want, harness, tmp_path):
         assert got[0] == 0, case  # the rest is whatever the valid tokens gave: unused
     else:
         assert got == want, case
+
+
+@pytest.mark.parametrize(
+    "case, want",
+    [
+        # (causal, head_dim, deterministic, FA4_BWD_TILE_ORDER): (ok, first, wave, l2, max_pairs)
+        ((1, 128, 0, "-"), (1, 1, 0, 1, 0)),  # Note [default tile order]: l2,first
+        ((1, 128, 1, "-"), (1, 0, 0, 0, 0)),  # deterministic: pair by pair
+        ((0, 128, 0, "-"), (1, 0, 0, 0, 0)),
+        ((1, 64, 0, "-"), (1, 0, 0, 0, 0)),
+        ((1, 256, 0, "-"), (1, 1, 0, 1, 0)),
+        ((1, 192, 0, "-"), (1, 1, 0, 1, 0)),
+        ((0, 256, 0, "-"), (1, 0, 0, 0, 0)),
+        ((1, 128, 0, "plain"), (1, 0, 0, 0, 0)),  # the old walk, to measure against
+        ((1, 128, 0, "wave"), (1, 0, 1, 0, 0)),  # named options replace the defaults
+        ((0, 64, 1, "7,first"), (1, 1, 0, 0, 7)),  # and apply whatever the problem
+        ((1, 128, 0, "plain,x"), (0,)),
+    ],
+)
+def test_bwd_default_tile_order(case, want, harness, tmp_path):
+    """Note [default tile order]: the backward's options when FA4_BWD_TILE_ORDER is unset, and
+    that any value set replaces them."""
+    (tmp_path / "in.txt").write_text(" ".join(map(str, case)) + "\n")
+    _run(harness, "bwdopts", tmp_path / "in.txt", tmp_path / "out.txt")
+    got = tuple(int(x) for x in (tmp_path / "out.txt").read_text().split())
+    assert got[: len(want)] == want, case
 
 
 BWD_GRID_CASES = [

@@ -20,6 +20,9 @@
 //   harness bwdgrid IN OUT IN: lines "n_tiles heads_kv batch descending ctas pair_bytes
 //                          FA4_BWD_TILE_ORDER" ("-" for unset). OUT (text): per case "case ok
 //                          section rotation", then each item's "n head_kv b" in item order.
+//   harness bwdopts IN OUT IN: lines "causal head_dim deterministic FA4_BWD_TILE_ORDER" ("-" for
+//                          unset). OUT (text): per case "ok first wave l2 max_pairs" of the
+//                          options the SM90 backward passes BwdGrid::make.
 //   harness keys IN OUT    IN: lines "s_q s_k window_left window_right causal". OUT (text): per
 //                          case, keys_computed of 128-row tiles with 80- and with 64-key blocks.
 //   harness attn IN OUT    a whole attention problem (layout in run_attention) through the
@@ -288,6 +291,23 @@ int run_bwdgrid(const char* in_path, const char* out_path) {
   return std::fclose(out) == 0 ? 0 : 1;
 }
 
+// Note [default tile order]: the backward's options once the defaults are added.
+int run_bwdopts(const char* in_path, const char* out_path) {
+  FILE* in = open_or_die(in_path, "r");
+  FILE* out = open_or_die(out_path, "w");
+  int causal, head_dim, deterministic;
+  char text[64];
+  while (std::fscanf(in, "%d %d %d %63s", &causal, &head_dim, &deterministic, text) == 4) {
+    const fa4::TileOrderOptions given = options_of(text);
+    const fa4::TileOrderOptions o =
+        given.backward_or_default(causal != 0, head_dim, deterministic != 0);
+    std::fprintf(out, "%d %d %d %d %d\n", int(o.ok), int(o.partial_first), int(o.wave), int(o.l2),
+                 o.max_pairs);
+  }
+  std::fclose(in);
+  return std::fclose(out) == 0 ? 0 : 1;
+}
+
 // ---- keys computed (Note [hd256 narrow blocks]) -------------------------------------------
 
 int run_keys(const char* in_path, const char* out_path) {
@@ -505,6 +525,7 @@ int main(int argc, char** argv) {
     if (mode == "sched") return run_sched(argv[2], argv[3]);
     if (mode == "order") return run_order(argv[2], argv[3]);
     if (mode == "bwdgrid") return run_bwdgrid(argv[2], argv[3]);
+    if (mode == "bwdopts") return run_bwdopts(argv[2], argv[3]);
     if (mode == "keys") return run_keys(argv[2], argv[3]);
     if (mode == "attn") return run_attention(argv[2], argv[3]);
   }
