@@ -41,11 +41,14 @@
 // makes run_fwd return kInvalid before a launch. Unset (or empty): Note [default tile order].
 //
 // Note [default tile order]: measured on an H100 (docs/perf.md, 2026-12-05: bench/env_sweep.py,
-// two rotated rounds, three calls), "first,wave" against "plain" gave the causal forward
-// +10-12 % at 512 rows (d = 64 and 128), +4-8 % at 1k, +2.5-4.5 % at 2k-4k and 0-4 % at 16k, and
-// d = 256 +1 % at 512 and +4-8 % from 1k, so it is the forward's default; it changes only masked
-// problems' order. (The same call's unmasked
-// points, whose order the options do not touch, moved up to 3.5 % between variants: the noise.)
+// two or three rotated rounds a call), "first,wave" against "plain" gave the causal forward
+// +10-12 % at 512 rows (d = 64 and 128), +4-8 % at 1k, +2.5-4.5 % at 2k-4k and 0-4 % at 16k,
+// and d = 256 +1 % at 512 and +4-8 % from 1k. A cap of 16 pairs on top added, at 512 rows, d = 64
+// +4-5 % and d = 256 +8 % (their waves are 99 and 33 pairs of 4 tiles; 8 pairs gave d = 64 the
+// same and d = 256 half of it) and d = 128 nothing, and changes nothing from 1k at d = 128 / 256
+// (a wave is 16 pairs or fewer there). So "first,wave,16" is the forward's default; it changes
+// only masked problems' order. (The same calls' unmasked points, whose order the options do not
+// touch, moved up to 3.5 % between variants: the noise.)
 // The backward's "l2,first" gave causal d = 128 +5 % at 512 rows, +1-4 % at 1k-4k and 0 at 16k,
 // d = 256 +2-3 % at 512-4k and +1 % at 16k, but cost d = 64 2.5 % at 512 and, unmasked, up to
 // 15 % at 512 (sections of many pairs hold different pairs' Q / dO in L2 at once where pair by
@@ -134,7 +137,10 @@ struct TileOrderOptions {
   // Note [default tile order]: the options when the variable names none.
   TileOrderOptions forward_or_default() const {
     TileOrderOptions o = *this;
-    if (!given) o.partial_first = o.wave = true;
+    if (!given) {
+      o.partial_first = o.wave = true;
+      o.max_pairs = 16;
+    }
     return o;
   }
   TileOrderOptions backward_or_default(bool causal, int head_dim, bool deterministic) const {

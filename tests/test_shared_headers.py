@@ -275,9 +275,11 @@ def test_scheduler_visits_every_tile_once_in_order(harness, tmp_path):
     [
         # (batch, heads_q, heads_kv, s_q = s_k, ctas, FA4_TILE_ORDER): (ok, section, rotation);
         # d = d_v = 128 bf16, half of 50 MB: 100 pairs at 512 rows, 25 at 2k, 3 at 16k
-        ((32, 16, 16, 512, 132, "-"), (1, 33, 1980)),  # Note [default tile order]: first,wave
+        ((32, 16, 16, 512, 132, "-"), (1, 16, 0)),  # Note [default tile order]: first,wave,16
         ((32, 16, 16, 512, 132, "plain"), (1, 100, 0)),
         ((8, 16, 16, 2048, 132, "-"), (1, 8, 0)),  # 132 / 16 tiles: 8 pairs, 128 = 16 * 8
+        ((4, 20, 20, 4096, 132, "-"), (1, 4, 0)),  # 132 / 32 tiles: 4 pairs
+        ((5, 12, 4, 512, 132, "-"), (1, 18, 216)),  # groups of 3: 16 -> 18; 60 = 3 * 18 + 6
         ((8, 16, 16, 2048, 132, "plain,16"), (1, 16, 0)),
         ((32, 16, 16, 512, 132, "first"), (1, 100, 2000)),  # 512 = 5 * 100 + 12: 500 * 4 items
         ((32, 16, 16, 512, 132, "wave"), (1, 33, 0)),  # 132 CTAs / 4 tiles
