@@ -47,14 +47,14 @@
 // +4-5 % and d = 256 +8 % (their waves are 99 and 33 pairs of 4 tiles; 8 pairs gave d = 64 the
 // same and d = 256 half of it) and d = 128 nothing, and changes nothing from 1k at d = 128 / 256
 // (a wave is 16 pairs or fewer there). So "first,wave,16" is the forward's default; it changes
-// only masked problems' order. (The same calls' unmasked points, whose order the options do not
+// only masked problems' order, and the SM100 forward takes it too (compiled, not executed; a
+// B200's SMs and L2 differ). (The same calls' unmasked points, whose order the options do not
 // touch, moved up to 3.5 % between variants: the noise.)
 // The backward's "l2,first" gave causal d = 128 +5 % at 512 rows, +1-4 % at 1k-4k and 0 at 16k,
 // d = 256 +2-3 % at 512-4k and +1 % at 16k, but cost d = 64 2.5 % at 512 and, unmasked, up to
-// 15 % at 512 (sections of many pairs hold different pairs' Q / dO in L2 at once where pair by
-// pair shares them), so it is the default for causal d >= 128 (192 lies between the two measured
-// dims; not measured itself), and not in deterministic mode, whose descending walk was not
-// measured.
+// 15 % at 512 (not explained; docs/perf-notes.md lists the candidates), so it is the default
+// for causal d >= 128 (192 lies between the two measured dims; not measured itself), and not in
+// deterministic mode, whose descending walk was not measured.
 //
 // Note [scheduler int64]: the item index is int64. Dense problems cannot reach 2^31 items
 // (b·h·s_q <= 2^30 for a bf16 q of d >= 64 in 141 GB, so items <= b·h·(s_q/128 + 1) < 2^31), but
