@@ -266,6 +266,9 @@ def report(rows, dirs, out: Path | None, title=""):
             continue
         print(f"\n### {d}: TFLOP/s (bf16; ratio = fa4 / best peer)\n")
         print(bu.ratio_table(rows, d))
+        gaps = bu.sweep_gaps(rows, d)
+        if gaps:
+            print(f"\n{gaps}")
         print(f"\n### {d}: peak extra device memory, MiB\n")
         print(bu.memory_table(rows, d))
         if out is not None:

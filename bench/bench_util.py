@@ -239,6 +239,29 @@ def ratio_table(rows: list[dict], direction: str) -> str:
     return "\n".join(lines)
 
 
+def sweep_gaps(rows: list[dict], direction: str) -> str:
+    """One line naming the points of DESIGN.md §6's sweep with no ok fa4 row in `direction`, a
+    seqlen missing at every hdim and causal as one entry, so that a run which left a point out
+    says so under its table (8k was in no standing run up to 2026-12-05, unnoticed). "" when
+    nothing is missing."""
+    have = {
+        (int(r["hdim"]), int(r["causal"]), int(r["seqlen"]))
+        for r in rows
+        if r["direction"] == direction and r["impl"] == OURS and _tf(r) is not None
+    }
+    missing = [p for p in sweep() if (p.hdim, int(p.causal), p.seqlen) not in have]
+    if not missing:
+        return ""
+    parts = []
+    for s in SEQLENS:
+        at = [p for p in missing if p.seqlen == s]
+        if len(at) == len(HDIMS) * 2:
+            parts.append(f"{_k(s)} (every hd, causal and not)")
+        else:
+            parts += [f"hd{p.hdim} {'causal ' if p.causal else ''}{_k(s)}" for p in at]
+    return f"{direction}: standard-sweep points without an ok {OURS} row: " + ", ".join(parts)
+
+
 def memory_table(rows: list[dict], direction: str) -> str:
     """Markdown table: peak extra device memory (MiB) per impl per point."""
     rows = [r for r in rows if r["direction"] == direction]

@@ -136,6 +136,25 @@ def test_ratio_table_uses_best_ok_peer():
     assert bu.ratio_table(rows, "fwd").splitlines()[-1].endswith("| n/a |")
 
 
+def test_sweep_gaps_name_what_a_run_left_out():
+    def row(p, impl="fa4", status="ok"):
+        return {k: str(v) for k, v in bu.make_row(impl, "fwd", p, ms=1.0, status=status).items()}
+
+    pts = [p for p in bu.sweep() if p.seqlen != 8192]
+    rows = [row(p) for p in pts]
+    assert bu.sweep_gaps(rows, "fwd") == (
+        "fwd: standard-sweep points without an ok fa4 row: 8k (every hd, causal and not)"
+    )
+    rows += [row(p) for p in bu.sweep() if p.seqlen == 8192]
+    assert bu.sweep_gaps(rows, "fwd") == ""
+    rows[0]["status"], rows[0]["tflops"] = "failed: max_abs_diff 1", ""  # a failed row is a gap
+    p0 = pts[0]
+    want = f"hd{p0.hdim} {'causal ' if p0.causal else ''}{bu._k(p0.seqlen)}"
+    assert bu.sweep_gaps(rows, "fwd").endswith(": " + want)
+    assert "every hd" in bu.sweep_gaps([row(pts[0], impl="sdpa-cudnn")], "fwd")  # peers don't count
+    assert bu.sweep_gaps(rows, "bwd").count("every hd") == len(bu.SEQLENS)
+
+
 def test_import_needs_no_triton_or_cuda():
     code = (
         "import sys; sys.modules['triton'] = None\n"  # any `import triton` would now fail
