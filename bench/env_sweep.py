@@ -1,5 +1,6 @@
 """Run-time settings of one build side by side, in one device call: each variant is a set of
-environment assignments under which bench/bench.py times fa4 alone; the variants run in rounds
+environment assignments under which bench/bench.py times fa4 alone (or the --impls given, e.g.
+fa4,fa4-det for the deterministic backward too); the variants run in rounds
 whose order rotates (round r starts with variant r), the peers once after the first round. Writes
 sweep.csv (every row, with its variant and round) and table.md (per point: each variant's mean
 TFLOP/s over the rounds, its ratio to the first variant, and the peers), and prints the table.
@@ -44,31 +45,40 @@ def rotated(n: int, r: int) -> list[int]:
     return [(r + i) % n for i in range(n)]
 
 
-def table(rows: list[dict], variants: list[str]) -> str:
+def column(variant: str, impl: str, impls: list[str]) -> str:
+    """A variant's column: its text for the first of the swept impls, "text [impl]" for the
+    others (e.g. fa4-det, the deterministic backward)."""
+    return variant if impl == impls[0] else f"{variant} [{impl}]"
+
+
+def table(rows: list[dict], variants: list[str], impls: list[str] | None = None) -> str:
     """Markdown: per (direction, hdim, causal, seqlen), each variant's mean TFLOP/s over its ok
-    rows (ratio to the first variant in brackets) and each peer's."""
+    rows for each swept impl (ratio to that impl's first variant in brackets) and each peer's."""
+    impls = impls or ["fa4"]
     by_key: dict[tuple, dict[str, list[float]]] = {}
     peers: list[str] = []
     for row in rows:
         key = (row["direction"], int(row["hdim"]), int(row["causal"]), int(row["seqlen"]))
-        name = row["variant"] if row["impl"] == "fa4" else row["impl"]
-        if row["impl"] != "fa4" and name not in peers:
+        swept = row["impl"] in impls
+        name = column(row["variant"], row["impl"], impls) if swept else row["impl"]
+        if not swept and name not in peers:
             peers.append(name)
         if row["status"].startswith("ok"):
             by_key.setdefault(key, {}).setdefault(name, []).append(float(row["tflops"]))
-    cols = variants + peers
+    cols = [column(v, i, impls) for i in impls for v in variants] + peers
     lines = ["| dir | hd | causal | seqlen | " + " | ".join(cols) + " |"]
     lines.append("|" + "---|" * (4 + len(cols)))
     for key in sorted(by_key):
         vals = by_key[key]
         mean = {c: sum(v) / len(v) for c, v in vals.items() if v}
-        base = mean.get(variants[0])
+        base = {column(v, i, impls): mean.get(column(variants[0], i, impls)) for i in impls
+                for v in variants[1:]}  # fmt: skip
         cells = []
         for c in cols:
             if c not in mean:
                 cells.append("")
-            elif c in variants and base and c != variants[0]:
-                cells.append(f"{mean[c]:.1f} ({mean[c] / base:.3f})")
+            elif base.get(c):
+                cells.append(f"{mean[c]:.1f} ({mean[c] / base[c]:.3f})")
             else:
                 cells.append(f"{mean[c]:.1f}")
         d, hd, causal, seqlen = key
@@ -95,6 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", nargs="+", required=True, help="'-' or NAME=value[+NAME=value]")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--peers", default="sdpa-cudnn", help="impls run once ('' for none)")
+    ap.add_argument("--impls", default="fa4", help="impls timed under every variant (fa4,fa4-det)")
     ap.add_argument("--out", default="/tmp/env_sweep")
     ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: bench.py's arguments")
     args = ap.parse_args(argv)
@@ -104,7 +115,7 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     for r in range(args.rounds):
         for i in rotated(len(envs), r):
-            got = run_bench(out / f"r{r}_v{i}", envs[i], "fa4", bench_args)
+            got = run_bench(out / f"r{r}_v{i}", envs[i], args.impls, bench_args)
             rows += [{**row, "variant": args.variants[i], "round": r} for row in got]
         if r == 0 and args.peers:
             got = run_bench(out / "peers", {}, args.peers, bench_args)
@@ -114,7 +125,7 @@ def main(argv=None) -> int:
             w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
             w.writeheader()
             w.writerows(rows)
-    text = table(rows, args.variants)
+    text = table(rows, args.variants, args.impls.split(","))
     (out / "table.md").write_text(text)
     print(text)
     return 0

@@ -208,6 +208,14 @@ def test_env_sweep_table_means_and_ratios():
     assert lines[0] == "| dir | hd | causal | seqlen | - | X=1 | sdpa-cudnn |"
     assert lines[2] == "| fwd | 128 | 1 | 512 | 285.0 | 308.0 (1.081) | 318.8 |"
     assert lines[3] == "| fwd | 128 | 1 | 1024 | 500.0 |  |  |"
+    rows += [row("fa4-det", "-", 200.0), row("fa4-det", "X=1", 210.0)]
+    lines = es.table(rows, ["-", "X=1"], ["fa4", "fa4-det"]).splitlines()
+    assert lines[0] == (
+        "| dir | hd | causal | seqlen | - | X=1 | - [fa4-det] | X=1 [fa4-det] | sdpa-cudnn |"
+    )
+    assert lines[2] == (
+        "| fwd | 128 | 1 | 512 | 285.0 | 308.0 (1.081) | 200.0 | 210.0 (1.050) | 318.8 |"
+    )
 
 
 FAKE_BENCH = """
