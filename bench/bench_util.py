@@ -255,7 +255,7 @@ def sweep_gaps(rows: list[dict], direction: str) -> str:
     parts = []
     for s in SEQLENS:
         at = [p for p in missing if p.seqlen == s]
-        if len(at) == len(HDIMS) * 2:
+        if len(at) == len(sweep(seqlens=(s,))):
             parts.append(f"{_k(s)} (every hd, causal and not)")
         else:
             parts += [f"hd{p.hdim} {'causal ' if p.causal else ''}{_k(s)}" for p in at]

@@ -1,7 +1,7 @@
 """Run-time settings of one build side by side, in one device call: each variant is a set of
 environment assignments under which bench/bench.py times fa4 alone (or the --impls given, e.g.
-fa4,fa4-det for the deterministic backward too); the variants run in rounds
-whose order rotates (round r starts with variant r), the peers once after the first round. Writes
+fa4,fa4-det for the deterministic backward too); the variants run in rounds whose order rotates
+(round r starts with variant r), the peers once after the first round. Writes
 sweep.csv (every row, with its variant and round) and table.md (per point: each variant's mean
 TFLOP/s over the rounds, its ratio to the first variant, and the peers), and prints the table.
 
@@ -66,19 +66,22 @@ def table(rows: list[dict], variants: list[str], impls: list[str] | None = None)
         if row["status"].startswith("ok"):
             by_key.setdefault(key, {}).setdefault(name, []).append(float(row["tflops"]))
     cols = [column(v, i, impls) for i in impls for v in variants] + peers
+    # each swept column's ratio base: the same impl's first variant
+    base_of = {
+        column(v, i, impls): column(variants[0], i, impls) for i in impls for v in variants[1:]
+    }
     lines = ["| dir | hd | causal | seqlen | " + " | ".join(cols) + " |"]
     lines.append("|" + "---|" * (4 + len(cols)))
     for key in sorted(by_key):
         vals = by_key[key]
         mean = {c: sum(v) / len(v) for c, v in vals.items() if v}
-        base = {column(v, i, impls): mean.get(column(variants[0], i, impls)) for i in impls
-                for v in variants[1:]}  # fmt: skip
         cells = []
         for c in cols:
+            base = mean.get(base_of.get(c))
             if c not in mean:
                 cells.append("")
-            elif base.get(c):
-                cells.append(f"{mean[c]:.1f} ({mean[c] / base[c]:.3f})")
+            elif base:
+                cells.append(f"{mean[c]:.1f} ({mean[c] / base:.3f})")
             else:
                 cells.append(f"{mean[c]:.1f}")
         d, hd, causal, seqlen = key
