@@ -213,6 +213,36 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
     ss.trace.tile_mark(leader, wg, tk, 0);
     const TileWork t = tile_work(kp, c);
     const BlockRange br = block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block);
+    // Note [idle warpgroup]: with three consumers (192-row tiles), a warpgroup whose 64 rows all
+    // lie past the sequence (the last tile: 1k rows leave two of three idle there, 512 one)
+    // issues no GEMM, no softmax and no store. It still takes every turn, so that the ring of
+    // Note [warpgroup ping-pong] stays whole, and waits for and releases every K and V stage in
+    // the tile's order: a release before the stage is full would count towards the previous
+    // fill's phase and free a stage that the others still read. The test goes through lane 0 to
+    // be warp-uniform (per thread, ptxas spilled in the consumers' loop); guards on the GEMMs
+    // inside the loop instead made ptxas wait for each wgmma before issuing the next.
+    if (T::kConsumerWGs == 3 && !br.empty() &&
+        __shfl_sync(0xffffffffu, t.tile.m_block * T::kBlockM + wg * 64 - t.seq.seqlen_q, 0) >= 0) {
+      const int q_slot = tiles_loaded % T::kQStages;
+      ss.q_full[q_slot].wait((tiles_loaded / T::kQStages) & 1);
+      ++tiles_loaded;
+      ss.q_empty[q_slot].arrive();                            // Q is not read
+      for (int n = br.n_end - 1; n >= br.n_begin - 1; --n) {  // the tile's blocks + 1 turns
+        turn_begin();
+        if (n >= br.n_begin) {
+          pipe_k.consumer_wait(k_state);
+          pipe_k.consumer_release(k_state);
+          ++k_state;
+        }
+        if (n < br.n_end - 1) {
+          pipe_v.consumer_wait(v_state);
+          pipe_v.consumer_release(v_state);
+          ++v_state;
+        }
+        turn_end();
+      }
+      continue;
+    }
     OnlineSoftmax<SFrag> softmax;
     softmax.init();
     clear(tOrO);

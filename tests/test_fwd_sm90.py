@@ -236,6 +236,36 @@ def test_tile_boundaries(monkeypatch, hdims, kw):
     check(qd, kd, vd, *run(qd, kd, vd, **kw), **kw)
 
 
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (100, 30)}])
+def test_hd64_idle_warpgroups(monkeypatch, kw):
+    """Note [idle warpgroup]: the three-consumer kernel's 192-row tiles leave one or two of their
+    warpgroups past the end of a sequence in its last tile; those skip the tile's GEMMs and
+    softmax but keep every turn and every K/V stage's phase. Varlen sequences that end in each
+    third of a tile, the longest over 1024 rows so that causal and local problems take that kernel
+    too (Note [short causal hd64]), three CTAs (each walks dozens of tiles, idle and not, so a
+    phase off by one would show), against the reference and bit-equal to the full grid."""
+    if (64, 64) not in _sm90_hdims():
+        pytest.skip("head dim 64 not compiled (FA4_HDIMS)")
+    lens = [1100, 65, 129, 1, 193, 257, 320, 1345, 0, 700, 128, 383]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    q, k, v = make((sum(lens), 4, 64), (sum(lens), 2, 64), 64, torch.bfloat16, seed=11)
+
+    def call():
+        poison()
+        return fa4.attention_varlen(
+            q, k, v, cu, cu, max(lens), max(lens), return_lse=True, backend="sm90", **kw
+        )
+
+    full = call()
+    monkeypatch.setenv("FA4_NUM_SMS", "3")
+    few = call()
+    ref, ref_lse = reference.attention_varlen_ref(q, k, v, cu, cu, **kw)
+    pt, pt_lse = reference.attention_varlen_ref(q, k, v, cu, cu, upcast=False, **kw)
+    assert_tolerance("out", few[0], ref, pt, q.dtype)
+    assert_tolerance("lse", few[1], ref_lse, pt_lse, torch.float32)
+    assert torch.equal(full[0], few[0]) and torch.equal(full[1], few[1])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("s", [1024, 1025])
 def test_hd64_short_causal_dispatch_boundary(s, dtype):
