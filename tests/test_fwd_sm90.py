@@ -197,6 +197,30 @@ def test_tile_orders_agree(monkeypatch, shape):
         run(q, k, v, causal=True)
 
 
+def varlen_under_env(monkeypatch, name, value, lens, hdims, seed, **kw):
+    """Varlen sequences of the given lengths (4 query heads, 2 K/V heads) run once as they are and
+    once with the environment variable set: the second against the reference, bit-equal to the
+    first (the variable changes which CTA runs a tile, never its arithmetic)."""
+    d, d_v = hdims
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    q, k, v = make((sum(lens), 4, d), (sum(lens), 2, d), d_v, torch.bfloat16, seed=seed)
+
+    def call():
+        poison()
+        return fa4.attention_varlen(
+            q, k, v, cu, cu, max(lens), max(lens), return_lse=True, backend="sm90", **kw
+        )
+
+    first = call()
+    monkeypatch.setenv(name, value)
+    second = call()
+    ref, ref_lse = reference.attention_varlen_ref(q, k, v, cu, cu, **kw)
+    pt, pt_lse = reference.attention_varlen_ref(q, k, v, cu, cu, upcast=False, **kw)
+    assert_tolerance("out", second[0], ref, pt, q.dtype)
+    assert_tolerance("lse", second[1], ref_lse, pt_lse, torch.float32)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
 @pytest.mark.parametrize("kw", [{"causal": True}, {}])
 @pytest.mark.parametrize(
     "hdims", [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
@@ -213,23 +237,7 @@ def test_tile_boundaries(monkeypatch, hdims, kw):
     g = torch.Generator().manual_seed(d + d_v)
     choices = torch.tensor([0, 1, 63, 64, 65, 128, 129, 200, 700])
     lens = choices[torch.randint(len(choices), (60,), generator=g)].tolist()
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32).cuda()
-    q, k, v = make((sum(lens), 4, d), (sum(lens), 2, d), d_v, torch.bfloat16, seed=d)
-
-    def call():
-        poison()
-        return fa4.attention_varlen(
-            q, k, v, cu, cu, max(lens), max(lens), return_lse=True, backend="sm90", **kw
-        )
-
-    dynamic = call()
-    monkeypatch.setenv("FA4_STATIC_SCHEDULE", "1")
-    static = call()
-    ref, ref_lse = reference.attention_varlen_ref(q, k, v, cu, cu, **kw)
-    pt, pt_lse = reference.attention_varlen_ref(q, k, v, cu, cu, upcast=False, **kw)
-    assert_tolerance("out", static[0], ref, pt, q.dtype)
-    assert_tolerance("lse", static[1], ref_lse, pt_lse, torch.float32)
-    assert torch.equal(dynamic[0], static[0]) and torch.equal(dynamic[1], static[1])
+    varlen_under_env(monkeypatch, "FA4_STATIC_SCHEDULE", "1", lens, hdims, d, **kw)
     # Dense problems store O by TMA (Note [TMA-store epilogue]): 33 x 8 heads of 129 rows, one
     # 192-row tile each at hd64, two 128-row tiles (the second with one row) elsewhere.
     qd, kd, vd = make((33, 129, 8, d), (33, 129, 8, d), d_v, torch.bfloat16, seed=d + 1)
@@ -247,23 +255,7 @@ def test_hd64_idle_warpgroups(monkeypatch, kw):
     if (64, 64) not in _sm90_hdims():
         pytest.skip("head dim 64 not compiled (FA4_HDIMS)")
     lens = [1100, 65, 129, 1, 193, 257, 320, 1345, 0, 700, 128, 383]
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32).cuda()
-    q, k, v = make((sum(lens), 4, 64), (sum(lens), 2, 64), 64, torch.bfloat16, seed=11)
-
-    def call():
-        poison()
-        return fa4.attention_varlen(
-            q, k, v, cu, cu, max(lens), max(lens), return_lse=True, backend="sm90", **kw
-        )
-
-    full = call()
-    monkeypatch.setenv("FA4_NUM_SMS", "3")
-    few = call()
-    ref, ref_lse = reference.attention_varlen_ref(q, k, v, cu, cu, **kw)
-    pt, pt_lse = reference.attention_varlen_ref(q, k, v, cu, cu, upcast=False, **kw)
-    assert_tolerance("out", few[0], ref, pt, q.dtype)
-    assert_tolerance("lse", few[1], ref_lse, pt_lse, torch.float32)
-    assert torch.equal(full[0], few[0]) and torch.equal(full[1], few[1])
+    varlen_under_env(monkeypatch, "FA4_NUM_SMS", "3", lens, (64, 64), 11, **kw)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
