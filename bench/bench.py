@@ -13,6 +13,10 @@ by ../shared/tools/peer-wheels.sh) when importable. Before timing, every impleme
 Timing: triton.testing.do_bench median (L2 flushed before each call; inputs of 16k tokens × 2048
 × bf16 × 3 = 192 MiB, over the 60 MB L2). Outputs under --out: results.csv (rows flushed as
 measured), tflops_<dir>.png, and the printed tables (ratio of fa4 to the best peer per point).
+--rounds N times every implementation N times at each point, round r in the order that starts
+at the (i + r)-th (with --rotate-impls), and reports the median: the SM clock under the power
+cap moved single readings by 7-12 % between runs (docs/perf.md, 2026-12-06), and a ratio of two
+implementations timed moments apart carries that drift.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import signal
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -76,12 +81,21 @@ def parse_args(argv=None):
         action="store_true",
         help="start point i's implementations at the i-th (none is always timed first)",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time each implementation this many times per point (rotated order) and report "
+        "the median; memory and host time are read in the first round",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--replot", metavar="CSV", help="only print tables and plot from a CSV")
     return ap.parse_args(argv)
 
 
 def config_from(args):
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds {args.rounds}: at least 1")
     seq_default = bu.QUICK_SEQLENS if args.quick else bu.SEQLENS
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     points = bu.sweep(
@@ -120,6 +134,40 @@ class State:
         )
 
 
+class Timed:
+    """One implementation and direction timed at a point: the first round's readings (memory,
+    host time, check result), then each round's median ms and clocks."""
+
+    def __init__(self, impl, d: str, a: tuple, diff, status: str, mem: float, host: float):
+        self.impl, self.d, self.status = impl, d, status
+        self.a = a  # the prepared inputs, kept for the later rounds
+        self.diff, self.mem, self.host = diff, mem, host
+        self.ms: list[float] = []
+        self.mhz: list[str] = []
+        self.why: list[str] = []
+
+    def add(self, ms, mhz, why) -> None:
+        self.ms.append(ms)
+        self.mhz.append(mhz)
+        self.why.append(why)
+
+    def row(self, p) -> dict:
+        reasons = [int(w, 16) for w in self.why if w]
+        return bu.make_row(
+            self.impl.name, self.d, p, ms=statistics.median(self.ms), peak_extra_mib=self.mem,
+            max_abs_diff=self.diff, status=self.status, sm_mhz=" ".join(m for m in self.mhz if m),
+            clock_reasons=hex(_union(reasons)) if reasons else "",
+            host_us=self.host, ms_rounds=self.ms,
+        )  # fmt: skip
+
+
+def _union(bits: list[int]) -> int:
+    out = 0
+    for b in bits:
+        out |= b
+    return out
+
+
 def _worst(*diffs):
     vals = [d for d in diffs if d is not None]
     if not vals:
@@ -140,8 +188,10 @@ def reference(bi, torch, p, inputs, need_grad):
             return ref.to_bshd(ref.fwd(*a[:3], p.causal)), None
 
 
-def measure(bi, torch, impl, p, dirs, inputs, ref, st: State):
-    """Check, then time and measure memory for each direction of one impl at one point."""
+def measure(bi, torch, impl, p, dirs, inputs, ref, st: State) -> list[Timed]:
+    """Check, then time and measure memory for each direction of one impl at one point. Rows
+    that were not timed are emitted here; the timed ones are returned for the caller's later
+    rounds and emitted by it."""
 
     def emit(d, **kw):
         st.emit(bu.make_row(impl.name, d, p, **kw))
@@ -156,8 +206,9 @@ def measure(bi, torch, impl, p, dirs, inputs, ref, st: State):
             emit(d, status=f"skipped: {why}")
         else:
             todo.append(d)
+    timed: list[Timed] = []
     if not todo:
-        return
+        return timed
     with impl.context():
         a = impl.prepare(*inputs)
         diff, ok, todo = _check(bi, torch, impl, p, a, todo, ref, st, emit)
@@ -173,13 +224,29 @@ def measure(bi, torch, impl, p, dirs, inputs, ref, st: State):
                     lambda d=d: _time_direction(bi, torch, impl, p, d, a, st.args)
                 )
                 status = "ok" if ref is not None else "ok (unchecked: no reference)"
-                emit(d, ms=ms, peak_extra_mib=mem, max_abs_diff=diff.get(d), status=status,
-                     sm_mhz=mhz, clock_reasons=why, host_us=host)  # fmt: skip
+                timed.append(Timed(impl, d, a, diff.get(d), status, mem, host))
+                timed[-1].add(ms, mhz, why)
             except Exception as e:  # noqa: BLE001
                 emit(d, max_abs_diff=diff.get(d), status=f"error: {_err(e)}")
                 torch.cuda.empty_cache()
         if st.profile is not None and todo:
             _profile(bi, torch, impl, p, a, any(d != "fwd" for d in todo), st.profile)
+    return timed
+
+
+def retime(bi, torch, t: Timed, p, args) -> None:
+    """One more round of t's timing (the median ms only); a failure leaves its rounds as they
+    are."""
+    with t.impl.context():
+        try:
+            ms, mhz, why = bi.clocked(
+                lambda: _time_direction(bi, torch, t.impl, p, t.d, t.a, args, only_ms=True)
+            )
+        except Exception as e:  # noqa: BLE001
+            print(f"    {t.impl.name} {t.d}: a later round failed: {_err(e)}", flush=True)
+            torch.cuda.empty_cache()
+            return
+    t.add(ms, mhz, why)
 
 
 def _err(e: Exception) -> str:
@@ -223,14 +290,16 @@ def _check(bi, torch, impl, p, a, todo, ref, st, emit):
     return diff, ok, todo
 
 
-def _time_direction(bi, torch, impl, p, d, a, args):
-    """(peak extra MiB, median ms, host µs per call). fwd runs under no_grad (inference); bwd
-    times the backward of one retained forward graph; fwd+bwd times forward with graph +
-    backward."""
+def _time_direction(bi, torch, impl, p, d, a, args, only_ms=False):
+    """(peak extra MiB, median ms, host µs per call), or the median ms alone. fwd runs under
+    no_grad (inference); bwd times the backward of one retained forward graph; fwd+bwd times
+    forward with graph + backward."""
     q, k, v, dout = a
     timing = dict(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
 
     def measured(fn):
+        if only_ms:
+            return bi.time_ms(fn, **timing)
         return bi.peak_extra_mib(fn), bi.time_ms(fn, **timing), bi.host_us(fn)
 
     if d == "fwd":
@@ -323,11 +392,23 @@ def main(argv=None) -> int:
             except Exception as e:  # noqa: BLE001
                 print(f"reference (sdpa-flash) failed at {p}: {type(e).__name__}: {e}")
                 ref = None
-            for impl in bu.rotated(impls, i) if args.rotate_impls else impls:
-                if st.elapsed() > args.stop_s:
-                    break
-                measure(bi, torch, impl, p, dirs, inputs, ref, st)
-            del inputs, ref
+            timed: list[Timed] = []
+            try:
+                for impl in bu.rotated(impls, i) if args.rotate_impls else impls:
+                    if st.elapsed() > args.stop_s:
+                        break
+                    timed += measure(bi, torch, impl, p, dirs, inputs, ref, st)
+                for r in range(1, args.rounds):
+                    if st.elapsed() > args.stop_s:
+                        break
+                    for impl in bu.rotated(impls, i + r) if args.rotate_impls else impls:
+                        for t in timed:
+                            if t.impl is impl:
+                                retime(bi, torch, t, p, args)
+            finally:
+                for t in timed:
+                    st.emit(t.row(p))
+            del inputs, ref, timed
             st.profile = None  # kernel listing at the first point only
     except KeyboardInterrupt:
         print("interrupted: reporting the rows measured so far")

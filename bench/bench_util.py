@@ -33,9 +33,11 @@ OURS = "fa4"
 # NVML's clock event reasons seen at either read, hex (0x4 power cap, 0x20 / 0x40 thermal, ...).
 # host_us: the host's time per call, read right after the timing (bench_impls.host_us): where it
 # approaches ms, the host paces the timed loop and the reading is the host's, not the GPU's.
+# ms_rounds: with bench.py --rounds N, each round's median ms (ms is their median); sm_mhz then
+# holds each round's before / after, space-separated, and clock_reasons their union.
 CSV_FIELDS = (
     "impl direction hdim causal seqlen batch heads ms tflops peak_extra_mib max_abs_diff status "
-    "sm_mhz clock_reasons host_us"
+    "sm_mhz clock_reasons host_us ms_rounds"
 ).split()
 
 
@@ -139,6 +141,7 @@ def make_row(
     sm_mhz="",
     clock_reasons="",
     host_us=None,
+    ms_rounds=(),
 ) -> dict:
     """A CSV row; ms / tflops / memory / diff are blank when not measured."""
 
@@ -162,6 +165,7 @@ def make_row(
         sm_mhz=sm_mhz,
         clock_reasons=clock_reasons,
         host_us=fmt(host_us, ".1f"),
+        ms_rounds=" ".join(format(x, ".4f") for x in ms_rounds),
     )
 
 

@@ -259,3 +259,85 @@ def test_env_sweep_end_to_end_with_a_stand_in_bench(tmp_path, monkeypatch):
     table = (out / "table.md").read_text().splitlines()
     assert table[0] == "| dir | hd | causal | seqlen | - | X=150 | X=120+FAIL=1 | sdpa-cudnn |"
     assert table[2] == "| fwd | 128 | 1 | 512 | 100.0 | 150.0 (1.500) | 120.0 (1.200) | 100.0 |"
+
+
+def test_rounds_report_the_median_in_rotated_order(tmp_path, monkeypatch, capsys):
+    """--rounds 3 with --rotate-impls, through main() with stand-ins for the GPU parts: each timed
+    row's ms is the median of its three rounds (listed in ms_rounds), memory and host time come
+    from the first round, the clocks of every round are kept (reasons joined), and round r at
+    point i starts with implementation i + r, so none is always timed first."""
+    import contextlib
+    import types
+
+    import torch
+
+    names = ["fa4", "sdpa-cudnn", "flash-attn-4"]
+    # each impl's readings in the order it is timed, three per point
+    script = {"fa4": [5.0, 1.0, 3.0] * 2, "sdpa-cudnn": [2.0, 2.5, 9.0] * 2}
+    script["flash-attn-4"] = [4.0] * 6
+    calls, timed = [], []  # every fwd call's impl; the impl of every time_ms
+
+    class Impl:
+        jit = False
+
+        def __init__(self, name):
+            self.name = name
+
+        def skip_reason(self, d, hdim):
+            return None
+
+        def context(self):
+            return contextlib.nullcontext()
+
+        def prepare(self, *inputs):
+            return inputs
+
+        def fwd(self, q, k, v, causal):
+            calls.append(self.name)
+            return q.clone()
+
+        def to_bshd(self, x):
+            return x
+
+    def time_ms(fn, **kw):
+        fn()
+        timed.append(calls[-1])
+        return script[calls[-1]][sum(n == calls[-1] for n in timed) - 1]
+
+    clocks = iter([("1980/1900", "0x4"), ("1800/1700", "0x1")] * 100)
+
+    def clocked(fn):
+        res = fn()
+        mhz, why = next(clocks)
+        return res, mhz, why
+
+    fake = types.SimpleNamespace(
+        environment=lambda: [],
+        make_impls=lambda ns: [Impl(n) for n in ns],
+        make_inputs=lambda b, s, h, d, seed, grad: tuple(torch.zeros(2, 3) for _ in range(4)),
+        max_abs_diff=lambda impl, got, ref: (0.0, 1.0),
+        peak_extra_mib=lambda fn: (fn(), 10.0)[1],
+        host_us=lambda fn: (fn(), 7.0)[1],
+        time_ms=time_ms,
+        clocked=clocked,
+    )
+    monkeypatch.setitem(sys.modules, "bench_impls", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "stand-in")
+    args = "--dirs fwd --hdims 64 --seqlens 512,1k --causal no --rotate-impls --rounds 3"
+    out = tmp_path / "out"
+    assert bench.main([*args.split(), "--impls", ",".join(names), "--out", str(out)]) == 0
+    first = ["fa4", "sdpa-cudnn", "flash-attn-4"]
+    second = ["sdpa-cudnn", "flash-attn-4", "fa4"]
+    third = ["flash-attn-4", "fa4", "sdpa-cudnn"]
+    assert timed[:9] == first + second + third, "point 0: rounds 0, 1, 2"
+    assert timed[9:] == second + third + first, "point 1: rounds 1, 2, 3 of the rotation"
+    rows = {(r["impl"], r["seqlen"]): r for r in bu.read_csv(out / "results.csv")}
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows.values())
+    fa4, cudnn = rows[("fa4", "512")], rows[("sdpa-cudnn", "512")]
+    assert (fa4["ms"], fa4["ms_rounds"]) == ("3.0000", "5.0000 1.0000 3.0000")
+    assert (cudnn["ms"], cudnn["ms_rounds"]) == ("2.5000", "2.0000 2.5000 9.0000")
+    assert (fa4["peak_extra_mib"], fa4["host_us"]) == ("10.0", "7.0")
+    assert len(fa4["sm_mhz"].split()) == 3 and fa4["clock_reasons"] == "0x5"
+    assert "| 64 | no | 512 |" in capsys.readouterr().out, "the ratio table is printed"
