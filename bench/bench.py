@@ -22,7 +22,9 @@ implementations timed moments apart carries that drift.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
+import operator
 import signal
 import statistics
 import sys
@@ -156,16 +158,9 @@ class Timed:
         return bu.make_row(
             self.impl.name, self.d, p, ms=statistics.median(self.ms), peak_extra_mib=self.mem,
             max_abs_diff=self.diff, status=self.status, sm_mhz=" ".join(m for m in self.mhz if m),
-            clock_reasons=hex(_union(reasons)) if reasons else "",
+            clock_reasons=hex(functools.reduce(operator.or_, reasons)) if reasons else "",
             host_us=self.host, ms_rounds=self.ms,
         )  # fmt: skip
-
-
-def _union(bits: list[int]) -> int:
-    out = 0
-    for b in bits:
-        out |= b
-    return out
 
 
 def _worst(*diffs):
