@@ -188,8 +188,8 @@ struct TileScheduler {
   // ctas: the CTAs the launch may run at once (SMs × CTAs per SM), for opt.wave.
   template <class Params>
   static TileScheduler for_forward(const Params& p, int tile_rows, int elem_bytes, int ctas = 0,
-                                   const TileOrderOptions& given = {}) {
-    const TileOrderOptions opt = given.forward_or_default();
+                                   const TileOrderOptions& requested = {}) {
+    const TileOrderOptions opt = requested.forward_or_default();
     const int m_blocks = (p.seqlen_q + tile_rows - 1) / tile_rows;
     const bool masked = p.causal || p.window_right >= 0 || p.window_left >= 0;
     const int group = p.heads_q / p.heads_kv;
