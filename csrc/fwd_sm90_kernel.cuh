@@ -204,6 +204,19 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
   };
   if (T::kPingPong && next_wg == 0) cutlass::arch::NamedBarrier::arrive(kTurnThreads, 0);
   const bool leader = tid % 128 == 0;  // the marks of Note [fwd trace]
+  // A K or V stage this warpgroup does not read: waited for and released in the tile's order (a
+  // release before the stage is full would count towards the previous fill's phase and free a
+  // stage that the others still read).
+  auto pass_k = [&]() {
+    pipe_k.consumer_wait(k_state);
+    pipe_k.consumer_release(k_state);
+    ++k_state;
+  };
+  auto pass_v = [&]() {
+    pipe_v.consumer_wait(v_state);
+    pipe_v.consumer_release(v_state);
+    ++v_state;
+  };
   ss.trace.clock_mark(tid == 0, 0);
 
   for (int n_items = 0;; ++n_items) {
@@ -216,11 +229,10 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
     // Note [idle warpgroup]: with three consumers (192-row tiles), a warpgroup whose 64 rows all
     // lie past the sequence (the last tile: 1k rows leave two of three idle there, 512 one)
     // issues no GEMM, no softmax and no store. It still takes every turn, so that the ring of
-    // Note [warpgroup ping-pong] stays whole, and waits for and releases every K and V stage in
-    // the tile's order: a release before the stage is full would count towards the previous
-    // fill's phase and free a stage that the others still read. The test goes through lane 0 to
-    // be warp-uniform (per thread, ptxas spilled in the consumers' loop); guards on the GEMMs
-    // inside the loop instead made ptxas wait for each wgmma before issuing the next.
+    // Note [warpgroup ping-pong] stays whole, and passes every K and V stage in the tile's order
+    // (pass_k, pass_v). The test goes through lane 0 to be warp-uniform (per thread, ptxas spilled
+    // in the consumers' loop); guards on the GEMMs inside the loop instead made ptxas wait for each
+    // wgmma before issuing the next.
     if (T::kConsumerWGs == 3 && !br.empty() &&
         __shfl_sync(0xffffffffu, t.tile.m_block * T::kBlockM + wg * 64 - t.seq.seqlen_q, 0) >= 0) {
       const int q_slot = tiles_loaded % T::kQStages;
@@ -229,16 +241,8 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       ss.q_empty[q_slot].arrive();                            // Q is not read
       for (int n = br.n_end - 1; n >= br.n_begin - 1; --n) {  // the tile's blocks + 1 turns
         turn_begin();
-        if (n >= br.n_begin) {
-          pipe_k.consumer_wait(k_state);
-          pipe_k.consumer_release(k_state);
-          ++k_state;
-        }
-        if (n < br.n_end - 1) {
-          pipe_v.consumer_wait(v_state);
-          pipe_v.consumer_release(v_state);
-          ++v_state;
-        }
+        if (n >= br.n_begin) pass_k();
+        if (n < br.n_end - 1) pass_v();
         turn_end();
       }
       continue;
@@ -255,6 +259,25 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       ++tiles_loaded;
       ss.trace.tile_mark(leader, wg, tk, 2);
       const int row_base = t.tile.m_block * T::kBlockM + row_in_tile0;
+      // Note [slice block end]: blocks from n_end on are masked off for each of this
+      // warpgroup's rows (causal: the tile's last block for the first 64 or 128 rows of a
+      // 192-row tile). Their turns and stages pass as in Note [idle warpgroup]: K of block n and
+      // V of block n + 1 in turn n, and V of block n_end before the first GEMM turn, so that
+      // every warpgroup takes the tile's n_end - n_begin + 1 turns and frees its stages in order.
+      // Warp-uniform through lane 0, as the idle test is.
+      int n_end = br.n_end;
+      if constexpr (T::kConsumerWGs > 1 && FA4_SM90_SLICE_SKIP) {
+        const int wg_last =
+            detail::imin(t.tile.m_block * T::kBlockM + wg * 64 + 63, t.seq.seqlen_q - 1);
+        n_end = __shfl_sync(0xffffffffu, slice_block_end<T::kBlockN>(br, t.mask, wg_last), 0);
+        for (int n = br.n_end - 1; n >= n_end; --n) {
+          turn_begin();
+          pass_k();
+          if (n < br.n_end - 1) pass_v();
+          turn_end();
+        }
+        if (n_end < br.n_end) pass_v();
+      }
       // Note [intra-warpgroup overlap]: S of block n is issued before, and O += P·V of block
       // n + 1 right after, the softmax of block n runs on the CUDA cores while the tensor cores
       // finish P·V; wgmma groups retire in order, so wait<1> is "S done, P·V may still run".
@@ -330,12 +353,12 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       issue_s(-1);
       turn_end();
       warpgroup_wait<0>();
-      s_done(br.n_end - 1);
+      s_done(n_end - 1);
       ss.trace.tile_mark(leader, wg, tk, 3);
-      softmax_block(br.n_end - 1, o_scale);  // O is still 0: nothing to rescale
+      softmax_block(n_end - 1, o_scale);  // O is still 0: nothing to rescale
       convert_p();
-      for (int n = br.n_end - 2; n >= br.n_begin; --n) {
-        const int i = br.n_end - 1 - n;  // the block's place in the tile, for the trace marks
+      for (int n = n_end - 2; n >= br.n_begin; --n) {
+        const int i = n_end - 1 - n;  // the block's place in the tile, for the trace marks
         ss.trace.loop_mark(leader, wg, tk, i, 0);
         turn_begin();
         ss.trace.loop_mark(leader, wg, tk, i, 1);

@@ -56,6 +56,11 @@
 #ifndef FA4_SM90_THREE_CONSUMERS
 #define FA4_SM90_THREE_CONSUMERS 1
 #endif
+// Note [slice block end] (fwd_sm90_kernel.cuh): 1 lets each consumer warpgroup skip the blocks
+// masked off for its rows; 0 runs the tile's whole block range in each (an A/B switch).
+#ifndef FA4_SM90_SLICE_SKIP
+#define FA4_SM90_SLICE_SKIP 1
+#endif
 // Note [short causal hd64]: causal or local hd64 problems with at most this many query rows per
 // sequence run the two-warpgroup kernel (0: never; an A/B switch).
 #ifndef FA4_SM90_HD64_TWO_WG_ROWS

@@ -150,6 +150,18 @@ __host__ __device__ BlockRange block_range(const Mask& mask, int m_block) {
   return br;
 }
 
+// Note [slice block end]: the end of the KV blocks that a slice of a Q tile's rows, the rows up
+// to row_last (< seqlen_q), sees: blocks from it on are masked off for every row of the slice,
+// since hi grows with the row. A warpgroup that owns the slice skips them; with causal 192-row
+// tiles and 128-key blocks the first 64 or 128 rows skip the tile's last block. At least
+// n_begin + 1, so that a slice whose rows see no key still runs one (fully masked) block and
+// writes what the whole tile would for them (zeros, LSE -inf). For a non-empty br only.
+template <int kBlockN>
+__host__ __device__ int slice_block_end(const BlockRange& br, const Mask& mask, int row_last) {
+  const int e = (detail::imax(mask.row_bounds(row_last).hi, 0) + kBlockN - 1) / kBlockN;
+  return detail::imax(detail::imin(e, br.n_end), br.n_begin + 1);
+}
+
 // Note [block needs mask]: block_range<kBlockM, kBlockN>(mask, m).needs_mask(n) for a Q block m
 // of the sequence (0 <= m kBlockM < seqlen_q) and any KV block n >= 0, in three compares
 // instead of a whole block_range. The backward asks it once per Q block, and block_range there

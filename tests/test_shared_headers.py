@@ -7,7 +7,8 @@ include them.
   fa4.reference.allowed_keys element for element; the block ranges are exactly the blocks with a
   visible element, the "full" ranges exactly the blocks with every element visible; the
   backward's Q-block range of each KV block (q_blocks_seeing) is the scan of those block ranges,
-  and its per-block mask test (block_needs_mask) is block_range's needs_mask.
+  and its per-block mask test (block_needs_mask) is block_range's needs_mask; the blocks a
+  warpgroup's 64-row slice of a tile sees end where slice_block_end says.
 - softmax: whole attention problems through mask.cuh + softmax.cuh + exp2_poly.cuh against
   fa4.reference.attention_fa4_model: decision counts identical, out and lse close.
 - scheduler: every tile once, the documented orders.
@@ -141,8 +142,8 @@ def test_mask_matches_reference(mask_results):
         bad = take(1, np.int32)[0]
         assert bad == 0, (
             f"visible elements outside the sequence, col_bounds or the band test wrong, "
-            f"q_blocks_seeing not the scan of block_range, or block_needs_mask not "
-            f"block_range's needs_mask: {case}"
+            f"q_blocks_seeing not the scan of block_range, block_needs_mask not "
+            f"block_range's needs_mask, or slice_block_end not the scan: {case}"
         )
         for bm, bn in MASK_SHAPES:
             got = torch.from_numpy(take(s_q * s_k, np.uint8).reshape(s_q, s_k).astype(bool))

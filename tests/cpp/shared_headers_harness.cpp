@@ -171,6 +171,28 @@ int needs_mask_mismatches(const fa4::Mask& mask) {
   return bad;
 }
 
+// slice_block_end against a scan of is_visible, for every 64-row slice of every Q block of
+// kBM rows (Note [slice block end]): mismatches.
+template <int kBM, int kBN>
+int slice_end_mismatches(const fa4::Mask& mask) {
+  int bad = 0;
+  for (int m = 0; m * kBM < mask.seqlen_q; ++m) {
+    const fa4::BlockRange br = fa4::block_range<kBM, kBN>(mask, m);
+    if (br.empty()) continue;
+    for (int r0 = m * kBM; r0 < (m + 1) * kBM && r0 < mask.seqlen_q; r0 += 64) {
+      const int r1 = std::min(r0 + 64, mask.seqlen_q) - 1;
+      int want = br.n_begin + 1;  // the last block any row of the slice sees, plus one
+      for (int i = r0; i <= r1; ++i) {
+        for (int j = 0; j < mask.seqlen_k; ++j) {
+          if (mask.is_visible(i, j)) want = std::max(want, j / kBN + 1);
+        }
+      }
+      bad += fa4::slice_block_end<kBN>(br, mask, r1) != want;
+    }
+  }
+  return bad;
+}
+
 int run_mask(const char* in_path, const char* out_path) {
   FILE* in = open_or_die(in_path, "r");
   FILE* out = open_or_die(out_path, "wb");
@@ -202,6 +224,8 @@ int run_mask(const char* in_path, const char* out_path) {
                   q_range_mismatches<176, 64>(mask);
     outside[0] += needs_mask_mismatches<64, 128>(mask) + needs_mask_mismatches<128, 128>(mask) +
                   needs_mask_mismatches<64, 64>(mask) + needs_mask_mismatches<128, 256>(mask);
+    outside[0] += slice_end_mismatches<192, 128>(mask) + slice_end_mismatches<128, 80>(mask) +
+                  slice_end_mismatches<128, 64>(mask);
     put(out, outside);
     mask_shape<128, 128>(mask, out);  // MASK_SHAPES in the test, in this order
     mask_shape<64, 128>(mask, out);
