@@ -258,7 +258,7 @@ def test_hd64_idle_warpgroups(monkeypatch, kw):
     varlen_under_env(monkeypatch, "FA4_NUM_SMS", "3", lens, (64, 64), 11, **kw)
 
 
-@pytest.mark.parametrize("hd", [64, 192, 256])
+@pytest.mark.parametrize("hd", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize(
     "s_q, s_k, kw",
     [
@@ -272,8 +272,9 @@ def test_hd64_idle_warpgroups(monkeypatch, kw):
 def test_slice_block_end(hd, s_q, s_k, kw):
     """Note [slice block end]: a consumer warpgroup skips the blocks masked off for its 64 rows
     (hd64's 192-row tiles, hd192's 64-key and hd256's 80-key blocks) while the others of its tile
-    run them; causal with the diagonal on and off the block edges, rows that see nothing, and
-    right windows; more than 1024 rows so that hd64 takes the three-consumer kernel."""
+    run them (hd96 / hd128 only off the diagonal's block edges); causal with the diagonal on and
+    off the block edges, rows that see nothing, and right windows; more than 1024 rows so that
+    hd64 takes the three-consumer kernel."""
     if (hd, hd) not in _sm90_hdims():
         pytest.skip(f"head dim {hd} not compiled (FA4_HDIMS)")
     q, k, v = make((1, s_q, 4, hd), (1, s_k, 2, hd), hd, torch.bfloat16, seed=s_q + hd)
