@@ -16,8 +16,7 @@ measured), tflops_<dir>.png, and the printed tables (ratio of fa4 to the best pe
 --rounds N times every implementation N times at each point, round r in the order that starts
 at the (i + r)-th (with --rotate-impls), and reports the median: the SM clock under the power
 cap moved single readings by 7-12 % between runs (docs/perf.md, 2026-12-06), and a ratio of two
-implementations timed moments apart carries that drift. The CSV keeps each round's SM clocks,
-clock event reasons and the board's mean power over the timing (power_w, bench_util.CSV_FIELDS).
+implementations timed moments apart carries that drift.
 """
 
 from __future__ import annotations
@@ -148,13 +147,11 @@ class Timed:
         self.ms: list[float] = []
         self.mhz: list[str] = []
         self.why: list[str] = []
-        self.watts: list[str] = []
 
-    def add(self, ms, mhz, why, watts) -> None:
+    def add(self, ms, mhz, why) -> None:
         self.ms.append(ms)
         self.mhz.append(mhz)
         self.why.append(why)
-        self.watts.append(watts)
 
     def row(self, p) -> dict:
         reasons = [int(w, 16) for w in self.why if w]
@@ -162,7 +159,7 @@ class Timed:
             self.impl.name, self.d, p, ms=statistics.median(self.ms), peak_extra_mib=self.mem,
             max_abs_diff=self.diff, status=self.status, sm_mhz=" ".join(m for m in self.mhz if m),
             clock_reasons=hex(functools.reduce(operator.or_, reasons)) if reasons else "",
-            host_us=self.host, ms_rounds=self.ms, power_w=" ".join(w for w in self.watts if w),
+            host_us=self.host, ms_rounds=self.ms,
         )  # fmt: skip
 
 
@@ -218,12 +215,12 @@ def measure(bi, torch, impl, p, dirs, inputs, ref, st: State) -> list[Timed]:
                 )
                 continue
             try:
-                (mem, ms, host), mhz, why, watts = bi.clocked(
+                (mem, ms, host), mhz, why = bi.clocked(
                     lambda d=d: _time_direction(bi, torch, impl, p, d, a, st.args)
                 )
                 status = "ok" if ref is not None else "ok (unchecked: no reference)"
                 timed.append(Timed(impl, d, a, diff.get(d), status, mem, host))
-                timed[-1].add(ms, mhz, why, watts)
+                timed[-1].add(ms, mhz, why)
             except Exception as e:  # noqa: BLE001
                 emit(d, max_abs_diff=diff.get(d), status=f"error: {_err(e)}")
                 torch.cuda.empty_cache()
@@ -237,14 +234,14 @@ def retime(bi, torch, t: Timed, p, args) -> None:
     are."""
     with t.impl.context():
         try:
-            ms, mhz, why, watts = bi.clocked(
+            ms, mhz, why = bi.clocked(
                 lambda: _time_direction(bi, torch, t.impl, p, t.d, t.a, args, only_ms=True)
             )
         except Exception as e:  # noqa: BLE001
             print(f"    {t.impl.name} {t.d}: a later round failed: {_err(e)}", flush=True)
             torch.cuda.empty_cache()
             return
-    t.add(ms, mhz, why, watts)
+    t.add(ms, mhz, why)
 
 
 def _err(e: Exception) -> str:

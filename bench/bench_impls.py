@@ -240,10 +240,9 @@ def host_us(fn, calls=20) -> float:
 _nvml = None
 
 
-def gpu_clock() -> tuple[int, int, int | None, float] | None:
-    """(SM clock in MHz, NVML clock event reasons bitmask, total energy in mJ or None where NVML
-    has no counter, time.perf_counter()) of the current device, or None when pynvml
-    (nvidia-ml-py) is not installed or NVML does not answer."""
+def gpu_clock() -> tuple[int, int] | None:
+    """(SM clock in MHz, NVML clock event reasons bitmask) of the current device, or None when
+    pynvml (nvidia-ml-py) is not installed or NVML does not answer."""
     global _nvml
     try:
         import pynvml
@@ -253,28 +252,19 @@ def gpu_clock() -> tuple[int, int, int | None, float] | None:
             _nvml = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
         reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
         reasons = reasons or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        mhz = pynvml.nvmlDeviceGetClockInfo(_nvml, pynvml.NVML_CLOCK_SM)
-        why = int(reasons(_nvml))
+        return pynvml.nvmlDeviceGetClockInfo(_nvml, pynvml.NVML_CLOCK_SM), int(reasons(_nvml))
     except Exception:  # noqa: BLE001 - no NVML: the columns stay blank
         return None
-    try:
-        energy = int(pynvml.nvmlDeviceGetTotalEnergyConsumption(_nvml))
-    except Exception:  # noqa: BLE001 - no energy counter: power_w stays blank
-        energy = None
-    return mhz, why, energy, time.perf_counter()
 
 
 def clocked(fn):
-    """fn()'s result and the (sm_mhz, clock_reasons, power_w) CSV fields read around it."""
+    """fn()'s result and the (sm_mhz, clock_reasons) CSV fields read around it."""
     before = gpu_clock()
     res = fn()
     after = gpu_clock()
     if before is None or after is None:
-        return res, "", "", ""
-    watts = ""
-    if before[2] is not None and after[2] is not None and after[3] > before[3]:
-        watts = f"{(after[2] - before[2]) / 1e3 / (after[3] - before[3]):.0f}"
-    return res, f"{before[0]}/{after[0]}", hex(before[1] | after[1]), watts
+        return res, "", ""
+    return res, f"{before[0]}/{after[0]}", hex(before[1] | after[1])
 
 
 def kernel_names(fn) -> Counter:

@@ -35,11 +35,9 @@ OURS = "fa4"
 # approaches ms, the host paces the timed loop and the reading is the host's, not the GPU's.
 # ms_rounds: with bench.py --rounds N, each round's median ms (ms is their median); sm_mhz then
 # holds each round's before / after, space-separated, and clock_reasons their union.
-# power_w: the board's mean power over each round's timing window, W (NVML's energy counter over
-# the wall time; the window holds the timer's L2 flushes and warmup too), space-separated.
 CSV_FIELDS = (
     "impl direction hdim causal seqlen batch heads ms tflops peak_extra_mib max_abs_diff status "
-    "sm_mhz clock_reasons host_us ms_rounds power_w"
+    "sm_mhz clock_reasons host_us ms_rounds"
 ).split()
 
 
@@ -144,7 +142,6 @@ def make_row(
     clock_reasons="",
     host_us=None,
     ms_rounds=(),
-    power_w="",
 ) -> dict:
     """A CSV row; ms / tflops / memory / diff are blank when not measured."""
 
@@ -169,7 +166,6 @@ def make_row(
         clock_reasons=clock_reasons,
         host_us=fmt(host_us, ".1f"),
         ms_rounds=" ".join(format(x, ".4f") for x in ms_rounds),
-        power_w=power_w,
     )
 
 
