@@ -519,6 +519,14 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
 // 2>, no spills with the producer at 56 registers) lost 11-12 % at causal 512 / 1k, and at hd64
 // the three-CTA kernel up to 2048 rows lost 3 % at causal 2k (H100, docs/perf.md, 2026-12-05
 // twenty-fourth session); neither is kept.
+//
+// Note [narrow three consumers at short causal hd64]: with Note [slice block end], the
+// three-consumer kernel with 64-key blocks computes the same keys at causal as the three-CTA
+// kernel (each warpgroup's 64 rows up to their own 64-key block) while its three warpgroups share
+// each K/V block, about a third of the three-CTA kernel's K/V reads from L2 (which ncu measured at
+// twice cuDNN's L2 bandwidth at causal 1k: docs/perf.md, twenty-ninth session). Behind
+// FA4_SM90_HD64_SHORT_NARROW, not measured yet; the 128-key three-consumer kernel with the skip
+// measured 0.906 / 0.952 of the three-CTA kernel at causal 512 / 1k.
 template <int D, int DV>
 bool two_consumer_variant(const FwdParams& p) {
   if constexpr (FwdTraits<D, DV, cutlass::half_t>::kConsumerWGs != 3) {
@@ -556,6 +564,9 @@ template <int D, int DV, class Element>
 Status launch_element(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   if constexpr (FwdTraits<D, DV, Element>::kConsumerWGs == 3) {
     if (two_consumer_variant<D, DV>(p)) {
+      if constexpr (FA4_SM90_HD64_SHORT_NARROW) {
+        return launch<FwdTraits<D, DV, Element, 3, 64>>(p, dev, stream);
+      }
       if (FA4_SM90_HD64_THREE_CTAS)
         return launch<FwdTraits<D, DV, Element, 1, 64, 3>>(p, dev, stream);
       return launch<FwdTraits<D, DV, Element, 2>>(p, dev, stream);

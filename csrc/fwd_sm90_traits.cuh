@@ -71,6 +71,12 @@
 #ifndef FA4_SM90_HD64_THREE_CTAS
 #define FA4_SM90_HD64_THREE_CTAS 1
 #endif
+// Note [narrow three consumers at short causal hd64] (fwd_sm90_kernel.cuh): 1 runs the problems
+// of Note [short causal hd64] on the three-consumer kernel with 64-key blocks instead (an A/B
+// switch, prepared in the twenty-ninth session and not yet measured).
+#ifndef FA4_SM90_HD64_SHORT_NARROW
+#define FA4_SM90_HD64_SHORT_NARROW 0
+#endif
 // K/V stages of the three-CTA kernel (Note [three-CTA stages]); 2 is the A/B switch's other side.
 #ifndef FA4_SM90_THREE_CTA_STAGES
 #define FA4_SM90_THREE_CTA_STAGES 3
@@ -157,7 +163,9 @@ struct FwdTraits {
   // warpgroup, whose 64-key blocks are short. Measured against two stages (H100, docs/perf.md,
   // 2026-12-05 twenty-fourth session): causal 512 +2.6 %, causal 1k +3.9 %; a fourth stage
   // does not fit (88 KB).
-  static constexpr int kStages = kCtasPerSm_ == 3 ? FA4_SM90_THREE_CTA_STAGES : 2;
+  // The narrow three-consumer kernel's 64-key blocks are as short: it takes the same count.
+  static constexpr int kStages =
+      kCtasPerSm_ == 3 || (kConsumerWGs == 3 && kBlockN == 64) ? FA4_SM90_THREE_CTA_STAGES : 2;
   // Note [several CTAs per SM]: a short tile is a chain of latencies (Q load, the first S, a few
   // blocks' softmax, the epilogue) that one CTA's warpgroups, all on the same tile, reach
   // together, so nothing fills the tensor cores at its ends. kCtasPerSm CTAs share an SM
