@@ -193,6 +193,30 @@ def test_hd64_three_cta_kernel(compiled_hd64):
     assert not [o for o in loop if o.startswith("BAR")], "a turn barrier in the loop"
 
 
+def test_hd64_narrow_short_causal_variant(tmp_path_factory):
+    """Note [narrow three consumers at short causal hd64]: the A/B switch
+    FA4_SM90_HD64_SHORT_NARROW (off by default, prepared and not yet measured) still compiles to
+    FwdTraits<64, 64, bf16, 3, 64>: the three-consumer register split (160 / 32), S on 64x64
+    wgmma only, no local memory in the consumers (the producer's spills at most the default
+    kernel's 72 bytes), and a block loop of 8 HGMMA (S and P·V of one 64-key block)."""
+    ptxas, sass = _compile(
+        tmp_path_factory, "csrc/fwd_sm90_hd64.cu", "-DFA4_HDIM_64", "-DFA4_SM90_HD64_SHORT_NARROW=1"
+    )
+    tag = "bfloat16_tELi3ELi64ELi1E"
+    entry = [c for c in ptxas.split("Compiling entry function")[1:] if tag in c.split("\n")[0]]
+    assert len(entry) == 1, ptxas
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", entry[0])]
+    assert spills and max(spills) <= 72, entry[0]
+    _, body = _bf16_body(sass, "fwd_kernel", tag)
+    assert "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xa0" in body, "consumers at 160 registers"
+    assert "USETMAXREG.DEALLOC.CTAPOOL 0x20" in body, "producer at 32 registers"
+    consumers = body[body.index("USETMAXREG.TRY_ALLOC") : body.index("USETMAXREG.DEALLOC")]
+    assert not re.search(r"\b(LDL|STL)\b", consumers), "local memory in the consumers"
+    assert set(re.findall(r"HGMMA\.\d+x\d+x\d+", body)) == {"HGMMA.64x64x16"}
+    loop = _block_loop_ops(sass, tag=tag)
+    assert sum(o.startswith("HGMMA") for o in loop) == 8
+
+
 def test_hd256_two_block_widths(compiled_hd256):
     """Note [hd256 narrow blocks]: the hd256 file holds the 80-key kernel (S on 64x80 wgmma) and
     the 64-key one (64x64) for short problems, both with P·V at N = 256 and at most the 24 bytes
