@@ -358,7 +358,7 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       softmax_block(n_end - 1, o_scale);  // O is still 0: nothing to rescale
       convert_p();
       for (int n = n_end - 2; n >= br.n_begin; --n) {
-        const int i = n_end - 1 - n;  // the block's place in the tile, for the trace marks
+        const int i = br.n_end - 1 - n;  // the block's place in the tile, for the trace marks
         ss.trace.loop_mark(leader, wg, tk, i, 0);
         turn_begin();
         ss.trace.loop_mark(leader, wg, tk, i, 1);
