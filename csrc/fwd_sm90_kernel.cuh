@@ -263,7 +263,8 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       // warpgroup's rows (causal: the tile's last block for the first 64 or 128 rows of a
       // 192-row tile). Their turns and stages pass as in Note [idle warpgroup]: K of block n and
       // V of block n + 1 in turn n, and V of block n_end before the first GEMM turn, so that
-      // every warpgroup takes the tile's n_end - n_begin + 1 turns and frees its stages in order.
+      // every warpgroup takes the tile's br.n_end - br.n_begin + 1 turns and frees its stages in
+      // order.
       // Warp-uniform through lane 0, as the idle test is.
       int n_end = br.n_end;
       if constexpr (T::kConsumerWGs > 1 && FA4_SM90_SLICE_SKIP) {
