@@ -138,6 +138,22 @@ def _block_loop_ops(sass, kernel="fwd_kernel", tag=""):
     return min(loops, key=len)
 
 
+def _ptxas_entry(ptxas, tag):
+    """ptxas's report of the one kernel whose mangled name holds `tag`."""
+    entry = [c for c in ptxas.split("Compiling entry function")[1:] if tag in c.split("\n")[0]]
+    assert len(entry) == 1, ptxas
+    return entry[0]
+
+
+def _consumers_at(body, consumer_regs, producer_regs):
+    """Asserts the kernel's setmaxnreg split and that its consumers' code (between the register
+    increase and the producer's decrease) has no local memory."""
+    assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {consumer_regs:#x}" in body, "consumer registers"
+    assert f"USETMAXREG.DEALLOC.CTAPOOL {producer_regs:#x}" in body, "producer registers"
+    consumers = body[body.index("USETMAXREG.TRY_ALLOC") : body.index("USETMAXREG.DEALLOC")]
+    assert not re.search(r"\b(LDL|STL)\b", consumers), "local memory in the consumers"
+
+
 def test_hd64_three_consumers_and_bounded_spills(compiled_hd64):
     """Note [three consumers at hd64]: 512 threads, consumers raised to 160 registers, the
     producer lowered to 32. Only the producer spills: its 32 registers hold the scheduler's
@@ -178,14 +194,10 @@ def test_hd64_three_cta_kernel(compiled_hd64):
     exponentials per thread) and no named barrier: one consumer, no ping-pong turns."""
     ptxas, sass = compiled_hd64
     tag = "bfloat16_tELi1ELi64ELi3E"
-    entry = [c for c in ptxas.split("Compiling entry function")[1:] if tag in c.split("\n")[0]]
-    assert len(entry) == 1, ptxas
-    assert "Used 80 registers" in entry[0], entry[0]
+    entry = _ptxas_entry(ptxas, tag)
+    assert "Used 80 registers" in entry, entry
     _, body = _bf16_body(sass, "fwd_kernel", tag)
-    assert "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0x80" in body, "consumer at 128 registers"
-    assert "USETMAXREG.DEALLOC.CTAPOOL 0x20" in body, "producer at 32 registers"
-    consumer = body[body.index("USETMAXREG.TRY_ALLOC") : body.index("USETMAXREG.DEALLOC")]
-    assert not re.search(r"\b(LDL|STL)\b", consumer), "local memory in the consumer"
+    _consumers_at(body, 128, 32)
     assert set(re.findall(r"HGMMA\.\d+x\d+x\d+", body)) == {"HGMMA.64x64x16"}
     loop = _block_loop_ops(sass, tag=tag)
     assert sum(o.startswith("HGMMA") for o in loop) == 8
@@ -203,15 +215,11 @@ def test_hd64_narrow_short_causal_variant(tmp_path_factory):
         tmp_path_factory, "csrc/fwd_sm90_hd64.cu", "-DFA4_HDIM_64", "-DFA4_SM90_HD64_SHORT_NARROW=1"
     )
     tag = "bfloat16_tELi3ELi64ELi1E"
-    entry = [c for c in ptxas.split("Compiling entry function")[1:] if tag in c.split("\n")[0]]
-    assert len(entry) == 1, ptxas
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", entry[0])]
-    assert spills and max(spills) <= 72, entry[0]
+    entry = _ptxas_entry(ptxas, tag)
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", entry)]
+    assert spills and max(spills) <= 72, entry
     _, body = _bf16_body(sass, "fwd_kernel", tag)
-    assert "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xa0" in body, "consumers at 160 registers"
-    assert "USETMAXREG.DEALLOC.CTAPOOL 0x20" in body, "producer at 32 registers"
-    consumers = body[body.index("USETMAXREG.TRY_ALLOC") : body.index("USETMAXREG.DEALLOC")]
-    assert not re.search(r"\b(LDL|STL)\b", consumers), "local memory in the consumers"
+    _consumers_at(body, 160, 32)
     assert set(re.findall(r"HGMMA\.\d+x\d+x\d+", body)) == {"HGMMA.64x64x16"}
     loop = _block_loop_ops(sass, tag=tag)
     assert sum(o.startswith("HGMMA") for o in loop) == 8
