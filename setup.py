@@ -118,7 +118,7 @@ def _nvcc_flags(archs: list[str], hdims: list[str], bwd: bool) -> list[str]:
 def _extension(archs, hdims, bwd, config):
     from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
-    sources = ["csrc/bindings.cpp", "csrc/dispatch.cu"]
+    sources = ["csrc/api/bindings.cpp", "csrc/api/dispatch.cu"]
     kernels: dict = {"fwd": {}, "bwd": {}}
     for (family, direction), files in KERNEL_SOURCES.items():
         if direction == "bwd" and not bwd:
@@ -128,7 +128,7 @@ def _extension(archs, hdims, bwd, config):
             sources += sorted({f.format(h=h.lower()) for f in files for h in covered})
             kernels[direction][family] = [list(ALL_HDIMS[h]) for h in covered]
     config["kernels"] = kernels
-    # dispatch.cu's kernel table: FA4_HAS_<ARCH>_<DIR> for each kernel file compiled in.
+    # api/dispatch.cu's kernel table: FA4_HAS_<ARCH>_<DIR> for each kernel file compiled in.
     defines = [f"-DFA4_HAS_{fam.upper()}_{d.upper()}" for d, per in kernels.items() for fam in per]
     version = [f'-DFA4_VERSION="{VERSION}"', *defines]
     ext = CUDAExtension(

@@ -1,8 +1,8 @@
 // SM100 backward: the head-dim dispatch and instantiations. Compiled, not executed (no Blackwell
-// GPU here). hd 64 and 96: the 1-CTA kernel (bwd_sm100_kernel.cuh); hd 128: the 2-CTA kernel
-// (bwd_sm100_2cta.cuh); hd 192, (192, 128) and 256: the 1-CTA kernel with the head dim split over
+// GPU here). hd 64 and 96: the 1-CTA kernel (sm100/bwd/kernel.cuh); hd 128: the 2-CTA kernel
+// (sm100/bwd/kernel_2cta.cuh); hd 192, (192, 128) and 256: the 1-CTA kernel with the head dim split over
 // two CTAs per kv tile (Note [bwd head-dim split]); each when FA4_HDIMS has it.
-#include "bwd_sm100_2cta.cuh"
+#include "sm100/bwd/kernel_2cta.cuh"
 
 namespace fa4 {
 

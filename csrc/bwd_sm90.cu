@@ -1,6 +1,6 @@
-// SM90 backward: the head-dim dispatch (kernel: bwd_sm90_kernel.cuh, instantiated per head dim
+// SM90 backward: the head-dim dispatch (kernel: sm90/bwd/kernel.cuh, instantiated per head dim
 // in bwd_sm90_hd*.cu).
-#include "params.h"
+#include "common/params.h"
 
 namespace fa4::sm90 {
 template <int D, int DV>

@@ -1,5 +1,5 @@
-// SM90 backward for head dims (96, 96), bf16 and fp16 (see bwd_sm90_kernel.cuh).
-#include "bwd_sm90_kernel.cuh"
+// SM90 backward for head dims (96, 96), bf16 and fp16 (see sm90/bwd/kernel.cuh).
+#include "sm90/bwd/kernel.cuh"
 
 namespace fa4::sm90 {
 template Status launch_bwd_dtype<96, 96>(const BwdParams&, const DeviceInfo&, void*, cudaStream_t);

@@ -31,7 +31,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "host_device.cuh"
+#include "common/host_device.cuh"
 
 namespace fa4 {
 

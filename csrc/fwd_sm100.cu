@@ -1,7 +1,7 @@
-// SM100 forward: the head-dim dispatch and instantiations; the kernel is fwd_sm100_kernel.cuh.
+// SM100 forward: the head-dim dispatch and instantiations; the kernel is sm100/fwd/kernel.cuh.
 // Compiled, not executed (no Blackwell GPU here). hd 64, 96, 128, 192, (192, 128) and 256 (one Q
 // tile per CTA, Note [one-tile order]) are instantiated, each when FA4_HDIMS has it.
-#include "fwd_sm100_kernel.cuh"
+#include "sm100/fwd/kernel.cuh"
 
 namespace fa4 {
 

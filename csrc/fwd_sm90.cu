@@ -1,7 +1,7 @@
-// SM90 forward: the head-dim dispatch. The kernel is fwd_sm90_kernel.cuh; each head-dim pair is
+// SM90 forward: the head-dim dispatch. The kernel is sm90/fwd/kernel.cuh; each head-dim pair is
 // instantiated in its own files (fwd_sm90_hd*.cu: bf16 and the dtype dispatch; *_fp16.cu: fp16),
 // compiled when FA4_HDIMS names it.
-#include "params.h"
+#include "common/params.h"
 
 namespace fa4::sm90 {
 template <int D, int DV>

@@ -1,6 +1,6 @@
 // SM90 forward for head dims (128, 128): the dispatch and the bf16 kernels (see
-// fwd_sm90_kernel.cuh; the fp16 kernels are in fwd_sm90_hd128_fp16.cu).
-#include "fwd_sm90_kernel.cuh"
+// sm90/fwd/kernel.cuh; the fp16 kernels are in fwd_sm90_hd128_fp16.cu).
+#include "sm90/fwd/kernel.cuh"
 
 namespace fa4::sm90 {
 extern template Status launch_element<128, 128, cutlass::half_t>(const FwdParams&,

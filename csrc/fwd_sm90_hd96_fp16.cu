@@ -1,6 +1,6 @@
 // SM90 forward for head dims (96, 96), the fp16 kernels (fwd_sm90_hd96.cu has the bf16 ones
-// and the dispatch; see fwd_sm90_kernel.cuh).
-#include "fwd_sm90_kernel.cuh"
+// and the dispatch; see sm90/fwd/kernel.cuh).
+#include "sm90/fwd/kernel.cuh"
 
 namespace fa4::sm90 {
 template Status launch_element<96, 96, cutlass::half_t>(const FwdParams&, const DeviceInfo&,

@@ -15,7 +15,7 @@
 //              its S double-buffered instead (kQTiles = 1, kBlockN 64 for shared memory):
 //              S0 | S1 | O0 = 64 + 64 + 256 = 384 columns; S(i + 1) is computed into the other
 //              buffer while the softmax works on S(i) (Note [one-tile order] in
-//              fwd_sm100_kernel.cuh).
+//              sm100/fwd/kernel.cuh).
 // P (16-bit) is written over the first kBlockN / 2 columns of its S: the softmax warpgroup has
 // loaded its whole S row into registers (one tcgen05.ld per 32 columns, all waited for) before
 // it stores P, and the MMA warp issues the next S = Q·Kᵀ into that region only after the P·V
@@ -27,7 +27,7 @@
 
 #include <stdint.h>
 
-#include "host_device.cuh"
+#include "common/host_device.cuh"
 
 namespace fa4::sm100 {
 
@@ -77,7 +77,7 @@ static_assert(FwdTmemPlan<128, fwd_block_n<128, 192>()>::kEnd == 384, "(192, 128
 static_assert(FwdTmemPlan<256, fwd_block_n<256>()>::kQTiles == 1, "hd256: one Q tile per CTA");
 static_assert(FwdTmemPlan<256, fwd_block_n<256>()>::kEnd == 384, "hd256: S0 | S1 | O0");
 
-// Note [bwd TMEM plan]: the SM100 backward (bwd_sm100_kernel.cuh), one CTA per 128-row kv tile,
+// Note [bwd TMEM plan]: the SM100 backward (sm100/bwd/kernel.cuh), one CTA per 128-row kv tile,
 // 128-row Q blocks. Lanes are kv rows for S, P, dP, dS, dK, dV and query rows for dQ:
 //   S | dP | dK | dV, with P (16-bit) over S, dS (16-bit) over dP and dQ (fp32) over dP/dS:
 //   d = 64:  128 + 128 +  64 +  64 = 384 columns
@@ -114,13 +114,13 @@ struct BwdTmemPlan {
 };
 // BwdShape: at d or d_v > 128 no plan above fits (dK and dV alone take 2·d columns next to S
 // and dP), so each of kSplit = 2 CTAs per kv tile owns half of the dK, dQ and dV columns (Note
-// [bwd head-dim split] in bwd_sm100_kernel.cuh) and has the plan of the halves, with 64-row Q
+// [bwd head-dim split] in sm100/bwd/kernel.cuh) and has the plan of the halves, with 64-row Q
 // blocks (set by shared memory):
 //   d = 192:     S 64 | dP, dQ 96 | dK 96 | dV 96 = 352 columns
 //   (192, 128):  S 64 | dP, dQ 96 | dK 96 | dV 64 = 320
 //   d = 256:     S 64 | dP, dQ 128 | dK 128 | dV 128 = 448
 // The dQ of a 64-row Q block is an M = 64 MMA, in lanes 0-15 of each 32-lane quarter of its
-// columns (Note [M = 64 dQ] in bwd_sm100_roles.cuh).
+// columns (Note [M = 64 dQ] in sm100/bwd/roles.cuh).
 template <int kHeadDim, int kHeadDimV>
 struct BwdShape {
   static constexpr int kSplit = kHeadDim > 128 || kHeadDimV > 128 ? 2 : 1;

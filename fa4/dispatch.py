@@ -219,7 +219,7 @@ def warn_once(msg: str) -> None:
 def tma_incompatible(*tensors: torch.Tensor) -> str | None:
     """Why the kernels' TMA loads cannot address these tensors (None if they can): 16-byte
     aligned base and strides that are multiples of 16 bytes for every dimension of extent > 1
-    (the rule fa4.h states and the C++ validate() enforces)."""
+    (the rule api/fa4.h states and the C++ validate() enforces)."""
     for t in tensors:
         if t.data_ptr() % 16:
             return "a tensor's base address is not 16-byte aligned"

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def rounding_noise(ref: torch.Tensor, dtype: torch.dtype) -> float:
     """Largest error of storing ref in dtype: the dtype's rounding noise at the output's scale."""
@@ -54,7 +56,7 @@ def build_gxx(src: Path, exe: Path) -> Path:
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip(f"g++ not found: cannot build {src.name}")
-    cmd = [gxx, "-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-o", str(exe), str(src)]
+    cmd = [gxx, "-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'csrc'}", "-o", str(exe), str(src)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         pytest.fail(f"g++ failed on {src}:\n{res.stderr}")

@@ -1,4 +1,4 @@
-"""The backward workspace layout (csrc/bwd_workspace.h) on the host: every word the kernels
+"""The backward workspace layout (csrc/common/bwd_workspace.h) on the host: every word the kernels
 address lies inside bwd_workspace_size's bytes, no two buffers or heads overlap, and the turn
 counters exist only with deterministic (tests/cpp/bwd_workspace_harness.cpp)."""
 

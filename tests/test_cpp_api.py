@@ -97,7 +97,7 @@ def _build_consumer(name: str, src: Path, prefix: Path, tmp: Path) -> Path:
 
 @pytest.mark.build
 def test_install_layout(fa4_prefix):
-    assert (fa4_prefix / "include" / "fa4" / "fa4.h").is_file()
+    assert (fa4_prefix / "include" / "fa4" / "api/fa4.h").is_file()
     configs = list(fa4_prefix.glob("lib*/cmake/fa4"))
     assert len(configs) == 1, f"expected one <prefix>/lib*/cmake/fa4, found {configs}"
     for name in ("fa4Config.cmake", "fa4ConfigVersion.cmake", "fa4Targets.cmake"):
@@ -138,8 +138,8 @@ def _version() -> str:
 
 
 def test_version_fallback_matches():
-    """dispatch.cu's FA4_VERSION fallback (for builds that pass none) follows fa4/VERSION."""
-    dispatch = (ROOT / "csrc" / "dispatch.cu").read_text()
+    """api/dispatch.cu's FA4_VERSION fallback (for builds that pass none) follows fa4/VERSION."""
+    dispatch = (ROOT / "csrc" / "api/dispatch.cu").read_text()
     fallback = re.search(r'#define FA4_VERSION "([^"]+)"', dispatch)
-    assert fallback, "no FA4_VERSION fallback in csrc/dispatch.cu"
+    assert fallback, "no FA4_VERSION fallback in csrc/api/dispatch.cu"
     assert fallback.group(1) == _version()

@@ -289,7 +289,7 @@ def _nvcc() -> str:
 @pytest.mark.build
 def test_compiles_as_device_code(tmp_path):
     """The header is valid CUDA for both kernel targets (compile only, no GPU needed)."""
-    cmd = [_nvcc(), "-x", "cu", "-std=c++17", "-c", "-o", str(tmp_path / "h.o")]
+    cmd = [_nvcc(), "-x", "cu", "-std=c++17", f"-I{ROOT / 'csrc'}", "-c", "-o", str(tmp_path / "h.o")]
     cmd += [
         "-gencode",
         "arch=compute_90a,code=sm_90a",
@@ -307,7 +307,7 @@ def test_device_bit_identical_to_host(harness, tmp_path, fast_math):
     """The device path (floor by __fadd_rd) gives the host path's bits on a real GPU; with
     --use_fast_math (ftz) too, except that a denormal x is read as 0 and gives exactly 1."""
     exe = tmp_path / "exp2_harness_cuda"
-    cmd = [_nvcc(), "-x", "cu", "-std=c++17", "-O2", "-arch=native", "-o", str(exe)]
+    cmd = [_nvcc(), "-x", "cu", "-std=c++17", "-O2", "-arch=native", f"-I{ROOT / 'csrc'}", "-o", str(exe)]
     cmd += ["--use_fast_math"] if fast_math else []
     res = subprocess.run([*cmd, str(HARNESS_SRC)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

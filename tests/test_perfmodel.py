@@ -85,7 +85,7 @@ def test_causal_halves_the_flops_and_the_blocks():
 def test_schedule_order_matches_tile_scheduler():
     cfg = pm.sm90_config(128, causal=True, seqlen=384, batch=1, heads=2)
     # K, V of 384 tokens (192 KB per pair) fit the L2 many times: one section of both pairs,
-    # m_block descending, the pair fastest (tile_scheduler.cuh, Note [LPT order])
+    # m_block descending, the pair fastest (common/tile_scheduler.cuh, Note [LPT order])
     assert pm.schedule_order(cfg, 3) == [2, 2, 1, 1, 0, 0]
     assert pm.schedule_order(replace(cfg, causal=False), 3) == [0, 1, 2, 0, 1, 2]
     assert pm.lpt_section_heads(50 << 20, 16384, 256, 256, 2) == 1  # the hd256 16k case
@@ -194,9 +194,9 @@ def test_import_needs_only_the_standard_library():
 
 
 def test_sm90_kernel_default_is_the_tables():
-    # the SM90 traits compile with one kEmuSixteenths for every head dim (fwd_sm90_traits.cuh):
+    # the SM90 traits compile with one kEmuSixteenths for every head dim (sm90/fwd/traits.cuh):
     # the measurement switch FA4_SM90_EMU_SIXTEENTHS, whose default is the shipped value
-    src = (ROOT / "csrc" / "fwd_sm90_traits.cuh").read_text()
+    src = (ROOT / "csrc" / "sm90/fwd/traits.cuh").read_text()
     assert re.findall(r"static constexpr int kEmuSixteenths = (\w+);", src) == [
         "FA4_SM90_EMU_SIXTEENTHS"
     ]
@@ -280,8 +280,8 @@ def test_roofline_places_every_configuration():
 
 
 def test_sm100_kernel_default_is_the_table():
-    # fwd_sm100_kernel.cuh: kEmuSixteenths = kHeadDim <= LIMIT ? A : B, the model's table
-    src = (ROOT / "csrc" / "fwd_sm100_kernel.cuh").read_text()
+    # sm100/fwd/kernel.cuh: kEmuSixteenths = kHeadDim <= LIMIT ? A : B, the model's table
+    src = (ROOT / "csrc" / "sm100/fwd/kernel.cuh").read_text()
     m = re.search(r"kEmuSixteenths = kHeadDim <= (\d+) \? (\d+) : (\d+);", src)
     assert m, "kEmuSixteenths of the SM100 forward not found"
     limit, below, above = map(int, m.groups())

@@ -1,6 +1,6 @@
 """Protocol model of the SM100 forward kernel's barriers (tools/protocol_model.py, issue 5).
 
-Plain CPU test. The barrier table and kStages come from csrc/fwd_sm100_kernel.cuh; the role
+Plain CPU test. The barrier table and kStages come from csrc/sm100/fwd/kernel.cuh; the role
 programs mirror the kernel's loops. The kernel's protocol must show no deadlock, overwrite,
 stale read or phase error in any interleaving; each mutation must be caught, which shows the
 checks can fail.

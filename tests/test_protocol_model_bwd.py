@@ -1,7 +1,7 @@
 """Protocol model of the SM100 backward kernel's barriers (tools/protocol_model_bwd.py).
 
-Plain CPU test. The barrier table, kStagesQ and kStagesDo come from csrc/bwd_sm100_kernel.cuh;
-the role programs mirror csrc/bwd_sm100_roles.cuh. The kernel's protocol must show no deadlock,
+Plain CPU test. The barrier table, kStagesQ and kStagesDo come from csrc/sm100/bwd/kernel.cuh;
+the role programs mirror csrc/sm100/bwd/roles.cuh. The kernel's protocol must show no deadlock,
 overwrite, stale read or phase error in any interleaving; each mutation must be caught with its
 kind, which shows the checks can fail. Waits that the model shows to be implied by others are
 listed too (dropping them alone is not caught).

@@ -1,7 +1,7 @@
 """Protocol model of the 2-CTA SM100 backward (tools/protocol_model_bwd2.py).
 
-Plain CPU test. The barrier table comes from csrc/bwd_sm100_2cta.cuh; the programs of both CTAs'
-roles mirror csrc/bwd_sm100_2cta_roles.cuh. The kernel's protocol must show no deadlock,
+Plain CPU test. The barrier table comes from csrc/sm100/bwd/kernel_2cta.cuh; the programs of both CTAs'
+roles mirror csrc/sm100/bwd/roles_2cta.cuh. The kernel's protocol must show no deadlock,
 overwrite, stale read, phase or arrival error in any interleaving of both CTAs; each mutation
 (a dropped relay arrival or wait, a commit that reaches one CTA only, an arrival count of one
 CTA, the dQ MMA before the DSMEM writes, out-of-order MMAs) must be caught, which shows the

@@ -15,7 +15,7 @@ import pytest
 from test_sass_sm90 import _compile
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNEL = ROOT / "csrc/fwd_sm100_kernel.cuh"
+KERNEL = ROOT / "csrc/sm100/fwd/kernel.cuh"
 pytestmark = pytest.mark.build
 
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))

@@ -17,7 +17,7 @@ import pytest
 from test_sass_sm90 import _compile
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNEL = ROOT / "csrc/bwd_sm100_kernel.cuh"
+KERNEL = ROOT / "csrc/sm100/bwd/kernel.cuh"
 pytestmark = pytest.mark.build
 
 HEAD_DIMS = (64, 96)  # the 1-CTA kernel's (hd 128: the 2-CTA kernel)
@@ -90,7 +90,7 @@ def test_mma_role_run_by_the_whole_warp():
     """Note [single-thread MMA issue]: the backward's MMA role is entered by all 32 lanes of its
     warp (elect.sync inside needs them all: entered by lane 0 alone, as before, it would wait
     for lanes that never come), and it issues through the elected helpers."""
-    roles = (ROOT / "csrc/bwd_sm100_roles.cuh").read_text()
+    roles = (ROOT / "csrc/sm100/bwd/roles.cuh").read_text()
     assert "if (role == Role::kMma) mma_role<T>(ss, tmem, t);" in roles
     body = roles[roles.index("__device__ void mma_role") : roles.index("// ---- Compute roles")]
     assert "elected_umma_commit(" in body and "elected_umma_ss(" in body

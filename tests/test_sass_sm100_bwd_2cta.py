@@ -1,4 +1,4 @@
-"""The 2-CTA SM100 backward (csrc/bwd_sm100_2cta.cuh, hd 128) as compiled for sm_100a.
+"""The 2-CTA SM100 backward (csrc/sm100/bwd/kernel_2cta.cuh, hd 128) as compiled for sm_100a.
 
 Compiled, not executed: no Blackwell GPU is available to this project. These tests hold the SASS
 to Note [bwd 2-CTA] (docs/sm100.md): cta_group::2 MMAs in both operand forms, the pair's TMEM
@@ -17,7 +17,7 @@ from test_sass_sm90 import _compile
 from test_sass_sm100_bwd import spill_stores
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNEL = ROOT / "csrc/bwd_sm100_2cta.cuh"
+KERNEL = ROOT / "csrc/sm100/bwd/kernel_2cta.cuh"
 pytestmark = pytest.mark.build
 
 
@@ -110,14 +110,14 @@ def test_spills_bounded(compiled):
 
 def test_setmaxnreg_follows_its_register_table(kernel):
     """The 2-CTA kernel's own reduce and MMA/load budgets, the compute warpgroups' shared."""
-    src = (ROOT / "csrc/bwd_sm100_2cta.cuh").read_text()
+    src = (ROOT / "csrc/sm100/bwd/kernel_2cta.cuh").read_text()
     regs = {
         n: int(re.search(rf"constexpr int {n} = (\d+);", src).group(1))
         for n in ("kRegsReduce", "kRegsOther")
     }
     compute = int(
         re.search(
-            r"constexpr int kRegsCompute = (\d+);", (ROOT / "csrc/bwd_sm100_kernel.cuh").read_text()
+            r"constexpr int kRegsCompute = (\d+);", (ROOT / "csrc/sm100/bwd/kernel.cuh").read_text()
         ).group(1)
     )
     got = set(re.findall(r"USETMAXREG\.(\w+)\.CTAPOOL (?:UP\d+, )?(0x[0-9a-f]+)", kernel))

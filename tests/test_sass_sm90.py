@@ -1,6 +1,6 @@
 """The SM90 kernels as compiled for sm_90a: the instructions they must use and their ptxas budget.
 
-The backward (csrc/bwd_sm90_kernel.cuh) is compiled but not yet executed nor in the build's
+The backward (csrc/sm90/bwd/kernel.cuh) is compiled but not yet executed nor in the build's
 kernel sources (issue 4); these tests keep it compiling and hold its SASS to the design.
 
 Runs in CI (CPU machine): compiles csrc/fwd_sm90_hd128.cu to a cubin with nvcc and reads its

@@ -1,4 +1,4 @@
-"""The kernels' shared headers on the host: csrc/mask.cuh, softmax.cuh and tile_scheduler.cuh,
+"""The kernels' shared headers on the host: csrc/common/mask.cuh, common/softmax.cuh and common/tile_scheduler.cuh,
 run by tests/cpp/shared_headers_harness.cpp (g++) exactly as the SM90 and SM100 kernels will
 include them.
 
@@ -9,7 +9,7 @@ include them.
   backward's Q-block range of each KV block (q_blocks_seeing) is the scan of those block ranges,
   and its per-block mask test (block_needs_mask) is block_range's needs_mask; the blocks a
   warpgroup's 64-row slice of a tile sees end where slice_block_end says.
-- softmax: whole attention problems through mask.cuh + softmax.cuh + exp2_poly.cuh against
+- softmax: whole attention problems through common/mask.cuh + common/softmax.cuh + exp2_poly.cuh against
   fa4.reference.attention_fa4_model: decision counts identical, out and lse close.
 - scheduler: every tile once, the documented orders.
 - the same headers compile as device code for sm_90a and sm_100a, without local memory.
@@ -406,7 +406,7 @@ def test_bwd_grid_orders(harness, tmp_path):
 
 
 def _ex2_rounded(x: torch.Tensor) -> torch.Tensor:
-    """Note [host exp2] in csrc/softmax.cuh: the model's MUFU.EX2 stand-in, computed in fp64
+    """Note [host exp2] in csrc/common/softmax.cuh: the model's MUFU.EX2 stand-in, computed in fp64
     and rounded, as the harness does (torch's fp32 exp2 and glibc's differ in 1 ulp for ~6 % of
     arguments; either is an equally good model of MUFU, which has ~2 ulp of error)."""
     return torch.exp2(x.double()).float().masked_fill(x < -126.0, 0.0)
@@ -676,13 +676,13 @@ def test_softmax_varlen_seqused(harness, tmp_path, gen, monkeypatch):
 
 
 def test_compiles_as_device_code(tmp_path):
-    """mask.cuh, softmax.cuh (QuadFrag, kThreadsPerRow = 4, and RowMajorFrag, 1) and
-    tile_scheduler.cuh in __global__ functions for sm_90a and sm_100a; no local memory (an
+    """common/mask.cuh, common/softmax.cuh (QuadFrag, kThreadsPerRow = 4, and RowMajorFrag, 1) and
+    common/tile_scheduler.cuh in __global__ functions for sm_90a and sm_100a; no local memory (an
     array indexed at run time, or spills, would show as a stack frame)."""
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     if not Path(nvcc).exists():
         pytest.skip("nvcc not found: cannot compile the shared headers as device code")
-    cmd = [nvcc, "-x", "cu", "-std=c++17", "-O3", "-c", "-o", str(tmp_path / "d.o")]
+    cmd = [nvcc, "-x", "cu", "-std=c++17", "-O3", f"-I{ROOT / 'csrc'}", "-c", "-o", str(tmp_path / "d.o")]
     cmd += ["-Xptxas", "-v", "-Werror", "all-warnings"]
     cmd += [
         "-gencode",

@@ -1,7 +1,7 @@
 """The SM100 backward's TMEM data flow, executed on the CPU (the kernel itself cannot run here).
 
 A model of tensor memory (128 lanes x 512 columns; a column holds one fp32 value or two 16-bit
-values) replays the kernel's per-Q-block sequence (bwd_sm100_roles.cuh, Note [bwd MMA order])
+values) replays the kernel's per-Q-block sequence (sm100/bwd/roles.cuh, Note [bwd MMA order])
 with the column plan and the P / dS slice columns of the C++ header (BwdTmemPlan, printed by
 tests/cpp/bwd_tmem_plan_harness.cpp): S = K·Qᵀ, P written over S by each compute warpgroup in its
 32-column chunks, dV += P·dO reading P per 16-element K slice, S(i+1) over P, dP, dS over dP,

@@ -2,7 +2,7 @@
 
 With the column plan of the C++ header (FwdTmemPlan, printed by tests/cpp/tmem_plan_harness.cpp)
 and a model of tensor memory (tests/tmem_model.py), the kernel's MMA order is replayed over a few
-KV blocks: two Q tiles, PV0(i), S0(i+1), PV1(i), S1(i+1) (fwd_sm100_kernel.cuh); one Q tile at hd
+KV blocks: two Q tiles, PV0(i), S0(i+1), PV1(i), S1(i+1) (sm100/fwd/kernel.cuh); one Q tile at hd
 256 with its S double-buffered, PV(i), S(i+2) into P(i)'s buffer (Note [one-tile order]). The
 softmax reads S (fp32) from its buffer and writes P (16-bit) over its first kBlockN / 2 columns;
 P·V reads P per 16-element K slice, 8 columns apart; O accumulates in its region. The row

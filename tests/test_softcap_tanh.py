@@ -1,6 +1,6 @@
 """Note [softcap tanh]: the kernels' tanh for softcap is tanh.approx.f32, on purpose and measured.
 
-softcap_tanh (csrc/softmax.cuh) is the PTX instruction itself, so the kernels' numerics do not
+softcap_tanh (csrc/common/softmax.cuh) is the PTX instruction itself, so the kernels' numerics do not
 hang on --use_fast_math (under which tanhf compiles to the same MUFU.TANH, and without which it
 is a ~20-instruction sequence). The build test (CI) holds a probe's SASS to that without fast
 math; the GPU test measures the error the Note and docs/numerics.md state.
@@ -48,7 +48,7 @@ def test_device_softcap_tanh_error(tmp_path):
     """The error Note [softcap tanh] states, on the GPU: at most 2^-10.9 absolute (PTX's bound
     for tanh.approx.f32 is 2^-10.987), ±1 at the ends, and the same as fast-math tanhf."""
     exe = tmp_path / "softcap_tanh"
-    cmd = [_nvcc(), "-x", "cu", "-std=c++17", "-O3", "--use_fast_math", "-arch=native"]
+    cmd = [_nvcc(), "-x", "cu", "-std=c++17", "-O3", "--use_fast_math", "-arch=native", f"-I{ROOT / 'csrc'}"]
     res = subprocess.run([*cmd, "-o", str(exe), str(HARNESS)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     x = _inputs()

@@ -1,7 +1,7 @@
 """CPU tests of tools/trace_fwd.py, the reader of the SM90 forward's trace build (Note [fwd trace]):
 synthetic dumps written into O the way the kernel writes them, read back, and the printed medians
 checked against the marks that were written. The word layout constants are read from
-csrc/fwd_sm90_trace.cuh, so a kernel-side change that the reader misses fails here.
+csrc/sm90/fwd/trace.cuh, so a kernel-side change that the reader misses fails here.
 """
 
 import re
@@ -16,7 +16,7 @@ tf = load_script(ROOT / "tools" / "trace_fwd.py", "trace_fwd")
 
 
 def _header_constant(name: str) -> int:
-    return header_constant(ROOT / "csrc" / "fwd_sm90_trace.cuh", name)
+    return header_constant(ROOT / "csrc" / "sm90/fwd/trace.cuh", name)
 
 
 def test_layout_matches_the_kernel_header():

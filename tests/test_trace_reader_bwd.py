@@ -1,5 +1,5 @@
 """CPU tests of tools/trace_bwd.py, the reader of the SM90 backward's trace build (Note [bwd
-trace]): its word layout against csrc/bwd_sm90_trace.cuh, a synthetic dump written into dV the
+trace]): its word layout against csrc/sm90/bwd/trace.cuh, a synthetic dump written into dV the
 way the kernel writes it (word j at row j // 64, 32-bit column j % 64 of each tile) read back, and
 the per-tile phases of the persistent grid (Note [persistent bwd]) printed from known marks.
 """
@@ -15,7 +15,7 @@ tb = load_script(ROOT / "tools" / "trace_bwd.py", "trace_bwd")
 
 
 def _header_constant(name: str) -> int:
-    return header_constant(ROOT / "csrc" / "bwd_sm90_trace.cuh", name)
+    return header_constant(ROOT / "csrc" / "sm90/bwd/trace.cuh", name)
 
 
 def test_layout_matches_the_kernel_header():

@@ -4,7 +4,7 @@ for both its shapes: two Q tiles ping-ponged (hd <= 192) and one Q tile with a d
 (hd 256, Config(q_tiles=1), Note [one-tile order]).
 
 The barrier list, copies and arrival counts, and kStages are parsed from
-csrc/fwd_sm100_kernel.cuh (enum Bar, table kBarriers, FwdTraits::kStages). Each role of one CTA
+csrc/sm100/fwd/kernel.cuh (enum Bar, table kBarriers, FwdTraits::kStages). Each role of one CTA
 is a straight-line program of steps written by hand to mirror the kernel's loops (load_role,
 mma_role, softmax_role, correction_role) for a list of consecutive work tiles; the explorer
 runs every interleaving of the roles and of the asynchronous TMA loads and tcgen05 MMAs and
@@ -33,8 +33,8 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-KERNEL = Path(__file__).resolve().parents[1] / "csrc" / "fwd_sm100_kernel.cuh"
-TILE_RING = KERNEL.parent / "tile_ring.cuh"  # kTileSlots (Note [dynamic tiles])
+KERNEL = Path(__file__).resolve().parents[1] / "csrc" / "sm100/fwd/kernel.cuh"
+TILE_RING = KERNEL.parent / "common/tile_ring.cuh"  # kTileSlots (Note [dynamic tiles])
 Q_TILES = 2  # FwdTraits::kQTiles for hd <= 192; hd 256 has 1 (Config.q_tiles)
 S_BUFFERS = 2  # kSBuffers: Q tile t's S, or the one Q tile's double-buffered S
 WG = 128  # a softmax/correction warpgroup is one process: its arrive counts 128 at once
@@ -114,10 +114,10 @@ def parse_kernel(text: str | None = None) -> Table:
 
 
 def tile_slots() -> int:
-    """kTileSlots of csrc/tile_ring.cuh: slots of the work-item ring."""
+    """kTileSlots of csrc/common/tile_ring.cuh: slots of the work-item ring."""
     m = re.search(r"constexpr int kTileSlots = (\d+);", TILE_RING.read_text())
     if not m:
-        raise ValueError("kTileSlots not found in tile_ring.cuh")
+        raise ValueError("kTileSlots not found in common/tile_ring.cuh")
     return int(m.group(1))
 
 
@@ -243,7 +243,7 @@ class Ring:
         return (self.count // copies) & 1
 
 
-# Note [dynamic tiles] (csrc/tile_ring.cuh): the load thread publishes each work item, and the
+# Note [dynamic tiles] (csrc/common/tile_ring.cuh): the load thread publishes each work item, and the
 # end marker after the last, into the ring of kTileSlots slots; every other role's threads read
 # it at the top of their tile loop: both warpgroups of softmax (softmax1 passes them on at hd
 # 256), the correction warpgroup, the MMA and the epilogue threads.
@@ -437,7 +437,7 @@ def correction_program(tiles, rescale=True, q_tiles=Q_TILES):
 
 
 def epilogue_program(tiles, q_tiles=Q_TILES):
-    """epilogue_role (fwd_sm100_epilogue.cuh): one TMA store per work tile and Q tile."""
+    """epilogue_role (sm100/fwd/epilogue.cuh): one TMA store per work tile and Q tile."""
     p = []
     staged, items = Ring(), Ring()
     for w, _ in enumerate(tiles):
@@ -452,7 +452,7 @@ def epilogue_program(tiles, q_tiles=Q_TILES):
 
 
 def mma_program_one_tile(tiles, S):
-    """mma_role_one_tile (fwd_sm100_one_tile.cuh): S(i) into buffer c % 2 of a running block
+    """mma_role_one_tile (sm100/fwd/one_tile.cuh): S(i) into buffer c % 2 of a running block
     count c, S(i + 2) into P(i)'s buffer right after PV(i), which reads it (Note [one-tile
     order])."""
     p = []

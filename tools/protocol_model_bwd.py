@@ -2,9 +2,9 @@
 """Protocol model of the SM100 backward kernel's mbarrier pipeline (docs/sm100.md).
 
 The barrier list, copies (BarCopies kOnce / kPerQStage / kPerDoStage) and arrival counts, and
-the Q and dO stage counts per head dim (kStageTable) are parsed from csrc/bwd_sm100_kernel.cuh
+the Q and dO stage counts per head dim (kStageTable) are parsed from csrc/sm100/bwd/kernel.cuh
 (enum Bar with its "from X to Y, protects Z:" comments, table kBarriers). Each role of one CTA
-is a straight-line program mirroring csrc/bwd_sm100_roles.cuh (load_role, mma_role, compute_role
+is a straight-line program mirroring csrc/sm100/bwd/roles.cuh (load_role, mma_role, compute_role
 for warpgroups 0 and 1, reduce_role) for a CTA of I iterations (Q blocks); the explorer, steps
 and checks are the forward's (tools/protocol_model.py): deadlock, overwrite, stale read, phase,
 arrivals, with the MMA thread's tcgen05 operations executed in issue order
@@ -62,7 +62,7 @@ from protocol_model import (  # noqa: E402
     search,
 )
 
-KERNEL = Path(__file__).resolve().parents[1] / "csrc" / "bwd_sm100_kernel.cuh"
+KERNEL = Path(__file__).resolve().parents[1] / "csrc" / "sm100/bwd/kernel.cuh"
 ROLES = ("load", "mma", "compute0", "compute1", "reduce")
 COPIES = ("kOnce", "kPerQStage", "kPerDoStage")
 Q_READS = 6  # S(i), dK(i), and lse2 and D by each compute warpgroup

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Protocol model of the 2-CTA SM100 backward (csrc/bwd_sm100_2cta.cuh, Note [bwd 2-CTA]).
+"""Protocol model of the 2-CTA SM100 backward (csrc/sm100/bwd/kernel_2cta.cuh, Note [bwd 2-CTA]).
 
 The barrier list and arrival counts are parsed from the kernel (enum Bar with its "from X to Y,
 protects Z:" comments, table kBarriers; "(even)" or "(512, even)" in a comment: only the even
 CTA's copy is used). Both CTAs of the cluster are modelled: every role of each CTA is a process
 (load@0, load@1, relay@1, mma@0, compute0@c, compute1@c, reduce@c), each a straight-line program
-mirroring csrc/bwd_sm100_2cta_roles.cuh for I Q blocks. Barriers and buffers carry the CTA as
+mirroring csrc/sm100/bwd/roles_2cta.cuh for I Q blocks. Barriers and buffers carry the CTA as
 a suffix (kQFull@1, sQ@1). What the cluster adds to the 1-CTA model (protocol_model_bwd.py),
 and what the checks of tools/protocol_model.py (deadlock, overwrite, stale read, phase,
 arrivals) then cover:
@@ -46,7 +46,7 @@ from protocol_model import (  # noqa: E402
     search,
 )
 
-KERNEL = Path(__file__).resolve().parents[1] / "csrc" / "bwd_sm100_2cta.cuh"
+KERNEL = Path(__file__).resolve().parents[1] / "csrc" / "sm100/bwd/kernel_2cta.cuh"
 CTAS = (0, 1)
 Q_READS = 6  # S(i), dK(i), and lse2 and D by each compute warpgroup
 DO_READS = 2  # dP(i), dV(i)

@@ -1,5 +1,5 @@
 """A model of the causal forward's tile order (Note [LPT order], Note [tile order options] in
-csrc/tile_scheduler.cuh), for predicting FA4_TILE_ORDER's variants before measuring them.
+csrc/common/tile_scheduler.cuh), for predicting FA4_TILE_ORDER's variants before measuring them.
 
   python3 tools/tile_order_model.py --seqlen 512            # hd128 causal 512 on an H100
   python3 tools/tile_order_model.py --seqlen 2048 --bw-tbs 4.5

@@ -17,7 +17,7 @@ import torch
 
 import fa4
 
-FIRST, ITERS, POINTS, ROWS = 8, 4, 10, 3  # csrc/bwd_sm90_trace.cuh
+FIRST, ITERS, POINTS, ROWS = 8, 4, 10, 3  # csrc/sm90/bwd/trace.cuh
 LOOP_WORDS = ROWS * ITERS * POINTS
 CTA_MARKS, CTA_WORD0 = 10, 128
 WORDS = CTA_WORD0 + 2 * CTA_MARKS + 1

@@ -12,7 +12,7 @@ reads the SM clock marks each CTA wrote over the first rows of O of its last til
   epilogue; at d_v = 256, which stores O from registers, "barrier, TMA store" is those stores)
   and the producer's Q issue against the consumers' marks.
 Differences within a warpgroup are exact; between warpgroups (and the producer) the clocks
-disagree by more than 100 cycles (csrc/fwd_sm90_trace.cuh, trace_clock).
+disagree by more than 100 cycles (csrc/sm90/fwd/trace.cuh, trace_clock).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 
 import fa4
 
-MAGIC = 0xFA4C10C0  # csrc/fwd_sm90_trace.cuh
+MAGIC = 0xFA4C10C0  # csrc/sm90/fwd/trace.cuh
 TILES, TRACE_TILE, FIRST, ITERS = 6, 2, 1, 6
 LOOP_POINTS, TILE_POINTS, PROD_POINTS, WGS = 10, 10, 3, 3
 HEADER = 8
@@ -43,7 +43,7 @@ LOOP_MARKS = [
     "P·V done",
     "end",
 ]
-# (name, from, to) of the tile marks (csrc/fwd_sm90_trace.cuh), each end a (tile, mark) pair:
+# (name, from, to) of the tile marks (csrc/sm90/fwd/trace.cuh), each end a (tile, mark) pair:
 # tile 0 is tile k, -1 the tile before it.
 TILE_PHASES = [
     ("take", (-1, 9), (0, 0)),  # from the previous tile's "stored"

@@ -2,7 +2,7 @@
 //
 // On a machine with a CUDA device it runs fa4::run_fwd on real allocations; without one it says
 // so and shows fa4::validate on the same parameters. Either way it also shows how a broken field
-// is reported. Exit code 0 when every result is one fa4.h documents for this case.
+// is reported. Exit code 0 when every result is one api/fa4.h documents for this case.
 #include <fa4/fa4.h>
 
 #include <cmath>

@@ -1,5 +1,5 @@
 """Backward half of the cycle model: one iteration = one KV tile of a CTA against one 64-row Q
-block (the loop body of the SM90 backward as built, bwd_sm90_kernel.cuh), its units, the
+block (the loop body of the SM90 backward as built, sm90/bwd/kernel.cuh), its units, the
 schedule of those iterations, and the same for the SM100 FA4 backward design (issue 6) on B200.
 
 SM90, as built (the two consumer warpgroups meet at a named barrier every block, so their
@@ -65,9 +65,9 @@ class BwdConfig:
     @property
     def m(self) -> int:
         """Query rows per iteration: the SM90 kernel takes 128-row Q blocks at d, d_v <= 64
-        (bwd_sm90_common.cuh, BwdTraits::kBlockM), 64 elsewhere; the SM100 design 128."""
+        (sm90/bwd/common.cuh, BwdTraits::kBlockM), 64 elsewhere; the SM100 design 128."""
         if self.style == "fa4" or (self.style == "sm90" and max(self.hdim, self.dv) <= 64):
-            return 128  # the SM100 kernel (bwd_sm100_kernel.cuh) takes 128-row Q blocks too
+            return 128  # the SM100 kernel (sm100/bwd/kernel.cuh) takes 128-row Q blocks too
         return BLOCK_M
 
     @property
@@ -205,8 +205,8 @@ def validate(rows: list[dict]) -> list[tuple]:
 
 def b200_table() -> list[tuple]:
     """(hdim, causal, fa4 design, as built, FA3-style structure) TFLOP/s on B200 at 16k. "As
-    built" is the 1-CTA kernel of bwd_sm100_kernel.cuh (hd <= 128; None where it has no kernel);
-    hd 128 now dispatches to the 2-CTA kernel (bwd_sm100_2cta.cuh), whose single-staged order
+    built" is the 1-CTA kernel of sm100/bwd/kernel.cuh (hd <= 128; None where it has no kernel);
+    hd 128 now dispatches to the 2-CTA kernel (sm100/bwd/kernel_2cta.cuh), whose single-staged order
     this model does not describe."""
     rows = []
     for d in (64, 128, 256):

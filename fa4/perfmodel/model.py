@@ -196,7 +196,7 @@ class Config:
 
 
 def default_block_n(arch: Arch, hdim: int) -> int:
-    """kBlockN of the kernels: SM90 fwd_sm90_traits.cuh (registers), SM100 tmem.cuh (TMEM).
+    """kBlockN of the kernels: SM90 sm90/fwd/traits.cuh (registers), SM100 tmem.cuh (TMEM).
 
     SM90 hd 256 stays at 64 here: the validation CSVs were measured with that kernel; the kernel
     now runs 80 keys per block at hd 256 (Note [hd256 kBlockN 80]), which a revalidation against
@@ -207,7 +207,7 @@ def default_block_n(arch: Arch, hdim: int) -> int:
 
 
 def sm90_config(hdim: int, causal: bool = False, seqlen: int = 16384, **kw) -> Config:
-    """The SM90 fa4 kernel as built (fwd_sm90_traits.cuh: 128 x kBlockN, two warpgroups; at
+    """The SM90 fa4 kernel as built (sm90/fwd/traits.cuh: 128 x kBlockN, two warpgroups; at
     hd 64 the kernel runs 192-row tiles on three warpgroups, whose per-row costs are the same:
     the third warpgroup's extra overlap is not modelled)."""
     return Config(kw.pop("arch", H200), hdim, causal, seqlen, **kw)
@@ -414,7 +414,7 @@ def tile_costs_us(cfg: Config) -> list[float]:
 
 
 def lpt_section_heads(l2_bytes: int, seqlen_k: int, hdim: int, hdim_v: int, elem: int) -> int:
-    """tile_scheduler.cuh's lpt_section_heads (group 1): pairs whose K, V fit half the L2."""
+    """common/tile_scheduler.cuh's lpt_section_heads (group 1): pairs whose K, V fit half the L2."""
     kv = seqlen_k * (hdim + hdim_v) * elem
     return max(1, min((l2_bytes // 2) // kv if kv else 1, 1 << 20))
 

@@ -6,7 +6,7 @@
 // slices land; tests/test_sm100_bwd_dataflow.py replays the kernel's sequence on them.
 #include <cstdio>
 
-#include "../../csrc/tmem.cuh"
+#include "tmem.cuh"
 
 template <int kHeadDim, int kHeadDimV>
 void print_plan() {

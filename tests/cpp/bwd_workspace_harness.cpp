@@ -1,4 +1,4 @@
-// Checks csrc/bwd_workspace.h (compiled by g++) over a grid of problems: every float the kernels
+// Checks csrc/common/bwd_workspace.h (compiled by g++) over a grid of problems: every float the kernels
 // address for a row of a sequence (dq's d floats, lse2, dpsum, and with deterministic the turn
 // counter of its 64-row block) lies inside bytes(), the regions of different heads and buffers
 // never overlap, and the turn counters exist only in the deterministic size. Prints "ok N" (N
@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "../../csrc/bwd_workspace.h"
+#include "common/bwd_workspace.h"
 
 namespace {
 

@@ -16,7 +16,7 @@
 #include <cstring>
 #include <vector>
 
-#include "../../csrc/exp2_poly.cuh"
+#include "exp2_poly.cuh"
 
 namespace {
 

@@ -1,11 +1,11 @@
-// Compile check for tests/test_shared_headers.py: the shared headers (mask.cuh, softmax.cuh,
-// tile_scheduler.cuh) in __global__ functions shaped like the kernels' use of them, built for
+// Compile check for tests/test_shared_headers.py: the shared headers (common/mask.cuh, common/softmax.cuh,
+// common/tile_scheduler.cuh) in __global__ functions shaped like the kernels' use of them, built for
 // sm_90a and sm_100a (nvcc -c; nothing runs). ptxas must keep every fragment in registers.
 #include <stdint.h>
 
-#include "../../csrc/mask.cuh"
-#include "../../csrc/softmax.cuh"
-#include "../../csrc/tile_scheduler.cuh"
+#include "common/mask.cuh"
+#include "common/softmax.cuh"
+#include "common/tile_scheduler.cuh"
 
 namespace fa4_test {
 

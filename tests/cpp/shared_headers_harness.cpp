@@ -1,4 +1,4 @@
-// Host harness for the kernels' shared headers (csrc/mask.cuh, softmax.cuh, tile_scheduler.cuh,
+// Host harness for the kernels' shared headers (csrc/common/mask.cuh, common/softmax.cuh, common/tile_scheduler.cuh,
 // exp2_poly.cuh), driven by tests/test_shared_headers.py. Built with g++ -std=c++17.
 //
 //   harness mask IN OUT    IN: lines "s_q s_k window_left window_right causal". For each case,
@@ -38,10 +38,10 @@
 #include <string>
 #include <vector>
 
-#include "../../csrc/exp2_poly.cuh"
-#include "../../csrc/mask.cuh"
-#include "../../csrc/softmax.cuh"
-#include "../../csrc/tile_scheduler.cuh"
+#include "exp2_poly.cuh"
+#include "common/mask.cuh"
+#include "common/softmax.cuh"
+#include "common/tile_scheduler.cuh"
 
 namespace {
 
@@ -94,7 +94,7 @@ void mask_shape(const fa4::Mask& mask, FILE* out) {
 }
 
 // The same for 128 x 128 with SM90 accumulator fragments: per 64-row half, warp w, lane t of
-// a warpgroup, the rows and columns that fragment.cuh's QuadFrag says the lane holds.
+// a warpgroup, the rows and columns that common/fragment.cuh's QuadFrag says the lane holds.
 void mask_quad(const fa4::Mask& mask, FILE* out) {
   constexpr int kBM = 128, kBN = 128;
   using Frag = fa4::QuadFrag<kBN>;

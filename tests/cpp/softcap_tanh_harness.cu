@@ -1,10 +1,10 @@
-// Evaluates the kernels' softcap_tanh (csrc/softmax.cuh, Note [softcap tanh]) and plain tanhf on
+// Evaluates the kernels' softcap_tanh (csrc/common/softmax.cuh, Note [softcap tanh]) and plain tanhf on
 // the GPU, for tests/test_softcap_tanh.py: reads n float32 from argv[1], writes 2n float32 to
 // argv[2] (softcap_tanh of each, then tanhf of each). Built with the kernels' --use_fast_math.
 #include <cstdio>
 #include <vector>
 
-#include "../../csrc/softmax.cuh"
+#include "common/softmax.cuh"
 
 __global__ void eval(const float* x, float* out, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -389,7 +389,7 @@ void test_invalid_bwd() {
   CHECK(error_has("workspace=0x"));
 }
 
-// Note [bwd workspace] in bwd_workspace.h: per query head, fp32 dq (rows x head_dim), lse2 and
+// Note [bwd workspace] in common/bwd_workspace.h: per query head, fp32 dq (rows x head_dim), lse2 and
 // dpsum (rows each), and with deterministic int32 turn counters (rows / 64); rows padded to 128.
 void test_workspace_formula() {
   // Dense b=2, s_q=200 -> 2 * 256 = 512 rows; 8 heads, d=128:

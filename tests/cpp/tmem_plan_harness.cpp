@@ -3,7 +3,7 @@
 // checks the regions for overlaps and the 512-column limit.
 #include <cstdio>
 
-#include "../../csrc/tmem.cuh"
+#include "tmem.cuh"
 
 template <int kHeadDimV>
 void print_plan() {

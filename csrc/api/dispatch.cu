@@ -1,0 +1,467 @@
+// Validation and arch dispatch for the C++ API in api/fa4.h. Built by CMake (the fa4::fa4 library)
+// and by setup.py (the PyTorch extension), so it depends on nothing but the CUDA runtime.
+#include "common/bwd_workspace.h"
+#include "api/fa4.h"
+#include "common/params.h"
+
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+
+// Both build systems pass -DFA4_VERSION="x.y.z" from fa4/VERSION; the fallback keeps a build that
+// sets nothing honest about what it is. tests/test_cpp_api.py checks that it matches fa4/VERSION.
+#ifndef FA4_VERSION
+#define FA4_VERSION "0.1.0"
+#endif
+
+// Lets the compiler check every message's format string against its arguments.
+#if defined(__GNUC__)
+#define FA4_PRINTF_LIKE(fmt_index, first_arg) __attribute__((format(printf, fmt_index, first_arg)))
+#else
+#define FA4_PRINTF_LIKE(fmt_index, first_arg)
+#endif
+
+namespace fa4 {
+
+// Each kernel file defines its launch function (common/params.h) and the build defines
+// FA4_HAS_<ARCH>_<DIR> when it compiles that file (CMake / setup.py, only for archs in
+// FA4_CUDA_ARCHS), so the table below is the one place that knows which kernels exist.
+#if defined(FA4_HAS_SM90_FWD)
+constexpr FwdLaunch kSm90Fwd = &run_fwd_sm90;
+#else
+constexpr FwdLaunch kSm90Fwd = nullptr;
+#endif
+#if defined(FA4_HAS_SM90_BWD)
+constexpr BwdLaunch kSm90Bwd = &run_bwd_sm90;
+#else
+constexpr BwdLaunch kSm90Bwd = nullptr;
+#endif
+#if defined(FA4_HAS_SM100_FWD)
+Status run_fwd_sm100(const FwdParams&, const DeviceInfo&, cudaStream_t);
+constexpr FwdLaunch kSm100Fwd = &run_fwd_sm100;
+#else
+constexpr FwdLaunch kSm100Fwd = nullptr;
+#endif
+#if defined(FA4_HAS_SM100_BWD)
+Status run_bwd_sm100(const BwdParams&, const DeviceInfo&, void*, cudaStream_t);
+constexpr BwdLaunch kSm100Bwd = &run_bwd_sm100;
+#else
+constexpr BwdLaunch kSm100Bwd = nullptr;
+#endif
+
+namespace {
+
+struct ArchKernels {
+  // The exact compute capability the cubin runs on: sm_90a / sm_100a code uses arch-specific
+  // instructions (wgmma, tcgen05) and does not run on any other CC, not even a later minor.
+  int cc_major;
+  int cc_minor;
+  const char* name;
+  FwdLaunch fwd;  // null: not compiled into this build
+  BwdLaunch bwd;
+  const char* fwd_plan;  // where the missing kernel is tracked, quoted in the error message
+  const char* bwd_plan;
+};
+
+constexpr ArchKernels kArchs[] = {
+    {9, 0, "SM90", kSm90Fwd, kSm90Bwd, "issue 3", "issue 4"},
+    {10, 0, "SM100", kSm100Fwd, kSm100Bwd, "issue 5", "issue 6"},
+};
+
+// Fixed-size so that recording an error can never throw or allocate.
+thread_local char t_last_error[1024] = "";
+
+FA4_PRINTF_LIKE(2, 3) Status fail(Status s, const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(t_last_error, sizeof(t_last_error), fmt, args);
+  va_end(args);
+  return s;
+}
+
+Status cuda_fail(const char* what, cudaError_t e) {
+  return fail(Status::kCudaError, "fa4 %s: %s failed: %s (%s)", FA4_VERSION, what,
+              cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+bool is_varlen(const FwdParams& p) {
+  return p.cu_seqlens_q != nullptr;
+}
+int64_t q_rows(const FwdParams& p) {
+  return is_varlen(p) ? p.total_q : int64_t{p.batch} * p.seqlen_q;
+}
+int64_t k_rows(const FwdParams& p) {
+  return is_varlen(p) ? p.total_k : int64_t{p.batch} * p.seqlen_k;
+}
+
+// Collects the first broken rule. `prefix` is "fwd." when checking BwdParams::fwd so that the
+// message names the field exactly as the caller spells it.
+class Checker {
+ public:
+  explicit Checker(const char* prefix) : prefix_(prefix) {}
+  bool ok() const { return ok_; }
+  Status status() const { return ok_ ? Status::kOk : Status::kInvalid; }
+
+  // Records `field`'s rule violation (printf-style) unless an earlier one was recorded.
+  FA4_PRINTF_LIKE(3, 4) void fail(const char* field, const char* fmt, ...) {
+    if (!ok_) return;
+    ok_ = false;
+    int n = std::snprintf(t_last_error, sizeof(t_last_error), "%s%s", prefix_, field);
+    if (n < 0 || n >= static_cast<int>(sizeof(t_last_error))) return;
+    va_list args;
+    va_start(args, fmt);
+    std::vsnprintf(t_last_error + n, sizeof(t_last_error) - n, fmt, args);
+    va_end(args);
+  }
+
+  void require_ptr(const char* field, const void* ptr, bool needed, const char* why) {
+    if (needed && ptr == nullptr) fail(field, " is null: required %s", why);
+  }
+
+  // A 16-bit tensor moved by TMA: 16-byte aligned base (see api/fa4.h).
+  void require_aligned(const char* field, const void* ptr) {
+    auto addr = reinterpret_cast<uintptr_t>(ptr);
+    if (addr % 16 != 0) {
+      fail(field, "=%p not 16-byte aligned (TMA needs 16-byte global addresses)", ptr);
+    }
+  }
+
+  // One stride of a 16-bit tensor, for a dimension of `extent` elements.
+  void require_stride(const char* field, int64_t stride, int64_t extent) {
+    if (stride < 0) {
+      fail(field, "=%lld is negative: strides must be >= 0", static_cast<long long>(stride));
+    } else if (extent > 1 && stride % 8 != 0) {
+      fail(field, "=%lld not a multiple of 8 elements (TMA needs 16-byte strides)",
+           static_cast<long long>(stride));
+    }
+  }
+
+ private:
+  const char* prefix_;
+  bool ok_ = true;
+};
+
+// The 16-bit tensor `name` with its three strides; rows = its row count, heads = its head count.
+void check_tensor(Checker& c, const char* name, const void* ptr, bool varlen, int batch,
+                  int64_t rows_per_batch, int heads, int64_t batch_stride, int64_t row_stride,
+                  int64_t head_stride) {
+  char field[64];
+  c.require_aligned(name, ptr);
+  if (!varlen) {
+    std::snprintf(field, sizeof(field), "%s_batch_stride", name);
+    c.require_stride(field, batch_stride, batch);
+  }
+  std::snprintf(field, sizeof(field), "%s_row_stride", name);
+  c.require_stride(field, row_stride, rows_per_batch);
+  std::snprintf(field, sizeof(field), "%s_head_stride", name);
+  c.require_stride(field, head_stride, heads);
+}
+
+// Everything bwd_workspace_size depends on, plus the other size rules.
+void check_sizes(Checker& c, const FwdParams& p) {
+  if (p.batch < 1) c.fail("batch", "=%d must be >= 1", p.batch);
+  if (p.seqlen_q < 0) c.fail("seqlen_q", "=%d must be >= 0", p.seqlen_q);
+  if (p.seqlen_k < 0) c.fail("seqlen_k", "=%d must be >= 0", p.seqlen_k);
+  if (p.heads_q < 1) c.fail("heads_q", "=%d must be >= 1", p.heads_q);
+  if (p.heads_kv < 1) c.fail("heads_kv", "=%d must be >= 1", p.heads_kv);
+  if (c.ok() && p.heads_q % p.heads_kv != 0) {
+    c.fail("heads_q", "=%d not a multiple of heads_kv=%d (GQA/MQA groups whole heads)", p.heads_q,
+           p.heads_kv);
+  }
+  const int d = p.head_dim;
+  if (d != 64 && d != 96 && d != 128 && d != 192 && d != 256) {
+    c.fail("head_dim", "=%d not supported: 64, 96, 128, 192, 256, or (192, d_v=128)", d);
+  } else if (p.head_dim_v != d && !(d == 192 && p.head_dim_v == 128)) {
+    c.fail("head_dim_v",
+           "=%d not supported with head_dim=%d: head_dim_v must equal head_dim, except "
+           "head_dim=192 with head_dim_v=128",
+           p.head_dim_v, d);
+  }
+  const bool varlen_q = p.cu_seqlens_q != nullptr;
+  const bool varlen_k = p.cu_seqlens_k != nullptr;
+  if (varlen_q != varlen_k) {
+    c.fail(varlen_q ? "cu_seqlens_k" : "cu_seqlens_q",
+           " is null while %s is set: both set (varlen) or both null (dense)",
+           varlen_q ? "cu_seqlens_q" : "cu_seqlens_k");
+  }
+  if (p.seqused_k != nullptr && !varlen_k) {
+    c.fail("seqused_k", " is set without cu_seqlens_k: only allowed with varlen");
+  }
+  if (varlen_q && c.ok()) {
+    if (p.total_q < 0) c.fail("total_q", "=%d must be >= 0", p.total_q);
+    if (p.total_k < 0) c.fail("total_k", "=%d must be >= 0", p.total_k);
+    if (int64_t{p.total_q} > int64_t{p.batch} * p.seqlen_q) {
+      c.fail("total_q", "=%d exceeds batch * seqlen_q = %d * %d (seqlen_q is the max length)",
+             p.total_q, p.batch, p.seqlen_q);
+    }
+    // With seqused_k the packed key rows may exceed what is used, so only bound without it.
+    if (p.seqused_k == nullptr && int64_t{p.total_k} > int64_t{p.batch} * p.seqlen_k) {
+      c.fail("total_k", "=%d exceeds batch * seqlen_k = %d * %d (seqlen_k is the max length)",
+             p.total_k, p.batch, p.seqlen_k);
+    }
+  }
+}
+
+void check_fwd(Checker& c, const FwdParams& p, bool lse_required) {
+  check_sizes(c, p);
+  if (!c.ok()) return;  // the rules below index with the sizes
+
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
+    c.fail("dtype", "=%d unknown: DType::kFloat16 or DType::kBFloat16", static_cast<int>(p.dtype));
+  }
+  if (!(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f)) {
+    c.fail("softmax_scale", "=%g must be finite and > 0 (usually 1/sqrt(head_dim))",
+           static_cast<double>(p.softmax_scale));
+  }
+  if (!(std::isfinite(p.softcap) && p.softcap >= 0.0f)) {
+    c.fail("softcap", "=%g must be finite and >= 0 (0 = off)", static_cast<double>(p.softcap));
+  }
+  if (p.window_left < -1) {
+    c.fail("window_left", "=%d must be >= -1 (-1 = unbounded)", p.window_left);
+  }
+  if (p.window_right < -1) {
+    c.fail("window_right", "=%d must be >= -1 (-1 = unbounded)", p.window_right);
+  }
+  if (p.causal && p.window_right != -1 && p.window_right != 0) {
+    c.fail("window_right",
+           "=%d contradicts causal=true: causal means window_right = 0 (pass -1 or 0)",
+           p.window_right);
+  }
+  if (p.num_sms < 0) c.fail("num_sms", "=%d must be >= 0 (0 = the device's count)", p.num_sms);
+  if (reinterpret_cast<uintptr_t>(p.tile_counter) % 8 != 0) {
+    c.fail("tile_counter", "=%p not 8-byte aligned", static_cast<void*>(p.tile_counter));
+  }
+
+  const bool varlen = is_varlen(p);
+  const int64_t sq = varlen ? p.total_q : p.seqlen_q;  // row extent per batch entry
+  const int64_t sk = varlen ? p.total_k : p.seqlen_k;
+  const bool has_q = q_rows(p) > 0;
+  const bool has_k = k_rows(p) > 0;
+  c.require_ptr("q", p.q, has_q, "when there are query rows");
+  c.require_ptr("out", p.out, has_q, "when there are query rows");
+  c.require_ptr("k", p.k, has_k, "when there are key rows");
+  c.require_ptr("v", p.v, has_k, "when there are key rows");
+  c.require_ptr("lse", p.lse, lse_required && has_q, "by the backward (it is an input there)");
+  check_tensor(c, "q", p.q, varlen, p.batch, sq, p.heads_q, p.q_batch_stride, p.q_row_stride,
+               p.q_head_stride);
+  check_tensor(c, "k", p.k, varlen, p.batch, sk, p.heads_kv, p.k_batch_stride, p.k_row_stride,
+               p.k_head_stride);
+  check_tensor(c, "v", p.v, varlen, p.batch, sk, p.heads_kv, p.v_batch_stride, p.v_row_stride,
+               p.v_head_stride);
+  check_tensor(c, "out", p.out, varlen, p.batch, sq, p.heads_q, p.out_batch_stride,
+               p.out_row_stride, p.out_head_stride);
+  if (p.lse != nullptr) {
+    // fp32 and written row by row, so no TMA alignment rule; only the sign.
+    if (!varlen && p.lse_batch_stride < 0) {
+      c.fail("lse_batch_stride", "=%lld is negative: strides must be >= 0",
+             static_cast<long long>(p.lse_batch_stride));
+    }
+    if (p.lse_head_stride < 0) {
+      c.fail("lse_head_stride", "=%lld is negative: strides must be >= 0",
+             static_cast<long long>(p.lse_head_stride));
+    }
+  }
+}
+
+const ArchKernels* find_arch(int cc_major, int cc_minor) {
+  for (const ArchKernels& a : kArchs) {
+    if (a.cc_major == cc_major && a.cc_minor == cc_minor) return &a;
+  }
+  return nullptr;
+}
+
+// "SM90 forward: issue 3, SM100 forward: issue 5" for the kernels this build lacks.
+void describe_missing(char* buf, size_t n, bool fwd) {
+  buf[0] = '\0';
+  size_t used = 0;
+  for (const ArchKernels& a : kArchs) {
+    if ((fwd ? a.fwd != nullptr : a.bwd != nullptr) || used >= n) continue;
+    int w = std::snprintf(buf + used, n - used, "%s%s %s: %s", used ? ", " : "", a.name,
+                          fwd ? "forward" : "backward", fwd ? a.fwd_plan : a.bwd_plan);
+    if (w > 0) used += static_cast<size_t>(w);
+  }
+}
+
+// "SM90, SM100" for the kernels this build has.
+void describe_compiled(char* buf, size_t n, bool fwd) {
+  buf[0] = '\0';
+  size_t used = 0;
+  for (const ArchKernels& a : kArchs) {
+    if ((fwd ? a.fwd == nullptr : a.bwd == nullptr) || used >= n) continue;
+    int w = std::snprintf(buf + used, n - used, "%s%s", used ? ", " : "", a.name);
+    if (w > 0) used += static_cast<size_t>(w);
+  }
+}
+
+bool any_compiled(bool fwd) {
+  for (const ArchKernels& a : kArchs) {
+    if (fwd ? a.fwd != nullptr : a.bwd != nullptr) return true;
+  }
+  return false;
+}
+
+// Picks the kernel for the current device. The device is queried only when some kernel for this
+// direction is compiled in, so a kernel-less build never touches it (and answers the same on a
+// machine without one).
+Status select_arch(bool fwd, int num_sms, const ArchKernels** arch, DeviceInfo* info) {
+  const char* dir = fwd ? "forward" : "backward";
+  if (!any_compiled(fwd)) {
+    char missing[256];
+    describe_missing(missing, sizeof(missing), fwd);
+    return fail(Status::kUnsupported, "fa4 %s: no %s kernel is compiled into this build yet (%s)",
+                FA4_VERSION, dir, missing);
+  }
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return cuda_fail("cudaGetDevice", e);
+  e = cudaDeviceGetAttribute(&info->cc_major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e == cudaSuccess) {
+    e = cudaDeviceGetAttribute(&info->cc_minor, cudaDevAttrComputeCapabilityMinor, dev);
+  }
+  if (e == cudaSuccess) {
+    e = cudaDeviceGetAttribute(&info->num_sms, cudaDevAttrMultiProcessorCount, dev);
+  }
+  if (e != cudaSuccess) return cuda_fail("cudaDeviceGetAttribute", e);
+  if (num_sms > 0) info->num_sms = num_sms;
+
+  *arch = find_arch(info->cc_major, info->cc_minor);
+  if (*arch == nullptr || (fwd ? (*arch)->fwd == nullptr : (*arch)->bwd == nullptr)) {
+    char compiled[128];
+    describe_compiled(compiled, sizeof(compiled), fwd);
+    return fail(Status::kUnsupported,
+                "fa4 %s: no %s kernel for this GPU (compute capability %d.%d); this build has: %s",
+                FA4_VERSION, dir, info->cc_major, info->cc_minor, compiled);
+  }
+  return Status::kOk;
+}
+
+// The tile order options of the environment variable `name` (common/tile_scheduler.cuh), or kInvalid
+// naming it when its text has a token they do not know.
+Status tile_order_from_env(const char* name, DeviceInfo* info) {
+  info->tile_order = TileOrderOptions::from_env(name);
+  if (info->tile_order.ok) return Status::kOk;
+  return fail(Status::kInvalid,
+              "%s=%s: its tokens are first, wave, l2 or a positive number, comma-separated (or "
+              "unset it)",
+              name, getenv(name));
+}
+
+}  // namespace
+
+Status kernel_fail(Status s, const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(t_last_error, sizeof(t_last_error), fmt, args);
+  va_end(args);
+  return s;
+}
+
+const char* status_name(Status s) noexcept {
+  switch (s) {
+    case Status::kOk:
+      return "ok";
+    case Status::kUnsupported:
+      return "unsupported";
+    case Status::kInvalid:
+      return "invalid";
+    case Status::kCudaError:
+      return "cuda_error";
+  }
+  return "unknown";
+}
+
+const char* last_error() noexcept {
+  return t_last_error;
+}
+
+const char* version() noexcept {
+  return FA4_VERSION;
+}
+
+Status validate(const FwdParams& p) noexcept {
+  Checker c("");
+  check_fwd(c, p, /*lse_required=*/false);
+  return c.status();
+}
+
+Status validate(const BwdParams& p) noexcept {
+  Checker f("fwd.");
+  check_fwd(f, p.fwd, /*lse_required=*/true);
+  if (!f.ok()) return f.status();
+
+  const FwdParams& fp = p.fwd;
+  Checker c("");
+  const bool varlen = is_varlen(fp);
+  const int64_t sq = varlen ? fp.total_q : fp.seqlen_q;
+  const int64_t sk = varlen ? fp.total_k : fp.seqlen_k;
+  const bool has_q = q_rows(fp) > 0;
+  const bool has_k = k_rows(fp) > 0;
+  c.require_ptr("dout", p.dout, has_q, "when there are query rows");
+  c.require_ptr("dq", p.dq, has_q, "when there are query rows");
+  c.require_ptr("dk", p.dk, has_k, "when there are key rows");
+  c.require_ptr("dv", p.dv, has_k, "when there are key rows");
+  check_tensor(c, "dout", p.dout, varlen, fp.batch, sq, fp.heads_q, p.dout_batch_stride,
+               p.dout_row_stride, p.dout_head_stride);
+  check_tensor(c, "dq", p.dq, varlen, fp.batch, sq, fp.heads_q, p.dq_batch_stride, p.dq_row_stride,
+               p.dq_head_stride);
+  check_tensor(c, "dk", p.dk, varlen, fp.batch, sk, fp.heads_kv, p.dk_batch_stride, p.dk_row_stride,
+               p.dk_head_stride);
+  check_tensor(c, "dv", p.dv, varlen, fp.batch, sk, fp.heads_kv, p.dv_batch_stride, p.dv_row_stride,
+               p.dv_head_stride);
+  return c.status();
+}
+
+Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept {
+  Status s = validate(p);
+  if (s != Status::kOk) return s;
+  if (q_rows(p) == 0) return Status::kOk;  // no output element: nothing to write (see api/fa4.h)
+
+  const ArchKernels* arch = nullptr;
+  DeviceInfo info;
+  s = tile_order_from_env("FA4_TILE_ORDER", &info);  // Note [tile order options]
+  if (s != Status::kOk) return s;
+  s = select_arch(/*fwd=*/true, p.num_sms, &arch, &info);
+  if (s != Status::kOk) return s;
+  return arch->fwd(p, info, stream);
+}
+
+// Layout and size: common/bwd_workspace.h (Note [bwd workspace]).
+size_t bwd_workspace_size(const BwdParams& p) noexcept {
+  Checker c("fwd.");
+  check_sizes(c, p.fwd);
+  if (!c.ok()) return 0;
+  const FwdParams& f = p.fwd;
+  if (q_rows(f) == 0) return 0;
+  return static_cast<size_t>(BwdWorkspace::bytes(is_varlen(f), f.batch, f.seqlen_q, f.total_q,
+                                                 f.heads_q, f.head_dim, f.deterministic));
+}
+
+Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes,
+               cudaStream_t stream) noexcept {
+  Status s = validate(p);
+  if (s != Status::kOk) return s;
+  const size_t needed = bwd_workspace_size(p);
+  if (workspace_bytes < needed) {
+    return fail(Status::kInvalid, "workspace_bytes=%zu smaller than bwd_workspace_size()=%zu",
+                workspace_bytes, needed);
+  }
+  if (needed > 0 && workspace == nullptr) {
+    return fail(Status::kInvalid, "workspace is null: required %zu bytes", needed);
+  }
+  if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+    return fail(Status::kInvalid, "workspace=%p not 16-byte aligned", workspace);
+  }
+  // No gradient element at all: nothing to write (see api/fa4.h).
+  if (q_rows(p.fwd) == 0 && k_rows(p.fwd) == 0) return Status::kOk;
+
+  const ArchKernels* arch = nullptr;
+  DeviceInfo info;
+  s = tile_order_from_env("FA4_BWD_TILE_ORDER", &info);  // Note [bwd tile order options]
+  if (s != Status::kOk) return s;
+  s = select_arch(/*fwd=*/false, p.fwd.num_sms, &arch, &info);
+  if (s != Status::kOk) return s;
+  return arch->bwd(p, info, workspace, stream);
+}
+
+}  // namespace fa4

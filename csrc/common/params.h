@@ -1,0 +1,57 @@
+// Internal interface between api/dispatch.cu and the kernel files: what a launch function gets
+// besides the public params, and the launch functions each kernel file defines.
+#pragma once
+
+#include "api/fa4.h"
+#include "common/tile_scheduler.cuh"
+
+namespace fa4 {
+
+// Resolved once by api/dispatch.cu so that kernels do not each query the device (or the
+// environment).
+struct DeviceInfo {
+  int cc_major = 0;
+  int cc_minor = 0;
+  int num_sms = 0;              // FwdParams::num_sms if set, else the device's SM count
+  TileOrderOptions tile_order;  // FA4_TILE_ORDER / FA4_BWD_TILE_ORDER (common/tile_scheduler.cuh)
+};
+
+using FwdLaunch = Status (*)(const FwdParams&, const DeviceInfo&, cudaStream_t);
+using BwdLaunch = Status (*)(const BwdParams&, const DeviceInfo&, void* workspace, cudaStream_t);
+
+// Defined by fwd_sm90.cu, compiled (with FA4_HAS_SM90_FWD) when 90a is in FA4_CUDA_ARCHS.
+Status run_fwd_sm90(const FwdParams&, const DeviceInfo&, cudaStream_t);
+// Defined by fwd_sm100.cu (compiled, not executed), compiled with FA4_HAS_SM100_FWD when an
+// SM100 arch is in FA4_CUDA_ARCHS.
+Status run_fwd_sm100(const FwdParams&, const DeviceInfo&, cudaStream_t);
+// Defined by bwd_sm90.cu, compiled (with FA4_HAS_SM90_BWD) when 90a is in FA4_CUDA_ARCHS.
+Status run_bwd_sm90(const BwdParams&, const DeviceInfo&, void* workspace, cudaStream_t);
+
+// Sets last_error() for a kernel file's kUnsupported / kCudaError answers (api/dispatch.cu).
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+Status kernel_fail(Status s, const char* fmt, ...);
+
+// Launches a kernel with `smem_bytes` of dynamic shared memory (opting in above 48 KB) and turns
+// CUDA errors into kCudaError with the kernel's name. Host code; for the kernel files (.cu).
+#ifdef __CUDACC__
+template <class Kernel, class... Args>
+Status launch_kernel(const char* name, Kernel kernel, dim3 grid, int threads, int smem_bytes,
+                     cudaStream_t stream, const Args&... args) {
+  cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (e != cudaSuccess) {
+    return kernel_fail(Status::kCudaError, "%s: cudaFuncSetAttribute: %s", name,
+                       cudaGetErrorString(e));
+  }
+  kernel<<<grid, threads, smem_bytes, stream>>>(args...);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    return kernel_fail(Status::kCudaError, "%s launch: %s", name, cudaGetErrorString(e));
+  }
+  return Status::kOk;
+}
+#endif
+
+}  // namespace fa4

@@ -1,0 +1,317 @@
+// Persistent static tile scheduling for the forward kernels of every architecture: a grid of
+// min(num_sms, tiles) CTAs, CTA c taking work items c, c + grid, c + 2 grid, ...; each item is
+// one (batch, head, m_block) Q tile. Host-callable, so tests/test_shared_headers.py checks that
+// every tile is visited exactly once and that the causal order is longest first. The
+// backward's grid of kv tiles (BwdGrid) is at the end.
+//
+//   const TileScheduler sched = TileScheduler::make(...);
+//   for (int64_t w = blockIdx.x; w < sched.total(); w += gridDim.x) {
+//     const TileCoord t = sched.at(w);
+//     ...
+//   }
+//
+// Orders (TileOrder):
+// - kMBlockFastest (non-causal): w -> (batch, head, m_block) with m_block fastest, then head,
+//   then batch. The CTAs running at one time take consecutive items, i.e. the Q tiles of one or
+//   a few heads, and every Q tile of a head reads all of the head's K and V; q heads of one GQA
+//   group are adjacent (head = kv_head * group + g), so the group's tiles are consecutive too.
+//   132 CTAs at s = 16k (128 Q tiles per head) span 2-3 heads: K and V of d = 128 are 8 MB per
+//   head, which the 50 MB L2 of an H100/H200 holds, and HBM reads each K/V block about once
+//   instead of once per Q tile.
+// - kLongestFirst (causal, Note [LPT order]): Q tile m_block of a causal mask visits m_block + 1
+//   (+ the diagonal offset) KV blocks, so costs range over 1..n_m blocks. Static striding in
+//   increasing order would give the last CTAs the most expensive tiles at the end; descending
+//   order (longest-processing-time first) leaves the cheap tiles for the tail, where they even
+//   out. To keep K/V reuse, the (batch, head) pairs are cut into sections of section_heads
+//   consecutive pairs (sized by lpt_section_heads so that the section's K and V fit in half the
+//   L2): sections in order; within one, m_block descending and the pair fastest. Pure LPT over
+//   all heads would run the same m_block of 132 different heads at once: each tile's K/V
+//   from HBM, 128 FLOP/byte at d = 128, which caps 4.3 TB/s at ~550 TFLOP/s.
+//
+// Note [tile order options]: FA4_TILE_ORDER (read by run_fwd at each call, TileOrderOptions)
+// changes two things of the causal order. "first" puts the partial section (pairs % section)
+// first instead of last: left last, its longest tiles are claimed when the other CTAs are
+// finishing the previous section's shortest ones, the tail LPT is meant to avoid (at 2k rows,
+// d = 128, b·h = 128: sections of 25 leave 3 pairs, whose 16-block tiles start at item 2000 of
+// 2048). "wave" caps a section at the pairs whose tiles fill the grid once (ctas / m_blocks
+// pairs, at least one GQA group): with 100 pairs of 4 tiles (512 rows), the CTAs running at one
+// time all hold the section's first tiles, which load every K/V block of the section from HBM
+// at once, and later its last tiles, which load none. A number caps it at that many pairs;
+// "plain" is the order above with neither. Tokens are comma-separated ("first,wave"); any other
+// makes run_fwd return kInvalid before a launch. Unset (or empty): Note [default tile order].
+//
+// Note [default tile order]: measured on an H100 (docs/perf.md, 2026-12-05: bench/env_sweep.py,
+// two or three rotated rounds a call), "first,wave" against "plain" gave the causal forward
+// +10-12 % at 512 rows (d = 64 and 128), +4-8 % at 1k, +2.5-4.5 % at 2k-4k and 0-4 % at 16k,
+// and d = 256 +1 % at 512 and +4-8 % from 1k. A cap of 16 pairs on top added, at 512 rows, d = 64
+// +4-5 % and d = 256 +8 % (their waves are 99 and 33 pairs of 4 tiles; 8 pairs gave d = 64 the
+// same and d = 256 half of it) and d = 128 nothing, and changes nothing from 1k at d = 128 / 256
+// (a wave is 16 pairs or fewer there). So "first,wave,16" is the forward's default; it changes
+// only masked problems' order, and the SM100 forward takes it too (compiled, not executed; a
+// B200's SMs and L2 differ). (The same calls' unmasked points, whose order the options do not
+// touch, moved up to 3.5 % between variants: the noise.)
+// The backward's "l2,first" gave causal d = 128 +5 % at 512 rows, +1-4 % at 1k-4k and 0 at 16k,
+// d = 256 +2-3 % at 512-4k and +1 % at 16k, but cost d = 64 2.5 % at 512 and, unmasked, up to
+// 15 % at 512 (not explained; docs/perf-notes.md lists the candidates), so it is the default
+// for causal d >= 128 (192 lies between the two measured dims; not measured itself), and not in
+// deterministic mode, whose descending walk was not measured.
+//
+// Note [scheduler int64]: the item index is int64. Dense problems cannot reach 2^31 items
+// (b·h·s_q <= 2^30 for a bf16 q of d >= 64 in 141 GB, so items <= b·h·(s_q/128 + 1) < 2^31), but
+// varlen tiles are counted over max_seqlen_q for every sequence: 10^6 sequences, one of them
+// 10^5 tokens long, and 64 heads give 10^6 · 64 · 782 = 5·10^10 items. The int64 divisions cost
+// ~100 instructions once per tile, next to ~10^3 clk of MMA for each KV block the tile visits.
+#pragma once
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fragment.cuh"
+
+namespace fa4 {
+
+struct TileCoord {
+  int batch, head, m_block;
+};
+
+enum class TileOrder : int { kMBlockFastest, kLongestFirst };
+
+// (batch, head) pairs per LPT section: as many GQA groups as fit their K and V (seqlen_k rows of
+// d + d_v elements) into half of the L2, the other half left to Q, O and the rest; at least one
+// group. E.g. 50 MB L2, s_k = 8k, d = d_v = 128, bf16: 4 MB per kv head, 6 groups.
+__host__ __device__ inline int lpt_section_heads(int64_t l2_bytes, int seqlen_k, int head_dim,
+                                                 int head_dim_v, int elem_bytes, int group) {
+  const int64_t kv_bytes = int64_t(seqlen_k) * (head_dim + head_dim_v) * elem_bytes;
+  int64_t groups = kv_bytes > 0 ? (l2_bytes / 2) / kv_bytes : 1;
+  groups = groups < 1 ? 1 : (groups > (1 << 20) ? (1 << 20) : groups);
+  return static_cast<int>(groups) * group;
+}
+
+// Note [tile order options]; the defaults are the order of Note [LPT order].
+struct TileOrderOptions {
+  bool partial_first = false;  // "first": the section of pairs % section pairs goes first
+  bool wave = false;           // "wave": at most ctas / m_blocks pairs (whole groups) a section
+  int max_pairs = 0;           // "<n>": at most n pairs a section (rounded up to whole groups)
+  bool l2 = false;             // "l2": sections by the L2 (the forward's always are; BwdGrid)
+  bool given = false;          // the variable named options ("plain": none): no defaults added
+  bool ok = true;              // false: the text had a token other than these
+
+  // Host only: parses a FA4_TILE_ORDER value (nullptr or "": the defaults; an empty token, as
+  // in "wave,", is unknown).
+  static TileOrderOptions parse(const char* text) {
+    TileOrderOptions o;
+    if (text == nullptr || *text == '\0') return o;
+    o.given = true;
+    for (const char* t = text;;) {
+      const char* end = t;
+      while (*end != '\0' && *end != ',') ++end;
+      const int n = int(end - t);
+      int value = 0;
+      bool digits = n > 0 && n < 8;
+      for (const char* c = t; c < end && digits; ++c) {
+        digits = *c >= '0' && *c <= '9';
+        value = value * 10 + (*c - '0');
+      }
+      if (n == 5 && strncmp(t, "first", 5) == 0) {
+        o.partial_first = true;
+      } else if (n == 4 && strncmp(t, "wave", 4) == 0) {
+        o.wave = true;
+      } else if (n == 2 && strncmp(t, "l2", 2) == 0) {
+        o.l2 = true;
+      } else if (n == 5 && strncmp(t, "plain", 5) == 0) {
+        // no option: the walk of Note [LPT order] / pair by pair, to measure the defaults against
+      } else if (digits && value > 0) {
+        o.max_pairs = value;
+      } else {
+        o.ok = false;
+      }
+      if (*end == '\0') break;
+      t = end + 1;  // an empty token after a comma is unknown
+    }
+    return o;
+  }
+  // FA4_TILE_ORDER (the forward) or FA4_BWD_TILE_ORDER (the backward).
+  static TileOrderOptions from_env(const char* name) { return parse(getenv(name)); }
+
+  // Note [default tile order]: the options when the variable names none.
+  TileOrderOptions forward_or_default() const {
+    TileOrderOptions o = *this;
+    if (!given) {
+      o.partial_first = o.wave = true;
+      o.max_pairs = 16;
+    }
+    return o;
+  }
+  TileOrderOptions backward_or_default(bool causal, int head_dim, bool deterministic) const {
+    TileOrderOptions o = *this;
+    if (!given && causal && head_dim >= 128 && !deterministic) o.partial_first = o.l2 = true;
+    return o;
+  }
+};
+
+struct TileScheduler {
+  int num_batch = 0, num_heads = 0, num_m_blocks = 0;
+  TileOrder order = TileOrder::kMBlockFastest;
+  int section_heads = 1;  // kLongestFirst: (batch, head) pairs per section, >= 1
+  int64_t rotation = 0;   // kLongestFirst: the items of the sections before a partial last one
+  int64_t items = 0;      // num_batch · num_heads · num_m_blocks, kept for at()'s rotation
+
+  // num_m_blocks: ceil(seqlen_q / kBlockM), of max_seqlen_q for varlen (the tiles past a
+  // sequence's end get an empty BlockRange with no rows, and the CTA moves on). partial_first:
+  // Note [tile order options]'s "first", as a rotation of the items: the last section's items
+  // first, then the others' from item 0. One add and one compare against the kept item count in
+  // at(): the producer decodes there with 32 registers in the three-CTA kernel, and a first
+  // section of its own size (a branch, two more live values) or the count recomputed raised its
+  // spills from 72 to 76 and 88 bytes (ptxas; tests/test_sass_sm90.py bounds them).
+  __host__ __device__ static TileScheduler make(int num_batch, int num_heads, int num_m_blocks,
+                                                TileOrder order, int section_heads = 1,
+                                                bool partial_first = false) {
+    TileScheduler s;
+    s.num_batch = num_batch;
+    s.num_heads = num_heads;
+    s.num_m_blocks = num_m_blocks;
+    s.order = order;
+    s.section_heads = section_heads < 1 ? 1 : section_heads;
+    const int64_t pairs = int64_t(num_batch) * num_heads;
+    const int64_t rest = pairs % s.section_heads;
+    s.items = pairs * num_m_blocks;
+    if (partial_first && order == TileOrder::kLongestFirst && rest != 0) {
+      s.rotation = (pairs - rest) * num_m_blocks;
+    }
+    return s;
+  }
+
+  // The forward's scheduler for FwdParams (a template, so this header needs no api/fa4.h): tiles of
+  // `tile_rows` query rows (max_seqlen_q for varlen), longest-first for any mask. 50 MB is the
+  // H100/H200 L2; B200's is larger, left at 50 MB until a B200 can measure it.
+  // ctas: the CTAs the launch may run at once (SMs × CTAs per SM), for opt.wave.
+  template <class Params>
+  static TileScheduler for_forward(const Params& p, int tile_rows, int elem_bytes, int ctas = 0,
+                                   const TileOrderOptions& requested = {}) {
+    const TileOrderOptions opt = requested.forward_or_default();
+    const int m_blocks = (p.seqlen_q + tile_rows - 1) / tile_rows;
+    const bool masked = p.causal || p.window_right >= 0 || p.window_left >= 0;
+    const int group = p.heads_q / p.heads_kv;
+    int section = lpt_section_heads(int64_t(50) << 20, p.seqlen_k, p.head_dim, p.head_dim_v,
+                                    elem_bytes, group);
+    auto cap = [&](int64_t pairs) {  // whole groups, at least one
+      const int64_t g = (pairs + group - 1) / group;
+      if (g * group < section) section = static_cast<int>((g < 1 ? 1 : g) * group);
+    };
+    if (opt.wave && m_blocks > 0 && ctas > 0) cap(ctas / m_blocks / group * group);
+    if (opt.max_pairs > 0) cap(opt.max_pairs);
+    return make(p.batch, p.heads_q, m_blocks,
+                masked ? TileOrder::kLongestFirst : TileOrder::kMBlockFastest, section,
+                opt.partial_first);
+  }
+
+  __host__ __device__ int64_t total() const { return items; }
+  // CTAs to launch: one per SM, fewer when there are fewer tiles (0: nothing to launch).
+  __host__ __device__ int grid(int num_sms) const {
+    const int64_t t = total();
+    return t < num_sms ? static_cast<int>(t) : num_sms;
+  }
+
+  // Work item w in [0, total()) -> its tile.
+  __host__ __device__ TileCoord at(int64_t w) const {
+    int64_t pair;  // batch * num_heads + head
+    int m_block;
+    if (order == TileOrder::kMBlockFastest) {
+      m_block = static_cast<int>(w % num_m_blocks);
+      pair = w / num_m_blocks;
+    } else {
+      // Note [LPT order]: section k holds pairs [k S, k S + S_k), S_k = S except for the last;
+      // its items run m_block from num_m_blocks - 1 down, each over the section's pairs. A
+      // rotation starts the walk at the last section (Note [tile order options]).
+      w += rotation;
+      if (w >= items) w -= items;
+      const int64_t pairs = int64_t(num_batch) * num_heads;
+      const int64_t per_section = int64_t(section_heads) * num_m_blocks;
+      const int64_t k = w / per_section;
+      const int64_t r = w - k * per_section;
+      const int64_t first = k * section_heads;
+      const int64_t left = pairs - first;
+      const int64_t size = left < section_heads ? left : section_heads;
+      m_block = num_m_blocks - 1 - static_cast<int>(r / size);
+      pair = first + r % size;
+    }
+    TileCoord t;
+    t.batch = static_cast<int>(pair / num_heads);
+    t.head = static_cast<int>(pair - int64_t(t.batch) * num_heads);
+    t.m_block = m_block;
+    return t;
+  }
+};
+
+// The backward's grid: (kv tile, kv head, batch) flattened into x with the kv tile fastest, and
+// no grid dimension limiting heads or batch. The hardware dispatches blocks in increasing index
+// order (SM100), and the SM90 persistent walk claims items so: by default tile 0 first, the
+// longest one under a causal mask (it sees every Q block); in deterministic mode the last tile
+// first, because each tile waits only on higher tiles (Note [deterministic dQ], common/bwd_blocks.cuh).
+//
+// Note [bwd tile order options]: FA4_BWD_TILE_ORDER (read by run_bwd at each call; the SM90
+// backward takes it) walks the (batch, kv head) pairs in sections instead of one by one: within
+// a section the kv tile runs slowest and the pair fastest, so a section's longest tiles go first,
+// as the forward's Note [LPT order]. Pair by pair, the last pair's longest tile is claimed when
+// ~1/pairs of the work is left (at 2k rows, d = 128: 16 tiles of 32..2 Q blocks, the first claimed
+// at item 2032 of 2048). Sections hold the pairs of a number token, or of "wave" (the pairs
+// whose tiles fill the grid once), or of "l2" (the pairs whose Q, dO, fp32 dQ and row statistics
+// fit half the L2: every tile of a pair reads its Q / dO rows and adds to its dQ), the smallest
+// of those given; "first" puts the partial section first (a rotation, as the forward's); "plain"
+// is one pair per section, the walk above. Unset: Note [default tile order]. Deterministic mode
+// keeps its guarantee under any of them: a tile waits only on higher tiles of its own pair,
+// which come earlier in its section.
+struct BwdGrid {
+  int n_tiles, heads_kv;
+  bool descending = false;  // deterministic mode
+  int section = 1;          // (batch, kv head) pairs per section, >= 1
+  int pairs = 0;            // batch · heads_kv (section > 1 only)
+  int rotation = 0;         // items before a partial last section walked first, or 0
+  int items = 0;            // n_tiles · pairs (section > 1 only)
+
+  // Sections for FA4_BWD_TILE_ORDER's options; ctas: the CTAs running at once; pair_bytes: the
+  // bytes one pair's tiles share (Q, dO, dQ's fp32 accumulator, LSE and D rows of its group).
+  static BwdGrid make(int n_tiles, int heads_kv, int batch, bool descending, int ctas,
+                      const TileOrderOptions& opt, int64_t pair_bytes) {
+    BwdGrid g{n_tiles, heads_kv, descending};
+    const int64_t pairs = int64_t(batch) * heads_kv;
+    int64_t s = 0;  // 0: no cap given
+    auto cap = [&](int64_t c) { s = s == 0 || c < s ? (c < 1 ? 1 : c) : s; };
+    if (opt.max_pairs > 0) cap(opt.max_pairs);
+    if (opt.wave && n_tiles > 0) cap(ctas / n_tiles);
+    if (opt.l2 && pair_bytes > 0) cap((int64_t(50) << 20) / 2 / pair_bytes);
+    if (s <= 1 || pairs <= 1) return g;
+    g.section = static_cast<int>(s < pairs ? s : pairs);
+    g.pairs = static_cast<int>(pairs);
+    g.items = static_cast<int>(pairs * n_tiles);
+    const int rest = g.pairs % g.section;
+    if (opt.partial_first && rest != 0) g.rotation = (g.pairs - rest) * n_tiles;
+    return g;
+  }
+
+  // bid < 2^31: a block index (SM100) or an item below BwdKernelParams::tiles (SM90, an int).
+  // 32-bit divisions: int64 ones tested the high word and carried a 64-bit slow path, per tile
+  // in the SM90 consumers, which decode each tile twice.
+  __host__ __device__ void decode(int bid, int& n, int& head_kv, int& b) const {
+    int pair;
+    if (section <= 1) {
+      n = bid % n_tiles;
+      pair = bid / n_tiles;
+    } else {
+      bid = bid < items - rotation ? bid + rotation : bid - (items - rotation);  // no int overflow
+      const int per_section = section * n_tiles;
+      const int k = bid / per_section;
+      const int r = bid - k * per_section;
+      const int first = k * section;
+      const int size = pairs - first < section ? pairs - first : section;
+      n = r / size;
+      pair = first + (r - n * size);
+    }
+    if (descending) n = n_tiles - 1 - n;
+    head_kv = pair % heads_kv;
+    b = pair / heads_kv;
+  }
+};
+
+}  // namespace fa4

@@ -1,0 +1,90 @@
+// Shared-memory atoms and global tensors as TMA sees them, for the kernels of both architectures
+// (the SM90 kernels load with TMA; the SM100 kernels describe their loads and stores the same way).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "api/fa4.h"
+
+namespace fa4 {
+
+using namespace cute;
+
+// The largest GMMA K-major swizzle atom whose row (64, 32 or 16 elements) divides the head dim.
+template <class Element, int kCols>
+auto smem_atom_k() {
+  if constexpr (kCols % 64 == 0) {
+    return GMMA::Layout_K_SW128_Atom<Element>{};
+  } else if constexpr (kCols % 32 == 0) {
+    return GMMA::Layout_K_SW64_Atom<Element>{};
+  } else {
+    return GMMA::Layout_K_SW32_Atom<Element>{};
+  }
+}
+
+// Global tensors as TMA sees them: (rows, d, heads, batch), d contiguous. Varlen passes batch 1
+// and moves each sequence's rows by its offset (domain_offset).
+template <class Element>
+auto gmem_qkv(const void* ptr, int rows, int d, int heads, int batch, int64_t row_stride,
+              int64_t head_stride, int64_t batch_stride) {
+  return make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)),
+                     make_shape(rows, d, heads, batch),
+                     make_stride(row_stride, _1{}, head_stride, batch_stride));
+}
+
+// One of q, k, v, dO as TMA sees it (gmem_qkv's arguments). Varlen: batch 1, no batch stride.
+// An empty tensor becomes one phantom row: TMA cannot describe an empty tensor, and with no rows
+// no tile loads anything.
+struct GmemView {
+  const void* ptr = nullptr;
+  int rows = 1, cols = 0, heads = 1, batch = 1;
+  int64_t row_stride = 0, head_stride = 0, batch_stride = 0;
+  auto shape() const { return make_shape(rows, cols, heads, batch); }
+};
+// kv: the tensor has key rows (k, v) rather than query rows (q, out, dO).
+inline GmemView gmem_view(const FwdParams& f, const void* ptr, bool kv, int cols,
+                          int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
+  const bool varlen = f.cu_seqlens_q != nullptr;
+  const int rows = kv ? (varlen ? f.total_k : f.seqlen_k) : (varlen ? f.total_q : f.seqlen_q);
+  return {ptr,
+          rows > 0 ? rows : 1,
+          cols,
+          kv ? f.heads_kv : f.heads_q,
+          varlen ? 1 : f.batch,
+          row_stride,
+          head_stride,
+          varlen ? 0 : batch_stride};
+}
+
+// TMA loads of kRows × kCols tiles of a GmemView into one stage of SmemLayout (the stage mode,
+// if any, dropped), and its type for kernel parameter structs.
+template <class Element, class SmemLayout, int kRows, int kCols>
+auto make_tma_tile(const GmemView& g) {
+  return make_tma_copy(SM90_TMA_LOAD{},
+                       gmem_qkv<Element>(g.ptr, g.rows, kCols, g.heads, g.batch, g.row_stride,
+                                         g.head_stride, g.batch_stride),
+                       take<0, 2>(SmemLayout{}), Shape<Int<kRows>, Int<kCols>>{}, _1{});
+}
+template <class Element, class SmemLayout, int kRows, int kCols>
+using TmaTile = decltype(make_tma_tile<Element, SmemLayout, kRows, kCols>(GmemView{}));
+
+// TMA stores of kRows × kCols tiles from SmemLayout into a GmemView (the output).
+template <class Element, class SmemLayout, int kRows, int kCols>
+auto make_tma_store_tile(const GmemView& g) {
+  return make_tma_copy(SM90_TMA_STORE{},
+                       make_tensor(make_gmem_ptr(static_cast<Element*>(const_cast<void*>(g.ptr))),
+                                   make_shape(g.rows, kCols, g.heads, g.batch),
+                                   make_stride(g.row_stride, _1{}, g.head_stride, g.batch_stride)),
+                       SmemLayout{}, Shape<Int<kRows>, Int<kCols>>{}, _1{});
+}
+template <class Element, class SmemLayout, int kRows, int kCols>
+using TmaStoreTile = decltype(make_tma_store_tile<Element, SmemLayout, kRows, kCols>(GmemView{}));
+
+// A transposed view (the two first modes swapped, the stage mode kept) of a K-major staged
+// smem layout, for operands that read the same buffer MN-major (Vᵀ, Qᵀ, dOᵀ, Kᵀ).
+template <class Layout, int kRows, int kCols, int kStages>
+using TransposedSmem = decltype(composition(
+    Layout{},
+    make_ordered_layout(Shape<Int<kCols>, Int<kRows>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+
+}  // namespace fa4

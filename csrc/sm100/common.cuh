@@ -1,0 +1,150 @@
+// Pieces shared by the SM100 forward and backward kernels: mbarrier rings and waits,
+// tcgen05.commit, the generic-to-async proxy fence, and the 16-bit packing of fp32 rows that
+// their epilogues write. Device code only (sm_100a).
+#pragma once
+
+#include <stdint.h>
+
+#include <cute/arch/cluster_sm90.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_conversion.h>
+#include <cutlass/numeric_types.h>
+
+#include "common/host_device.cuh"
+
+namespace fa4::sm100 {
+
+// Compile-time checks of the kernels' tables: the device-side role function follows the role
+// table, and the barrier table's rows come in the order of their enum.
+template <class Role, int N, class Fn>
+constexpr bool roles_match(const Role (&table)[N], Fn role_of) {
+  for (int w = 0; w < N; ++w) {
+    if (role_of(w) != table[w]) return false;
+  }
+  return true;
+}
+template <class Spec, int N>
+constexpr bool rows_in_enum_order(const Spec (&rows)[N]) {
+  for (int i = 0; i < N; ++i) {
+    if (int(rows[i].bar) != i) return false;
+  }
+  return true;
+}
+
+// Phase parity of the k-th completion a consumer waits for on a barrier with `copies` copies
+// used round robin: copy k % copies, parity (k / copies) & 1. A producer waiting for a free
+// buffer waits on the opposite parity, which a fresh barrier satisfies at once.
+struct Ring {
+  uint32_t count = 0;
+  __device__ int index(int copies) const { return int(count % uint32_t(copies)); }
+  __device__ uint32_t parity(int copies) const { return (count / uint32_t(copies)) & 1u; }
+};
+
+__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
+  cutlass::arch::ClusterBarrier::wait(bar, parity);
+}
+__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
+  cutlass::arch::ClusterBarrier::arrive(bar);
+}
+// tcgen05.commit: the barrier's arrival happens when every tcgen05 operation this thread has
+// issued so far has completed (issued by the single MMA thread).
+__device__ __forceinline__ void umma_commit(uint64_t* bar) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile(
+      "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%0];" ::"r"(addr)
+      : "memory");
+}
+// Note [single-thread MMA issue]: tcgen05.mma is issued by one thread. CuTe's SM100_MMA_* atoms
+// wrap it in elect.sync over the full warp, which waits for every lane of its mask: called from
+// a role run by lane 0 alone (the forward's MMA role) it would never return (ptxas lowered it to
+// WARPSYNC.COLLECTIVE 0xffffffff). umma_ss / umma_ts issue from the calling thread; the
+// elected_ versions below serve roles run by the whole warp (the backward's).
+// idesc as make_runtime_instr_desc returns it (the 32-bit descriptor in the upper half);
+// kCtaGroup 2: the pair of CTAs of a cluster (the even CTA issues; M = 256 or 128 over both).
+template <int kCtaGroup = 1>
+__device__ __forceinline__ void umma_ss(uint64_t desc_a, uint64_t desc_b, uint32_t tmem_d,
+                                        uint32_t accumulate, uint64_t idesc) {
+  static_assert(kCtaGroup == 1 || kCtaGroup == 2, "cta_group::1 or ::2");
+  if constexpr (kCtaGroup == 1) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
+        "tcgen05.mma.cta_group::1.kind::f16 [%0], %1, %2, %3, p;\n\t}" ::"r"(tmem_d),
+        "l"(desc_a), "l"(desc_b), "r"(uint32_t(idesc >> 32)), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
+        "tcgen05.mma.cta_group::2.kind::f16 [%0], %1, %2, %3, p;\n\t}" ::"r"(tmem_d),
+        "l"(desc_a), "l"(desc_b), "r"(uint32_t(idesc >> 32)), "r"(accumulate));
+  }
+}
+// A from tensor memory (the TS form).
+template <int kCtaGroup = 1>
+__device__ __forceinline__ void umma_ts(uint32_t tmem_a, uint64_t desc_b, uint32_t tmem_d,
+                                        uint32_t accumulate, uint64_t idesc) {
+  static_assert(kCtaGroup == 1 || kCtaGroup == 2, "cta_group::1 or ::2");
+  if constexpr (kCtaGroup == 1) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
+        "tcgen05.mma.cta_group::1.kind::f16 [%0], [%1], %2, %3, p;\n\t}" ::"r"(tmem_d),
+        "r"(tmem_a), "l"(desc_b), "r"(uint32_t(idesc >> 32)), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
+        "tcgen05.mma.cta_group::2.kind::f16 [%0], [%1], %2, %3, p;\n\t}" ::"r"(tmem_d),
+        "r"(tmem_a), "l"(desc_b), "r"(uint32_t(idesc >> 32)), "r"(accumulate));
+  }
+}
+
+// The same from a converged warp: one elected lane issues. Its commits must come from the lane
+// that issued the MMAs; elect.sync over the same full warp elects the same lane, which CUTLASS's
+// own MMA atoms and umma_arrive rely on as well.
+template <int kCtaGroup = 1>
+__device__ __forceinline__ void elected_umma_ss(uint64_t desc_a, uint64_t desc_b, uint32_t tmem_d,
+                                                uint32_t accumulate, uint64_t idesc) {
+  if (cute::elect_one_sync()) umma_ss<kCtaGroup>(desc_a, desc_b, tmem_d, accumulate, idesc);
+}
+template <int kCtaGroup = 1>
+__device__ __forceinline__ void elected_umma_ts(uint32_t tmem_a, uint64_t desc_b, uint32_t tmem_d,
+                                                uint32_t accumulate, uint64_t idesc) {
+  if (cute::elect_one_sync()) umma_ts<kCtaGroup>(tmem_a, desc_b, tmem_d, accumulate, idesc);
+}
+__device__ __forceinline__ void elected_umma_commit(uint64_t* bar) {
+  if (cute::elect_one_sync()) umma_commit(bar);
+}
+
+// Generic-proxy shared-memory writes made visible to the async proxy (tcgen05 MMA operands,
+// TMA store and reduce sources).
+__device__ __forceinline__ void fence_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+template <class Element>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  cutlass::NumericArrayConverter<Element, float, 2> cvt;
+  cutlass::Array<float, 2> in;
+  in[0] = a;
+  in[1] = b;
+  const cutlass::Array<Element, 2> out = cvt(in);
+  return reinterpret_cast<const uint32_t&>(out);
+}
+
+// 32 fp32 words (a tcgen05.ld chunk) times `scale` as 16-bit pairs in r[0..15], in place:
+// r[j] comes from r[2j], r[2j + 1] with j <= 2j, which saves 16 registers.
+template <class Element>
+__device__ __forceinline__ void scale_pack_32(uint32_t (&r)[32], float scale) {
+  FA4_UNROLL
+  for (int j = 0; j < 16; ++j) {
+    r[j] = pack2<Element>(__uint_as_float(r[2 * j]) * scale, __uint_as_float(r[2 * j + 1]) * scale);
+  }
+}
+
+// The 16 packed words of scale_pack_32 (32 elements, 64 bytes) as four 16-byte stores.
+__device__ __forceinline__ void store_64_bytes(void* dst, const uint32_t (&r)[32]) {
+  FA4_UNROLL
+  for (int v = 0; v < 4; ++v) {
+    reinterpret_cast<uint4*>(dst)[v] =
+        make_uint4(r[4 * v], r[4 * v + 1], r[4 * v + 2], r[4 * v + 3]);
+  }
+}
+
+}  // namespace fa4::sm100
