@@ -5,13 +5,17 @@ is found. Build flags (environment variables, documented in README.md):
   FA4_HDIMS            head dims to compile: 64,96,128,192,256,192x128 (default all)
   FA4_DISABLE_BWD      1: compile no backward kernels
   FA4_SKIP_CUDA_BUILD  1: install the pure-Python package only
-  FA4_NVCC_EXTRA       extra nvcc flags for measurement builds (e.g. -DFA4_SM90_PINGPONG=0)
+  FA4_NVCC_EXTRA       extra nvcc flags for measurement builds (e.g. -DFA4_TRACE)
 
-What was compiled is written to fa4/_build_config.py, which dispatch reads.
+The kernel instances and the nvcc flags come from the kernel manifest, fa4/kernels.json (read
+through fa4/manifest.py; CMakeLists.txt reads the same file): one generated translation unit per
+selected instance, in build/generated/, so ninja compiles them in parallel. What was compiled is
+written to fa4/_build_config.py, which dispatch reads.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pprint
 import sys
@@ -20,29 +24,20 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 ROOT = Path(__file__).resolve().parent
+GENERATED = ROOT / "build" / "generated"
 VERSION = (ROOT / "fa4" / "VERSION").read_text().strip()
-KNOWN_ARCHS = ("90a", "100a", "100f", "103a")
-ALL_HDIMS = {"64": (64, 64), "96": (96, 96), "128": (128, 128), "192": (192, 192),
-             "256": (256, 256), "192x128": (192, 128)}  # fmt: skip
-# Kernel sources per (arch family, direction): the dispatch file plus one instantiation file per
-# head-dim pair ("{h}" is the FA4_HDIMS name, lower case), so ninja compiles them in parallel
-# (the SM90 forward's in two, bf16 and fp16: its longest file took 89 s for both).
-# Filled as kernels land (issues 3-6); the extension itself always carries the API dispatch.
-KERNEL_SOURCES: dict[tuple[str, str], list[str]] = {
-    ("sm90", "fwd"): ["csrc/fwd_sm90.cu", "csrc/fwd_sm90_hd{h}.cu", "csrc/fwd_sm90_hd{h}_fp16.cu"],
-    ("sm90", "bwd"): ["csrc/bwd_sm90.cu", "csrc/bwd_sm90_hd{h}.cu"],
-    # Compiled, not executed (no Blackwell GPU available to this project): docs/sm100.md.
-    ("sm100", "fwd"): ["csrc/fwd_sm100.cu"],
-    ("sm100", "bwd"): ["csrc/bwd_sm100.cu"],
-}
-# Kernels that cover only some head dims (the rest run the reference, with dispatch's warning);
-# absent: every head dim.
-KERNEL_HDIMS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("sm100", "fwd"): ("64", "96", "128", "192", "256", "192x128"),
-    # 1-CTA kernel at 64/96, 2-CTA at 128, 1-CTA with the head dim split over two CTAs above.
-    ("sm100", "bwd"): ("64", "96", "128", "192", "256", "192x128"),
-}
-ARCH_FAMILY = {"90a": "sm90", "100a": "sm100", "100f": "sm100", "103a": "sm100"}
+
+
+def _load_manifest():
+    """fa4/manifest.py by path: standard library only, importable before torch is checked."""
+    spec = importlib.util.spec_from_file_location("fa4_manifest", ROOT / "fa4" / "manifest.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve their module through sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+manifest = _load_manifest()
 
 
 def _truthy(name: str) -> bool:
@@ -104,40 +99,31 @@ def find_cutlass_include() -> str:
     sys.exit("fa4: CUTLASS headers not found. Tried:\n  " + "\n  ".join(tried))
 
 
-def _nvcc_flags(archs: list[str], hdims: list[str], bwd: bool) -> list[str]:
-    # No -std: torch's extension builder picks the standard its headers need (C++20 from 2.10).
-    # NDEBUG: CUTLASS's pipelines otherwise keep a role check (and its register) in every wait.
-    flags = ["-O3", "--expt-relaxed-constexpr", "--use_fast_math", "-lineinfo", "-DNDEBUG"]
-    flags += [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
-    flags += [f"-DFA4_HDIM_{h.upper()}" for h in hdims]
-    # Measurement builds: compile-time switches such as -DFA4_SM90_PINGPONG=0.
-    flags += os.environ.get("FA4_NVCC_EXTRA", "").split()
-    return flags + ([] if bwd else ["-DFA4_DISABLE_BWD"])
+def _nvcc_flags(archs: list[str]) -> list[str]:
+    # The manifest's -std=c++20 is what torch's extension builder would pick (from torch 2.10).
+    flags = manifest.nvcc_flags() + [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    # Measurement builds: extra flags such as -DFA4_TRACE.
+    return flags + os.environ.get("FA4_NVCC_EXTRA", "").split()
 
 
 def _extension(archs, hdims, bwd, config):
     from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
-    sources = ["csrc/api/bindings.cpp", "csrc/api/dispatch.cu"]
-    kernels: dict = {"fwd": {}, "bwd": {}}
-    for (family, direction), files in KERNEL_SOURCES.items():
-        if direction == "bwd" and not bwd:
-            continue
-        covered = [h for h in hdims if h in KERNEL_HDIMS.get((family, direction), ALL_HDIMS)]
-        if covered and any(ARCH_FAMILY[a] == family for a in archs):
-            sources += sorted({f.format(h=h.lower()) for f in files for h in covered})
-            kernels[direction][family] = [list(ALL_HDIMS[h]) for h in covered]
-    config["kernels"] = kernels
-    # api/dispatch.cu's kernel table: FA4_HAS_<ARCH>_<DIR> for each kernel file compiled in.
-    defines = [f"-DFA4_HAS_{fam.upper()}_{d.upper()}" for d, per in kernels.items() for fam in per]
-    version = [f'-DFA4_VERSION="{VERSION}"', *defines]
+    instances = manifest.instances(archs, hdims, bwd)
+    units = manifest.generate(GENERATED, instances)
+    config["kernels"] = manifest.build_kernels(instances)
+    families = {(i.family, i.direction) for i in instances}
+    entry = [f"csrc/{d}_{f}.cu" for f, d in sorted(families)]
+    sources = ["csrc/api/bindings.cpp", "csrc/api/dispatch.cu", *entry]
+    sources += [str(u.relative_to(ROOT)) for u in units]
+    version = [f'-DFA4_VERSION="{VERSION}"']
     ext = CUDAExtension(
         "fa4._C",
         sources=sources,
-        include_dirs=[str(ROOT / "csrc"), find_cutlass_include()],
+        include_dirs=[str(ROOT / "csrc"), str(GENERATED), find_cutlass_include()],
         extra_compile_args={
-            "cxx": ["-O3", *version],
-            "nvcc": _nvcc_flags(archs, hdims, bwd) + version,
+            "cxx": [*manifest.cxx_flags(), *version],
+            "nvcc": _nvcc_flags(archs) + version,
         },
     )
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}
@@ -152,8 +138,8 @@ def _write_config(config: dict) -> None:
 
 
 def main():
-    archs = _list_flag("FA4_CUDA_ARCHS", "90a;100a", KNOWN_ARCHS)
-    hdims = _list_flag("FA4_HDIMS", ";".join(ALL_HDIMS), ALL_HDIMS)
+    archs = _list_flag("FA4_CUDA_ARCHS", ";".join(manifest.M["default_archs"]), manifest.ARCHS)
+    hdims = _list_flag("FA4_HDIMS", ";".join(manifest.HEAD_DIMS), manifest.HEAD_DIMS)
     bwd = not _truthy("FA4_DISABLE_BWD")
     reason = _why_no_cuda()
     config = {"built": reason is None, "reason": reason, "archs": archs, "hdims": hdims,
@@ -173,7 +159,7 @@ def main():
         version=VERSION,
         description="FlashAttention-4 kernels for Blackwell (SM100) and Hopper (SM90)",
         packages=find_packages(include=["fa4", "fa4.*"]),
-        package_data={"fa4": ["VERSION"]},
+        package_data={"fa4": ["VERSION", "kernels.json"]},
         python_requires=">=3.10",
         install_requires=["torch>=2.4"],
         extras_require={"test": ["pytest", "numpy"]},
@@ -182,4 +168,5 @@ def main():
     )
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -1,32 +1,24 @@
-// SM100 forward: the head-dim dispatch and instantiations; the kernel is sm100/fwd/kernel.cuh.
-// Compiled, not executed (no Blackwell GPU here). hd 64, 96, 128, 192, (192, 128) and 256 (one Q
-// tile per CTA, Note [one-tile order]) are instantiated, each when FA4_HDIMS has it.
-#include "sm100/fwd/kernel.cuh"
+// SM100 forward: picks the instance for the head dims and dtype among those this build compiled
+// (fa4_instances.h, generated from fa4/kernels.json). The kernel is sm100/fwd/kernel.cuh: tcgen05
+// MMA with S, P and O in tensor memory (tmem.cuh), two Q tiles ping-ponged per CTA (one at hd 256,
+// Note [one-tile order]), a correction warpgroup, software exp2 (exp2_poly.cuh). Compiled, not
+// executed: no Blackwell GPU is available to this project.
+#include "common/params.h"
+#include "fa4_instances.h"
 
 namespace fa4 {
 
 Status run_fwd_sm100(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
-  const int d = p.head_dim, dv = p.head_dim_v;
-#ifdef FA4_HDIM_64
-  if (d == 64 && dv == 64) return sm100::launch_dtype<64, 64>(p, dev, stream);
-#endif
-#ifdef FA4_HDIM_96
-  if (d == 96 && dv == 96) return sm100::launch_dtype<96, 96>(p, dev, stream);
-#endif
-#ifdef FA4_HDIM_128
-  if (d == 128 && dv == 128) return sm100::launch_dtype<128, 128>(p, dev, stream);
-#endif
-#ifdef FA4_HDIM_192
-  if (d == 192 && dv == 192) return sm100::launch_dtype<192, 192>(p, dev, stream);
-#endif
-#ifdef FA4_HDIM_256
-  if (d == 256 && dv == 256) return sm100::launch_dtype<256, 256>(p, dev, stream);
-#endif
-#ifdef FA4_HDIM_192X128
-  if (d == 192 && dv == 128) return sm100::launch_dtype<192, 128>(p, dev, stream);
-#endif
+#define FA4_CASE(D, DV, E)                                            \
+  if (p.head_dim == D && p.head_dim_v == DV && p.dtype == DType::E) { \
+    return sm100::fwd_instance<D, DV, DType::E>(p, dev, stream);      \
+  }
+  FA4_INSTANCES_SM100_FWD(FA4_CASE)
+#undef FA4_CASE
   return kernel_fail(Status::kUnsupported,
-                     "fa4: head dims (%d, %d) are not compiled into the SM100 forward", d, dv);
+                     "fa4: head dims (%d, %d) are not compiled into this build's SM100 forward "
+                     "(FA4_HDIMS)",
+                     p.head_dim, p.head_dim_v);
 }
 
 }  // namespace fa4

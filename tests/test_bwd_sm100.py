@@ -19,13 +19,13 @@ from test_bwd_sm90 import (
     varlen_case,
 )
 
-from fa4 import build_info
+from fa4 import build_info, manifest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm100]
 
-# The head dims bwd_sm100.cu instantiates: the 1-CTA kernel (64, 96), the 2-CTA kernel (128), the
-# head-dim split (192, (192, 128), 256).
-HDIMS = [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
+# Every head-dim pair the manifest has for the SM100 backward: the 1-CTA kernel (64, 96), the
+# 2-CTA kernel (128), the head-dim split (192, (192, 128), 256).
+HDIMS = manifest.head_dims_of("sm100", "bwd")
 _IDS = lambda p: f"d{p[0]}x{p[1]}"  # noqa: E731
 
 

@@ -12,7 +12,7 @@ from helpers import assert_tolerance
 from test_fwd_sm90 import make, poison
 
 import fa4
-from fa4 import build_info, reference
+from fa4 import build_info, manifest, reference
 
 pytestmark = pytest.mark.gpu
 
@@ -42,7 +42,7 @@ def grads(q, k, v, dout, backend, **kw):
 
 
 def _hdim_pairs():
-    return [(64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128)]
+    return manifest.head_dims_of("sm90", "bwd")
 
 
 def reference_grads(q, k, v, dout, upcast, **kw):

@@ -16,11 +16,11 @@ from test_fwd_sm90 import (
     varlen_case,
 )
 
-from fa4 import build_info
+from fa4 import build_info, manifest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm100]
 
-HDIMS = [(64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128)]  # fwd_sm100.cu
+HDIMS = manifest.head_dims_of("sm100", "fwd")
 
 
 def _sm100_hdims():

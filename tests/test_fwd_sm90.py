@@ -9,7 +9,7 @@ import torch
 from helpers import assert_tolerance
 
 import fa4
-from fa4 import build_info, reference
+from fa4 import build_info, manifest, reference
 
 pytestmark = pytest.mark.gpu
 
@@ -133,9 +133,7 @@ def repeatable_case(backend, hdims):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", range(len(DENSE)))
-@pytest.mark.parametrize(
-    "hdims", [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
-)
+@pytest.mark.parametrize("hdims", manifest.head_dims_of("sm90", "fwd"))
 def test_dense(hdims, case, dtype):
     if hdims not in _sm90_hdims():
         pytest.skip(f"head dims {hdims} not compiled (FA4_HDIMS)")
@@ -222,9 +220,7 @@ def varlen_under_env(monkeypatch, name, value, lens, hdims, seed, **kw):
 
 
 @pytest.mark.parametrize("kw", [{"causal": True}, {}])
-@pytest.mark.parametrize(
-    "hdims", [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
-)
+@pytest.mark.parametrize("hdims", manifest.head_dims_of("sm90", "fwd"))
 def test_tile_boundaries(monkeypatch, hdims, kw):
     """Consecutive tiles of one CTA share the Q buffer, the K/V pipelines' phases, the tile ring
     and the O staging buffer. Each CTA walks ~10 tiles: varlen sequences of 0 to 700 rows (empty

@@ -3,6 +3,7 @@
 #include "common/bwd_workspace.h"
 #include "api/fa4.h"
 #include "common/params.h"
+#include "fa4_instances.h"
 
 #include <cmath>
 #include <cstdarg>
@@ -24,27 +25,26 @@
 
 namespace fa4 {
 
-// Each kernel file defines its launch function (common/params.h) and the build defines
-// FA4_HAS_<ARCH>_<DIR> when it compiles that file (CMake / setup.py, only for archs in
-// FA4_CUDA_ARCHS), so the table below is the one place that knows which kernels exist.
-#if defined(FA4_HAS_SM90_FWD)
+// The per-arch entry points exist when the build compiled instances of them: fa4_instances.h,
+// generated from fa4/kernels.json for the build's archs and head dims, defines
+// FA4_INSTANCES_<FAMILY>_<DIR> for each family with instances, so the table below is the one
+// place that knows which kernels exist.
+#if defined(FA4_INSTANCES_SM90_FWD)
 constexpr FwdLaunch kSm90Fwd = &run_fwd_sm90;
 #else
 constexpr FwdLaunch kSm90Fwd = nullptr;
 #endif
-#if defined(FA4_HAS_SM90_BWD)
+#if defined(FA4_INSTANCES_SM90_BWD)
 constexpr BwdLaunch kSm90Bwd = &run_bwd_sm90;
 #else
 constexpr BwdLaunch kSm90Bwd = nullptr;
 #endif
-#if defined(FA4_HAS_SM100_FWD)
-Status run_fwd_sm100(const FwdParams&, const DeviceInfo&, cudaStream_t);
+#if defined(FA4_INSTANCES_SM100_FWD)
 constexpr FwdLaunch kSm100Fwd = &run_fwd_sm100;
 #else
 constexpr FwdLaunch kSm100Fwd = nullptr;
 #endif
-#if defined(FA4_HAS_SM100_BWD)
-Status run_bwd_sm100(const BwdParams&, const DeviceInfo&, void*, cudaStream_t);
+#if defined(FA4_INSTANCES_SM100_BWD)
 constexpr BwdLaunch kSm100Bwd = &run_bwd_sm100;
 #else
 constexpr BwdLaunch kSm100Bwd = nullptr;
@@ -60,13 +60,12 @@ struct ArchKernels {
   const char* name;
   FwdLaunch fwd;  // null: not compiled into this build
   BwdLaunch bwd;
-  const char* fwd_plan;  // where the missing kernel is tracked, quoted in the error message
-  const char* bwd_plan;
+  const char* arch_flag;  // the FA4_CUDA_ARCHS entry that builds it, quoted in the error message
 };
 
 constexpr ArchKernels kArchs[] = {
-    {9, 0, "SM90", kSm90Fwd, kSm90Bwd, "issue 3", "issue 4"},
-    {10, 0, "SM100", kSm100Fwd, kSm100Bwd, "issue 5", "issue 6"},
+    {9, 0, "SM90", kSm90Fwd, kSm90Bwd, "90a"},
+    {10, 0, "SM100", kSm100Fwd, kSm100Bwd, "100a"},
 };
 
 // Fixed-size so that recording an error can never throw or allocate.
@@ -271,14 +270,14 @@ const ArchKernels* find_arch(int cc_major, int cc_minor) {
   return nullptr;
 }
 
-// "SM90 forward: issue 3, SM100 forward: issue 5" for the kernels this build lacks.
+// "SM90 forward: not built (FA4_CUDA_ARCHS without 90a), ..." for the kernels this build lacks.
 void describe_missing(char* buf, size_t n, bool fwd) {
   buf[0] = '\0';
   size_t used = 0;
   for (const ArchKernels& a : kArchs) {
     if ((fwd ? a.fwd != nullptr : a.bwd != nullptr) || used >= n) continue;
-    int w = std::snprintf(buf + used, n - used, "%s%s %s: %s", used ? ", " : "", a.name,
-                          fwd ? "forward" : "backward", fwd ? a.fwd_plan : a.bwd_plan);
+    int w = std::snprintf(buf + used, n - used, "%s%s %s: not built (FA4_CUDA_ARCHS without %s)",
+                          used ? ", " : "", a.name, fwd ? "forward" : "backward", a.arch_flag);
     if (w > 0) used += static_cast<size_t>(w);
   }
 }
@@ -309,7 +308,7 @@ Status select_arch(bool fwd, int num_sms, const ArchKernels** arch, DeviceInfo* 
   if (!any_compiled(fwd)) {
     char missing[256];
     describe_missing(missing, sizeof(missing), fwd);
-    return fail(Status::kUnsupported, "fa4 %s: no %s kernel is compiled into this build yet (%s)",
+    return fail(Status::kUnsupported, "fa4 %s: no %s kernel is compiled into this build (%s)",
                 FA4_VERSION, dir, missing);
   }
   int dev = 0;
@@ -336,8 +335,8 @@ Status select_arch(bool fwd, int num_sms, const ArchKernels** arch, DeviceInfo* 
   return Status::kOk;
 }
 
-// The tile order options of the environment variable `name` (common/tile_scheduler.cuh), or kInvalid
-// naming it when its text has a token they do not know.
+// The tile order options of the environment variable `name` (common/tile_scheduler.cuh), or
+// kInvalid naming it when its text has a token they do not know.
 Status tile_order_from_env(const char* name, DeviceInfo* info) {
   info->tile_order = TileOrderOptions::from_env(name);
   if (info->tile_order.ok) return Status::kOk;

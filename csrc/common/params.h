@@ -19,13 +19,29 @@ struct DeviceInfo {
 using FwdLaunch = Status (*)(const FwdParams&, const DeviceInfo&, cudaStream_t);
 using BwdLaunch = Status (*)(const BwdParams&, const DeviceInfo&, void* workspace, cudaStream_t);
 
-// Defined by fwd_sm90.cu, compiled (with FA4_HAS_SM90_FWD) when 90a is in FA4_CUDA_ARCHS.
+// The per-arch entry points (csrc/fwd_sm90.cu, bwd_sm90.cu, fwd_sm100.cu, bwd_sm100.cu): each picks
+// the instance for the head dims and dtype among those this build compiled (fa4_instances.h,
+// generated from fa4/kernels.json) and is compiled only when the build has instances of it.
 Status run_fwd_sm90(const FwdParams&, const DeviceInfo&, cudaStream_t);
-// Defined by fwd_sm100.cu (compiled, not executed), compiled with FA4_HAS_SM100_FWD when an
-// SM100 arch is in FA4_CUDA_ARCHS.
-Status run_fwd_sm100(const FwdParams&, const DeviceInfo&, cudaStream_t);
-// Defined by bwd_sm90.cu, compiled (with FA4_HAS_SM90_BWD) when 90a is in FA4_CUDA_ARCHS.
 Status run_bwd_sm90(const BwdParams&, const DeviceInfo&, void* workspace, cudaStream_t);
+Status run_fwd_sm100(const FwdParams&, const DeviceInfo&, cudaStream_t);
+Status run_bwd_sm100(const BwdParams&, const DeviceInfo&, void* workspace, cudaStream_t);
+
+// One kernel instance: a family's kernels for head dims (D, DV) and one dtype, defined in the
+// family's instance header (sm90/fwd/instance.cuh, ...) and instantiated by a generated translation
+// unit per instance (common/instance.cuh).
+namespace sm90 {
+template <int D, int DV, DType E>
+Status fwd_instance(const FwdParams&, const DeviceInfo&, cudaStream_t);
+template <int D, int DV, DType E>
+Status bwd_instance(const BwdParams&, const DeviceInfo&, void* workspace, cudaStream_t);
+}  // namespace sm90
+namespace sm100 {
+template <int D, int DV, DType E>
+Status fwd_instance(const FwdParams&, const DeviceInfo&, cudaStream_t);
+template <int D, int DV, DType E>
+Status bwd_instance(const BwdParams&, const DeviceInfo&, void* workspace, cudaStream_t);
+}  // namespace sm100
 
 // Sets last_error() for a kernel file's kUnsupported / kCudaError answers (api/dispatch.cu).
 #if defined(__GNUC__)

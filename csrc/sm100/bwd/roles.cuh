@@ -439,12 +439,4 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
   return Status::kOk;
 }
 
-template <int D, int DV>
-Status launch_bwd_dtype(const BwdParams& p, const DeviceInfo& dev, void* ws, cudaStream_t s) {
-  if (p.fwd.dtype == DType::kBFloat16) {
-    return launch_bwd<BwdTraits<D, DV, cutlass::bfloat16_t>>(p, dev, ws, s);
-  }
-  return launch_bwd<BwdTraits<D, DV, cutlass::half_t>>(p, dev, ws, s);
-}
-
 }  // namespace fa4::sm100::bwd

@@ -447,13 +447,4 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
   return Status::kOk;
 }
 
-template <int D, int DV>
-Status launch_bwd_dtype(const BwdParams& p, const DeviceInfo& dev, void* ws, cudaStream_t s) {
-  static_assert(D == 128 && DV == 128, "the 2-CTA backward is written for d = d_v = 128");
-  if (p.fwd.dtype == DType::kBFloat16) {
-    return launch_bwd<Traits2<cutlass::bfloat16_t>>(p, dev, ws, s);
-  }
-  return launch_bwd<Traits2<cutlass::half_t>>(p, dev, ws, s);
-}
-
 }  // namespace fa4::sm100::bwd2

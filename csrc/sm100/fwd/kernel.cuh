@@ -699,12 +699,4 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
                        kp);
 }
 
-template <int D, int DV>
-Status launch_dtype(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
-  if (p.dtype == DType::kBFloat16) {
-    return launch<FwdTraits<D, DV, cutlass::bfloat16_t>>(p, dev, stream);
-  }
-  return launch<FwdTraits<D, DV, cutlass::half_t>>(p, dev, stream);
-}
-
 }  // namespace fa4::sm100

@@ -279,12 +279,4 @@ template <int D, int DV, class Element>
 using BwdTraitsFor = std::conditional_t<(D <= 128 && DV <= 128), BwdTraits<D, DV, Element>,
                                         BwdTraitsSplit<D, DV, Element>>;
 
-template <int D, int DV>
-Status launch_bwd_dtype(const BwdParams& p, const DeviceInfo& dev, void* ws, cudaStream_t s) {
-  if (p.fwd.dtype == DType::kBFloat16) {
-    return launch_bwd<BwdTraitsFor<D, DV, cutlass::bfloat16_t>>(p, dev, ws, s);
-  }
-  return launch_bwd<BwdTraitsFor<D, DV, cutlass::half_t>>(p, dev, ws, s);
-}
-
 }  // namespace fa4::sm90
