@@ -1,5 +1,118 @@
-"""`python -m fa4`: prints what this installation compiled."""
+"""`python -m fa4`: what this installation can run here, and one attention checked and timed.
 
-from .build_info import summary
+1. The build: archs, and per kernel family of the manifest (fa4/kernels.json) the head dims this
+   build compiled, with the reason when none.
+2. The device: the GPU and which family runs on it, or the CPU (the fp32 reference runs there).
+3. One causal GQA attention on that device through fa4.attention (the compiled kernel where one
+   covers it, else the reference), checked against the fp32 reference with the tolerance rule of
+   DESIGN.md §5 and timed against torch's scaled_dot_product_attention on the same inputs.
+Exit status 1 when the check fails.
+"""
 
-print(summary())
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+
+import torch
+
+from . import attention, build_info, manifest, reference
+from .dispatch import _ARCH_OF_BACKEND
+
+
+def _support_lines() -> list[str]:
+    lines = []
+    for k in manifest.M["kernels"]:
+        fam, direction = k["family"], k["direction"]
+        built = build_info.KERNELS.get(direction, {}).get(fam) or []
+        have = ", ".join(f"{d}" if d == dv else f"{d}x{dv}" for d, dv in built) or "none"
+        every = ", ".join(k["head_dims"])
+        lines.append(f"  {fam} {direction}: built for head dims {have} (manifest: {every})")
+    return lines
+
+
+def _device_line(device: torch.device) -> str:
+    if device.type == "cpu":
+        return "device: CPU (no CUDA device): fa4.attention runs the fp32 reference"
+    cc = torch.cuda.get_device_capability(device)
+    fams = [f for f, a in _ARCH_OF_BACKEND.items() if a == cc]
+    name = torch.cuda.get_device_name(device)
+    which = f"the {fams[0]} kernels" if fams else "no fa4 kernel family (the reference)"
+    return f"device: {name} (compute capability {cc[0]}.{cc[1]}): {which}"
+
+
+def _time_ms(fn, device: torch.device, reps: int) -> float:
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) * 1e3 / reps
+
+
+def _check(device: torch.device, seqlen: int, heads: int, hdim: int) -> bool:
+    gen = torch.Generator().manual_seed(0)
+    dtype = torch.bfloat16
+    b, h_kv = 2, max(1, heads // 4)
+
+    def rnd(h):
+        return torch.randn(b, seqlen, h, hdim, generator=gen).to(dtype).to(device)
+
+    q, k, v = rnd(heads), rnd(h_kv), rnd(h_kv)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = attention(q, k, v, causal=True)
+    used = "the fp32 reference" if device.type == "cpu" or caught else "the compiled kernel"
+    ref, _ = reference.attention_ref(q, k, v, causal=True)
+    naive, _ = reference.attention_ref(q, k, v, causal=True, upcast=False)
+    ref64 = ref.double()
+    err = (out.double() - ref64).abs().max().item()
+    base = (naive.double() - ref64).abs().max().item()
+    noise = (ref64.to(dtype).double() - ref64).abs().max().item()
+    bound = 2 * base + 2 * noise
+    ok = err <= bound
+    shape = f"bf16, batch {b}, seqlen {seqlen}, heads {heads} (kv {h_kv}), head dim {hdim}, causal"
+    print(f"attention ({shape}) ran {used}")
+    verdict = "ok" if ok else "FAILED"
+    print(f"  max |out - fp32 reference| = {err:.2e}, bound {bound:.2e}: {verdict}")
+    for w in caught:
+        print(f"  note: {w.message}")
+
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    kt = kt.repeat_interleave(heads // h_kv, dim=1)
+    vt = vt.repeat_interleave(heads // h_kv, dim=1)
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+
+    reps = 20 if device.type == "cuda" else 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = _time_ms(lambda: attention(q, k, v, causal=True), device, reps)
+    theirs = _time_ms(sdpa, device, reps)
+    speed = theirs / ours
+    print(f"  time: fa4 {ours:.3f} ms, torch SDPA {theirs:.3f} ms ({speed:.2f}x SDPA's speed)")
+    return ok
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fa4", description=__doc__.split("\n")[0])
+    ap.add_argument("--seqlen", type=int, default=None, help="default 4096 on a GPU, 256 on CPU")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--hdim", type=int, default=128)
+    a = ap.parse_args(argv)
+    print(build_info.summary())
+    print("kernels (fa4/kernels.json):")
+    print("\n".join(_support_lines()))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    print(_device_line(device))
+    seqlen = a.seqlen or (4096 if device.type == "cuda" else 256)
+    return 0 if _check(device, seqlen, a.heads, a.hdim) else 1
+
+
+sys.exit(main())
