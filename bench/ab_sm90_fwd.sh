@@ -1,23 +1,27 @@
 #!/bin/bash
-# A/B of one compile-time switch of the SM90 forward (or, with DIR=bwd, backward) in one device
-# call (docs/perf-notes.md): builds "base" and "var" (sm_90a; forward only unless DIR=bwd), runs
-# tests/test_<DIR>_sm90.py on var, then
-# benches base, var with the peers at the peer head dims, base and var again (the spread of the
-# same build within the call), and both twice at the other head dims (base, var, var, base).
+# A/B of two builds of the SM90 forward (or, with DIR=bwd, backward) in one device call: two
+# trees (BASE_TREE) or two sets of nvcc flags; docs/decisions.md records what each A/B decided.
+# Builds "base" and "var" (sm_90a; forward only unless DIR=bwd), runs tests/test_<DIR>_sm90.py
+# on var, then benches base, var with the peers at the peer head dims, base and var again (the
+# spread of the same build within the call), and both twice at the other head dims (base, var,
+# var, base).
 # Run from the repo root on the device machine, with the nvidia-cutlass wheel on PYTHONPATH and,
 # for the peers, flash-attn-4 installed (.peer-b/install.sh); the arguments are FA4_NVCC_EXTRA
-# of base and var, e.g.
+# of base and var (any nvcc flags, "" for none), e.g.
 #
-#   bash bench/ab_sm90_fwd.sh "-DFA4_SM90_PINGPONG=0" "-DFA4_SM90_PINGPONG=1"
+#   BASE_TREE=.base bash bench/ab_sm90_fwd.sh "" ""       # another commit against this tree
+#   bash bench/ab_sm90_fwd.sh "" "-Xptxas=-O2"            # one tree, two flag sets
 #
-# (perf-notes forward step 9 ran it with a switch since removed). Prints a table of every run last.
+# The kernels have no compile-time switches: a change still on trial is a template Variant of
+# its traits (both sides compiled), or a commit of its own measured through BASE_TREE.
+# Prints a table of every run last.
 # Environment: HDIMS (built and benched, default 64,128,256), BUILD_HDIMS (built, default HDIMS:
 # e.g. every head dim, for the tests or a standing run after the A/B), PEER_HDIMS (default 128),
 # SEQLENS (default 1k,2k,16k), OUT (default /tmp/ab: ab.csv, every run's rows with a "run"
 # column, and ab_table.md, the table printed last; one file each, since a device call brings back
 # at most eight), DIR (fwd, or bwd: builds the backward too, benches it and tests
 # tests/test_bwd_sm90.py), BENCH_DIRS (the directions benched, default DIR; "fwd,bwd" with DIR=bwd
-# measures a forward switch and a backward one in one call), TESTS (0 skips the tests),
+# measures a forward change and a backward one in one call), TESTS (0 skips the tests),
 # BASE_TREE (a directory holding another tree of this repository to build base from, e.g. a
 # branch's parent: `git archive main | tar -x -C .base` in the repo root, `/.base/` in
 # .git/info/exclude, carried to the device; var is built from the current tree; both with their
@@ -76,7 +80,7 @@ bench var var_peers "$peer_hdims" fa4,sdpa-cudnn,flash-attn-4 || exit 1
 bench base base2 "$peer_hdims" fa4 || exit 1
 bench var var2 "$peer_hdims" fa4 || exit 1
 # The other head dims run base, var, var, base: a single base-then-var pair measured var 3-5 %
-# low at 1k with identical code (perf.md, "overlapping tile boundaries", hd 256).
+# low at 1k with identical code (hd 256).
 if [ -n "$other" ]; then
   bench base base_other "$other" fa4 || exit 1
   bench var var_other "$other" fa4 || exit 1

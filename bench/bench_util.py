@@ -115,7 +115,7 @@ def parse_ints(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
 def rotated(items: list, i: int) -> list:
     """items started at position i (mod len): --rotate-impls runs point i's implementations in
     this order, so that none is always the first timed after the previous point's (the low
-    readings of docs/perf-notes.md "the short points' two modes" follow a change of load)."""
+    readings of docs/decisions.md "the short points' two modes" follow a change of load)."""
     k = i % len(items) if items else 0
     return list(items[k:]) + list(items[:k])
 
@@ -172,7 +172,7 @@ def make_row(
 def source_digest(root: Path) -> str:
     """A digest of the sources that decide what a run measures (csrc/, fa4/*.py, setup.py), by
     content: the device's copy of the tree can carry a stale .git, so `git log` there named
-    another commit than the files it ran (docs/perf.md, 2026-12-03). Compare it with this
+    another commit than the files it ran (docs/decisions.md, 2026-12-03). Compare it with this
     function's value on the commit the run is recorded against."""
     root = Path(root)
     files = sorted(

@@ -15,7 +15,7 @@ import pytest
 from fa4 import perfmodel as pm
 
 ROOT = Path(__file__).resolve().parents[1]
-CSV = ROOT / "docs" / "perf_2026-11-29_fa4_fwd_sm90.csv"
+CSV = ROOT / "bench" / "results" / "2026-11-29-fa4-fwd-sm90.csv"
 DOC = (ROOT / "docs" / "perfmodel.md").read_text()
 
 H200_PEAK = replace(pm.H200, mma_eff=1.0)
@@ -113,7 +113,7 @@ def test_emulation_table_is_the_models_choice():
 
 
 def test_sm90_emulation_only_costs_as_measured():
-    # docs/perf-notes.md: 0, 3/16, 6/16 -> 595, 547, 500 at hd128 16k; the serial policy (the
+    # docs/decisions.md: 0, 3/16, 6/16 -> 595, 547, 500 at hd128 16k; the serial policy (the
     # kernel as measured) predicts the same direction, the overlapped one (wrongly) no change
     tf = [pm.predict(pm.sm90_config(128, emu=k / 16)).tflops for k in (0, 3, 6)]
     assert tf[0] > tf[1] > tf[2]

@@ -228,7 +228,7 @@ def test_hd64_narrow_short_causal_variant(tmp_path_factory):
 def test_hd256_two_block_widths(compiled_hd256):
     """Note [hd256 narrow blocks]: the hd256 file holds the 80-key kernel (S on 64x80 wgmma) and
     the 64-key one (64x64) for short problems, both with P·V at N = 256 and at most the 24 bytes
-    of spills the stale-max vote left at hd256 (docs/testing.md)."""
+    of spills the stale-max vote left at hd256 (docs/decisions.md)."""
     ptxas, sass = compiled_hd256
     kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", ptxas)
     assert sorted(k.split("bfloat16_t")[1][:10] for k in kernels) == ["ELi0ELi0EL", "ELi0ELi64E"]
@@ -280,7 +280,7 @@ def test_o_store_is_one_tma_box_per_64_columns(compiled, compiled_hd64):
     """Each warpgroup stores its 64 rows of O with d_v / 64 TMA stores (64 x 64 boxes): hd128 has
     2 UTMASTG per kernel, hd64 1. With row-block-major staging atoms (before this test) the box
     was 8 rows and hd128 issued 16, which held the issuing thread ~1.7 k cycles per tile
-    (Note [fwd trace], docs/perf-notes.md forward step 12)."""
+    (Note [fwd trace], docs/decisions.md forward step 12)."""
     for (_, sass), stores in ((compiled, 2), (compiled_hd64, 1)):
         _, body = _bf16_body(sass, "fwd_kernel", "bfloat16_tELi0E")
         assert len(re.findall(r"UTMASTG", body)) == stores
@@ -328,7 +328,7 @@ def test_bwd_spills_bounded(compiled_bwd):
     of Note [persistent bwd]; 252 before Note [Q blocks in closed form] took the binary searches
     out of the tile boundary), in the producer warpgroup: its TMA thread and dQ reducer at 40
     registers also walk the tile ring.
-    The paired P/dS conversion (docs/perf-notes.md) had pushed two per-thread offsets out of the
+    The paired P/dS conversion (docs/decisions.md) had pushed two per-thread offsets out of the
     consumers' registers, reloaded from L2 every Q block (148 bytes, the loop's top stall in ncu);
     Note [fresh tid] rebuilds them in the loop instead."""
     ptxas, _ = compiled_bwd

@@ -2,7 +2,7 @@
 
     python3 tools/fwd_spread.py [--seqlen 16384] [--hdim 128] [--causal] [--trials 12]
 
-The A/B calls of 2026-12-01 (docs/perf.md) read hd128 causal 16k at 590 in most runs and at
+The A/B calls of 2026-12-01 (docs/decisions.md) read hd128 causal 16k at 590 in most runs and at
 653-660 in a few, with the same build. This runs the bench's shape (batch 16k / seqlen, heads
 2048 / hd, bf16) `--trials` times, each with newly allocated q, k, v, under the run-time tile
 counter and under FA4_STATIC_SCHEDULE=1 alternately, and prints per trial the median time of

@@ -1,4 +1,4 @@
-"""Host overhead against kernel time for short forward problems (docs/perf-notes.md, "the short
+"""Host overhead against kernel time for short forward problems (docs/decisions.md, "the short
 points' two modes").
 
 bench.py times each call with triton's do_bench: an L2 flush (a 256 MiB memset), then the call,

@@ -1,5 +1,5 @@
 #!/bin/bash
-# ncu of the hd128 backward main kernel, fa4 against flash-attn-4 (docs/perf.md); OUT: logs.
+# ncu of the hd128 backward main kernel, fa4 against flash-attn-4 (docs/decisions.md); OUT: logs.
 # Arguments: batch seqlen causal.
 b=${1:-1}; s=${2:-16384}; c=${3:-0}
 S="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis

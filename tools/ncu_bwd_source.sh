@@ -1,6 +1,6 @@
 #!/bin/bash
 # Per-instruction executed counts and warp-stall samples of the SM90 backward's main kernel, fa4
-# and flash-attn-4 on the same shape (docs/perf-notes.md "Next (after the sixteenth session)":
+# and flash-attn-4 on the same shape (docs/decisions.md "Next (after the sixteenth session)":
 # where the hd128 backward's 41 % more instructions sit). Arguments: batch seqlen causal
 # [hdim]. Writes to OUT, per implementation: the report's details page and its source page as CSV
 # (one row per SASS instruction), which `tools/ncu_source_summary.py --opcodes` reads on the CPU

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Per-instruction warp-stall samples of the SM90 forward's main kernel (docs/perf-notes.md
+# Per-instruction warp-stall samples of the SM90 forward's main kernel (docs/decisions.md
 # forward steps 16 and 18: what a warpgroup's softmax waits on, which the trace build cannot
 # say). Arguments: batch seqlen causal [hdim]. Writes to OUT: the report, its details page, and
 # its source page as CSV (one row per SASS instruction with its sampled stall reasons), which is

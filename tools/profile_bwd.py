@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-kernel CUDA time of one backward call (fa4 and, if installed, flash-attn-4), from
 torch.profiler: shows how the backward's time splits between the preprocess, the main kernel
-and the postprocess (docs/perf-notes.md). Needs a CUDA device.
+and the postprocess (docs/decisions.md). Needs a CUDA device.
 
     python tools/profile_bwd.py [--hdim 128] [--seqlen 1024] [--causal] [--reps 5]
 

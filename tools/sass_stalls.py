@@ -10,7 +10,7 @@ sets for a variable-latency result (write barrier, 7 = none), one read barrier a
 scoreboards it waits for. Summing the stall counts over a straight-line range gives the cycles one
 warp needs to issue it when nothing else delays it (scoreboard waits come on top), and the
 instructions that wait on a scoreboard show where variable latencies (MUFU, SHFL, loads) enter.
-docs/perf-notes.md, forward step 16, read the SM90 forward's softmax this way.
+docs/decisions.md, forward step 16, read the SM90 forward's softmax this way.
 """
 
 from __future__ import annotations
