@@ -15,8 +15,8 @@ Timing: triton.testing.do_bench median (L2 flushed before each call; inputs of 1
 measured), tflops_<dir>.png, and the printed tables (ratio of fa4 to the best peer per point).
 --rounds N times every implementation N times at each point, round r in the order that starts
 at the (i + r)-th (with --rotate-impls), and reports the median: the SM clock under the power
-cap moved single readings by 7-12 % between runs (docs/perf.md, 2026-12-06), and a ratio of two
-implementations timed moments apart carries that drift.
+cap moved single readings by 7-12 % between runs (docs/decisions.md, 2026-12-06), and a ratio
+of two implementations timed moments apart carries that drift.
 """
 
 from __future__ import annotations

@@ -246,8 +246,8 @@ def ratio_table(rows: list[dict], direction: str) -> str:
 def sweep_gaps(rows: list[dict], direction: str) -> str:
     """One line naming the points of DESIGN.md §6's sweep with no ok fa4 row in `direction`, a
     seqlen missing at every hdim and causal as one entry, so that a run which left a point out
-    says so under its table (8k was in no standing run up to 2026-12-05, unnoticed). "" when
-    nothing is missing."""
+    says so under its table (no standing run before 2026-12-06 had seqlen 8k; docs/decisions.md,
+    2026-12-05). "" when nothing is missing."""
     have = {
         (int(r["hdim"]), int(r["causal"]), int(r["seqlen"]))
         for r in rows

@@ -11,8 +11,9 @@ TFLOP/s over the rounds, its ratio to the first variant, and the peers), and pri
 
 "-" is the unchanged environment; a variant of several settings joins them with "+" (commas
 belong to the values), e.g. FA4_TILE_ORDER=first,wave+FA4_NUM_SMS=64.
-Written for Note [tile order options] (csrc/common/tile_scheduler.cuh): switches read at each launch need
-no rebuild, so a call measures several of them where ab_sm90_fwd.sh measures two builds.
+Written for Note [tile order options] (csrc/common/tile_scheduler.cuh): switches read at each
+launch need no rebuild, so a call measures several of them where ab_sm90_fwd.sh measures two
+builds.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@
 
 Arguments: batch, seqlen, causal (0/1), and optionally head dim (128), heads (2048 / hd, the
 bench's 16k-token shapes: 16 at hd128) and the implementation: fa4 (default) or cudnn (torch
-SDPA's cuDNN backend, for the same pages of the peer). bf16, fresh N(0, 1) inputs. docs/decisions.md's
-"where the hd128 forward's cycles go" ran it with 16 heads at hd128. The second call runs between
-cudaProfilerStart and Stop, so that `ncu --profile-from-start off` sees only its kernels:
+SDPA's cuDNN backend, for the same pages of the peer). bf16, fresh N(0, 1) inputs. "Where the
+hd128 forward's cycles go" (docs/decisions.md, 2026-12-01) ran it with 16 heads at hd128. The
+second call runs between cudaProfilerStart and Stop, so that `ncu --profile-from-start off` sees
+only its kernels:
 
     ncu --profile-from-start off --clock-control none --section LaunchStats \
         python3 tools/fwd_once.py 32 512 1 128 16 cudnn

@@ -1,10 +1,9 @@
 #!/bin/bash
 # Per-instruction executed counts and warp-stall samples of the SM90 backward's main kernel, fa4
-# and flash-attn-4 on the same shape (docs/decisions.md "Next (after the sixteenth session)":
-# where the hd128 backward's 41 % more instructions sit). Arguments: batch seqlen causal
-# [hdim]. Writes to OUT, per implementation: the report's details page and its source page as CSV
-# (one row per SASS instruction), which `tools/ncu_source_summary.py --opcodes` reads on the CPU
-# machine.
+# and flash-attn-4 on the same shape: where the hd128 backward's 41 % more instructions sit.
+# Arguments: batch seqlen causal [hdim]. Writes to OUT, per implementation: the report's details
+# page and its source page as CSV (one row per SASS instruction), which
+# `tools/ncu_source_summary.py --opcodes` reads on the CPU machine.
 b=${1:-8}; s=${2:-2048}; c=${3:-1}; d=${4:-128}
 for impl in fa4 flash-attn-4; do
   k=bwd_kernel; [ $impl = fa4 ] || k=BackwardSm90

@@ -12,7 +12,7 @@ longer than the K/V stages, which the model does not separate); an item's time i
 (the diagonal block costs mask_factor more) plus a per-tile overhead; its HBM bytes are Q and O
 and every K/V block not in an LRU L2 of l2_mb. HBM is shared fluidly: while the running tiles
 together ask for more than bw_tbs, all slow down in proportion. Calibrated on the H100 run of
-2026-12-05 (docs/perf.md): 1.67 us per 128 x 128 block at hd128 (663 TFLOP/s non-causal 16k),
+2026-12-05 (docs/decisions.md): 1.67 us per 128 x 128 block at hd128 (663 TFLOP/s non-causal 16k),
 1.9 us per tile (516 TFLOP/s non-causal 512), mask factor 1.45 (the SASS count of the masked
 block, docs/decisions.md). Its absolute times are rough (it puts the default order at 16k
 causal 8 % over the measurement); the differences between orders are the prediction.

@@ -28,12 +28,12 @@ __device__ __forceinline__ void q_blocks_seeing(const Mask& mask, int n, int& m_
 // is its j-th, the (j-1)-th of tile n + 1; so each tile needs from the tile above it a block that
 // tile reached one iteration earlier, and the tiles run skewed by one iteration instead of
 // waiting (in increasing order tile n waited for tile n - 1's (j+1)-th iteration, and the waits
-// added up along the tiles: 40-58 % of the causal backward's time, docs/perf.md). A tile only waits
-// on tiles of higher index, which come earlier in this mode's item order (BwdGrid::descending):
-// the grid dispatches them earlier, or the SM90 persistent walk claims them earlier (a CTA works
-// its items in claim order, so the earliest unfinished item never waits), and the waits cannot
-// deadlock. Only the reducer waits; the consumers run on until they need the
-// dQ buffer again.
+// added up along the tiles: 40-58 % of the causal backward's time; docs/decisions.md,
+// 2026-11-29). A tile only waits on tiles of higher index, which come earlier in this mode's item
+// order (BwdGrid::descending): the grid dispatches them earlier, or the SM90 persistent walk
+// claims them earlier (a CTA works its items in claim order, so the earliest unfinished item
+// never waits), and the waits cannot deadlock. Only the reducer waits; the consumers run on until
+// they need the dQ buffer again.
 __device__ __forceinline__ int dq_turn(const BlockRange& br, int n) {
   return br.n_end - 1 - n;
 }

@@ -48,10 +48,10 @@ struct RowBlockGrid {
 // zeroed. 256 threads; grid RowBlockGrid. Where O and dO allow 16-byte loads (d_v % 8 == 0,
 // 16-byte aligned bases and strides), the block's rows × d_v/8 chunks are spread over all threads
 // with several loads in flight per thread, and each row's chunk sums are added in chunk order by
-// one thread (fixed order: deterministic mode needs D bit-identical run to run). The first version
-// (one warp per row, a row at a time) left half the lanes idle at d_v = 128 and waited on each
-// row's loads in turn: 5× flash-attn-4's instructions, 1.5× its time (ncu, docs/perf-notes.md,
-// backward step 12). Otherwise one warp per row with 2-byte loads.
+// one thread (fixed order: deterministic mode needs D bit-identical run to run); otherwise one
+// warp per row with 2-byte loads. One warp per row, a row at a time, for every layout left half
+// the lanes idle at d_v = 128 and waited on each row's loads in turn: 5× flash-attn-4's
+// instructions, 1.5× its time (ncu; docs/decisions.md, 2026-11-29).
 template <class Element>
 __global__ void bwd_preprocess(BwdParams p, BwdWorkspace ws, RowBlockGrid grid) {
   constexpr int kRows = BwdWorkspace::kRowPad;

@@ -1,7 +1,7 @@
 // Register fragments: which elements of a tile (S, P or O) one thread holds, and in which
-// registers. common/mask.cuh and common/softmax.cuh are written against this description so that the SM90
-// kernel (wgmma accumulators, a row spread over 4 lanes) and the SM100 kernel (TMEM loads, a
-// whole row per thread) run the same code, and so does the g++ unit-test harness on the host.
+// registers. common/mask.cuh and common/softmax.cuh are written against this description so that
+// the SM90 kernel (wgmma accumulators, a row spread over 4 lanes) and the SM100 kernel (TMEM loads,
+// a whole row per thread) run the same code, and so does the g++ unit-test harness on the host.
 //
 // A fragment layout Frag provides
 //   kRows            rows of the tile this thread holds

@@ -1,6 +1,6 @@
 // Lets the shared headers (exp2_poly.cuh, common/fragment.cuh, common/mask.cuh, common/softmax.cuh,
-// common/tile_scheduler.cuh) compile unchanged with nvcc for the kernels and with g++ for the host test
-// harnesses, so CI tests the exact code the kernels run.
+// common/tile_scheduler.cuh) compile unchanged with nvcc for the kernels and with g++ for the host
+// test harnesses, so CI tests the exact code the kernels run.
 #pragma once
 
 #ifndef __CUDACC__

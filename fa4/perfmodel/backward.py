@@ -1,6 +1,6 @@
 """Backward half of the cycle model: one iteration = one KV tile of a CTA against one 64-row Q
 block (the loop body of the SM90 backward as built, sm90/bwd/kernel.cuh), its units, the
-schedule of those iterations, and the same for the SM100 FA4 backward design (issue 6) on B200.
+schedule of those iterations, and the same for the SM100 FA4 backward (docs/sm100.md) on B200.
 
 SM90, as built (the two consumer warpgroups meet at a named barrier every block, so their
 elementwise phases coincide and the tensor cores idle during what is not overlapped):
@@ -14,7 +14,7 @@ docs/perfmodel.md ("Backward") has the counts, the validation against the H200 b
 the B200 predictions. Standard library only.
 
     python -m fa4.perfmodel --bwd --hdim 128 [--causal] [--arch sm100 --two-cta]
-    python -m fa4.perfmodel --validate-bwd docs/perf_2026-11-29_fa4_bwd_sm90.csv --bwd-b200
+    python -m fa4.perfmodel --validate-bwd bench/results/2026-11-29-fa4-bwd-sm90.csv --bwd-b200
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .model import B200, H200, HIDDEN, TOKENS, Arch, fwd_flops
 
 BLOCK_M = 64  # query rows per iteration (BwdConfig.m: 128 for the SM90 kernel at d <= 64)
 # Thread-instructions per score element of the unmasked, softcap-free P and dS code, counted in
-# the SASS of bwd_sm90_hd128.cu (bf16): the P loop ~3 (FFMA, MUFU.EX2, half an LDS of lse, a
+# the SASS of the hd128 instance (bf16): the P loop ~3 (FFMA, MUFU.EX2, half an LDS of lse, a
 # select), the dS loop ~3.5 (FADD, FMUL, two half F2FP, half an LDS of D, the stmatrix share).
 P_ISSUE, DS_ISSUE = 3.0, 3.5
 # Per iteration: STSM + fence + named barrier + wgmma waits + pipeline handshakes, an estimate

@@ -10,7 +10,7 @@ TFLOP/s. docs/perfmodel.md has the unit rates with their sources, the validation
 H200 measurements and the B200 predictions.
 
     python -m fa4.perfmodel --arch sm90 --hdim 128 --seqlen 16384 [--causal] [--emu 0.25]
-    python -m fa4.perfmodel --validate docs/perf_2026-11-29_fa4_fwd_sm90.csv
+    python -m fa4.perfmodel --validate bench/results/2026-11-29-fa4-fwd-sm90.csv
     python -m fa4.perfmodel --sm100-table
 
 The backward is in backward.py. Standard library only; nothing here needs torch or a GPU.
@@ -107,11 +107,11 @@ class Code:
         return pts[-1][1]
 
 
-# SM90 fa4 kernel, counted in its SASS (cuobjdump, fwd_sm90_hd{64,128,256}.cu, bf16, the steady
-# path of the consumer loop: no mask, no softcap; docs/perfmodel.md, "SM90 instruction counts").
-# Per S element: FMNMX, FFMA, MUFU.EX2, FADD, half an F2FP; per O element one FMUL (the kernel
-# scales O every block, factor 1 included); exp2_poly<3> is 12 instructions for 1 MUFU (+11):
-# 3 FFMA, 3 FADD, 1 IMAD (FP32 pipe: 7), 2 FMNMX, 2 FSETP, 1 FSEL (ALU: 5).
+# SM90 fa4 kernel, counted in its SASS (cuobjdump of the hd 64, 128 and 256 instances, bf16,
+# the steady path of the consumer loop: no mask, no softcap; docs/perfmodel.md, "SM90
+# instruction counts"). Per S element: FMNMX, FFMA, MUFU.EX2, FADD, half an F2FP; per O element
+# one FMUL (the kernel scales O every block, factor 1 included); exp2_poly<3> is 12 instructions
+# for 1 MUFU (+11): 3 FFMA, 3 FADD, 1 IMAD (FP32 pipe: 7), 2 FMNMX, 2 FSETP, 1 FSEL (ALU: 5).
 SM90_FA4 = Code(
     threads=256,
     elem_issue=4.5,
@@ -129,7 +129,7 @@ SM90_FA4 = Code(
     tmem=False,
     correction_off_path=False,
 )
-# SM100 FA4 design (issue 5; not written yet, so estimated): one thread per row, S loaded from
+# SM100 FA4 forward (docs/sm100.md; no B200 runs it, so estimated): one thread per row, S from
 # TMEM, packed FFMA2/FADD2 for the scale and the row sum (and for exp2_poly's FP32 part: its 6
 # FP32 ops in 3 issue slots, 9 slots in all), conditional rescale done by the correction
 # warpgroup off the softmax's path, ~40 instructions of barriers and bookkeeping per block.
@@ -214,7 +214,8 @@ def sm90_config(hdim: int, causal: bool = False, seqlen: int = 16384, **kw) -> C
 
 
 def sm100_config(hdim: int, causal: bool = False, seqlen: int = 16384, style="fa4", **kw):
-    """The SM100 design of issue 5 (style "fa4") or FA3-style scheduling on the same GPU.
+    """The SM100 forward design (docs/sm100.md; style "fa4") or FA3-style scheduling on the
+    same GPU.
 
     fa4: two Q tiles per CTA (one for hd 256, tmem.cuh), ping-pong softmax warpgroups, correction
     warpgroup, packed FP32, conditional rescale, the emulation fraction of EMU_SIXTEENTHS.

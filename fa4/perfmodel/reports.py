@@ -24,7 +24,7 @@ from .model import (
 
 # --- validation against the H200 measurements -----------------------------------------------
 
-# Earlier SM90 kernel versions, same command and day (docs/perf.md, "Earlier versions"; seqlen
+# Earlier SM90 kernel versions, same command and day (docs/decisions.md, 2026-11-29; seqlen
 # 16k, TFLOP/s): the serial consumer loop (49ba030) and + intra-warpgroup overlap (8358e87).
 HISTORY_16K = {
     "serial loop (49ba030)": {
@@ -42,7 +42,7 @@ HISTORY_16K = {
         (256, True): 441,
     },
 }
-# exp2 emulation A/B at hd128, one device call (docs/perf-notes.md, step 4): kEmuSixteenths
+# exp2 emulation A/B at hd128, one device call (docs/decisions.md, 2026-11-29): kEmuSixteenths
 # 0 / 3 / 6 -> TFLOP/s, keyed by (causal, seqlen).
 EMU_AB_HD128 = {
     (False, 16384): (595, 547, 500),
