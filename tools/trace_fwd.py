@@ -57,8 +57,8 @@ TILE_PHASES = [
     ("barrier, TMA store", (0, 7), (0, 8)),
     ("LSE", (0, 8), (0, 9)),
 ]
-# Note [next tile's first S] (commit c314a0e, withdrawn: docs/decisions.md, thirteenth session;
-# kept for tracing that order again): tile k is taken, decoded and its first S issued before
+# Note [next tile's first S] (commit c314a0e, withdrawn: docs/decisions.md, 2026-12-02; kept
+# for tracing that order again): tile k is taken, decoded and its first S issued before
 # tile k-1's last P·V is waited for and its epilogue runs, so "blocks" of tile k also holds tile
 # k+1's take, decode, Q wait and S issue.
 PIPELINED_TILE_PHASES = [

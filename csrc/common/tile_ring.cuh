@@ -5,13 +5,13 @@
 // Note [dynamic tiles]: with a static stride (CTA c takes items c, c + grid, ...), the causal
 // LPT order hands CTA 0 the most expensive tile of every round: CTAs' shares differ by up to
 // 1.8x at hd256 16k (one head per section, 128 tiles per round of 132 CTAs) and 1.2x at hd128
-// (simulated with per-tile costs m_block + 2.5 blocks; docs/perf-notes.md). With
+// (simulated with per-tile costs m_block + 2.5 blocks; docs/decisions.md, 2026-11-29). With
 // FwdParams::tile_counter set, the producer (the thread that issues the TMA loads) claims each
 // next item with one atomicAdd when it has issued the current tile's loads (the consumers still
 // have the pipeline's blocks of that tile to compute, which hides the atomic's latency), so
 // tiles go to whichever CTA frees up first, in the TileScheduler's order (same L2 reuse). Not
 // earlier: claimed when the current tile starts, the SM90 forward lost 14 % at hd256 causal 16k
-// (a CTA holding a long tile in reserve; docs/perf-notes.md, forward step 11). It
+// (a CTA holding a long tile in reserve; docs/decisions.md, 2026-12-01). It
 // hands the items to the other roles through a ring of kTileSlots slots in shared memory: they
 // need the item before Q is loaded, and a tile with no KV block loads nothing.
 //   full[i]   producer -> every reader, protects items[i] (1 arrival)
@@ -66,9 +66,9 @@ __device__ __forceinline__ int64_t next_item(int64_t* counter, int64_t w) {
 // counter[0] hands out the items, counter[1] counts the CTAs that made their last claim. The last
 // CTA to arrive sets both back to zero, so the next kernel on the stream finds them zeroed without
 // a memset launched ahead of every call: one stream operation and one allocation fewer per call
-// (removing the memset measured no change in GPU time on the H200, docs/perf.md 2026-12-03,
-// fifteenth session). The claiming thread calls this once, after its last next_item. The fences
-// order each CTA's claims before its arrival, and all arrivals (hence all claims) before the reset.
+// (removing the memset measured no change in GPU time on the H200, docs/decisions.md,
+// 2026-12-03). The claiming thread calls this once, after its last next_item. The fences order
+// each CTA's claims before its arrival, and all arrivals (hence all claims) before the reset.
 __device__ __forceinline__ void finish_claims(int64_t* counter) {
   if (counter == nullptr) return;
   auto* c = reinterpret_cast<unsigned long long*>(counter);

@@ -40,21 +40,15 @@
 // "plain" is the order above with neither. Tokens are comma-separated ("first,wave"); any other
 // makes run_fwd return kInvalid before a launch. Unset (or empty): Note [default tile order].
 //
-// Note [default tile order]: measured on an H100 (docs/perf.md, 2026-12-05: bench/env_sweep.py,
-// two or three rotated rounds a call), "first,wave" against "plain" gave the causal forward
-// +10-12 % at 512 rows (d = 64 and 128), +4-8 % at 1k, +2.5-4.5 % at 2k-4k and 0-4 % at 16k,
-// and d = 256 +1 % at 512 and +4-8 % from 1k. A cap of 16 pairs on top added, at 512 rows, d = 64
-// +4-5 % and d = 256 +8 % (their waves are 99 and 33 pairs of 4 tiles; 8 pairs gave d = 64 the
-// same and d = 256 half of it) and d = 128 nothing, and changes nothing from 1k at d = 128 / 256
-// (a wave is 16 pairs or fewer there). So "first,wave,16" is the forward's default; it changes
-// only masked problems' order, and the SM100 forward takes it too (compiled, not executed; a
-// B200's SMs and L2 differ). (The same calls' unmasked points, whose order the options do not
-// touch, moved up to 3.5 % between variants: the noise.)
-// The backward's "l2,first" gave causal d = 128 +5 % at 512 rows, +1-4 % at 1k-4k and 0 at 16k,
-// d = 256 +2-3 % at 512-4k and +1 % at 16k, but cost d = 64 2.5 % at 512 and, unmasked, up to
-// 15 % at 512 (not explained; docs/perf-notes.md lists the candidates), so it is the default
-// for causal d >= 128 (192 lies between the two measured dims; not measured itself), and not in
-// deterministic mode, whose descending walk was not measured.
+// Note [default tile order]: the forward's default is "first,wave,16". On an H100, "first,wave"
+// gave the causal forward +10-12 % at 512 rows (d = 64 and 128) against "plain", and the cap of
+// 16 pairs on top d = 256 +8 % there (docs/decisions.md, 2026-12-05). It changes only masked
+// problems' order; the SM100 forward takes it too (compiled, not executed; a B200's SMs and L2
+// differ).
+// The backward's default is "l2,first" for causal d >= 128 only (192 not measured itself): it
+// gave causal d = 128 +5 % at 512 rows, but cost unmasked problems up to 15 % at 512. The
+// deterministic backward keeps the plain walk: under "l2,first" it costs 12-13 % at causal 512
+// (docs/decisions.md, 2026-12-06).
 //
 // Note [scheduler int64]: the item index is int64. Dense problems cannot reach 2^31 items
 // (b·h·s_q <= 2^30 for a bf16 q of d >= 64 in 141 GB, so items <= b·h·(s_q/128 + 1) < 2^31), but
@@ -248,7 +242,8 @@ struct TileScheduler {
 // no grid dimension limiting heads or batch. The hardware dispatches blocks in increasing index
 // order (SM100), and the SM90 persistent walk claims items so: by default tile 0 first, the
 // longest one under a causal mask (it sees every Q block); in deterministic mode the last tile
-// first, because each tile waits only on higher tiles (Note [deterministic dQ], common/bwd_blocks.cuh).
+// first, because each tile waits only on higher tiles (Note [deterministic dQ],
+// common/bwd_blocks.cuh).
 //
 // Note [bwd tile order options]: FA4_BWD_TILE_ORDER (read by run_bwd at each call; the SM90
 // backward takes it) walks the (batch, kv head) pairs in sections instead of one by one: within
