@@ -4,6 +4,7 @@ unit of two commits, disassembles the cubins and compares the normalized SASS ke
 
     python3 tools/sass_diff.py OLD NEW [--archs 90a,100a] [--hdims 64,96,128,192,256,192x128]
                                        [--jobs N] [--cache DIR] [--keep] [--no-cache]
+                                       [--flags-from REV] [--diff-lines N]
     python3 tools/sass_diff.py dump COMMIT --out DIR [same options]
 
 OLD and NEW are commits (anything `git rev-parse` takes) or directories written by `dump`. Exit
@@ -19,7 +20,8 @@ Its kernel translation units come from one of two layouts:
             and csrc/bwd_sm100.cu for 100a; flags LEGACY_FLAGS plus -DFA4_HDIM_<H> per head dim
             and the FA4_HAS_* defines.
 Both commits are built with one base flag set: the NEW commit's nvcc_flags() when it has a
-manifest, else LEGACY_FLAGS (legacy trees add their -D defines to it).
+manifest, else LEGACY_FLAGS (legacy trees add their -D defines to it); --flags-from REV takes
+another commit's. `dump` builds with the commit's own base flags unless --flags-from is given.
 
 Normalization: `cuobjdump -sass` text is split at "Function : <mangled>"; each instruction line
 loses its /*addr*/ comment and /* 0x... */ encoding words and has its whitespace collapsed;
@@ -29,7 +31,9 @@ type between those namespaces changes the mangled name, not the code); names tha
 partner are paired with a kernel of identical body if there is one.
 
 Cache: one gzipped JSON per (commit, archs, hdims, flags, nvcc version) under --cache (default
-/tmp/fa4-sass-cache), so a baseline dumped once is reused by later comparisons.
+/tmp/fa4-sass-cache), so a baseline dumped once is reused by later comparisons built with the
+same flags: `dump OLD --flags-from NEW` fills the entry that `OLD NEW` reads. A dump directory
+may also stand for OLD or NEW (its recorded flags are then the ones it was built with).
 """
 
 from __future__ import annotations
@@ -665,8 +669,22 @@ def save_record(path: Path, record: dict) -> None:
     tmp.replace(path)
 
 
-def records_for(revs: list[str], args, base_from_new: bool) -> list[dict]:
-    """The record of each rev (a commit or a dump directory), from the cache or built."""
+def flags_of(rev: str, root: Path) -> list[str]:
+    """The base flags of a commit (its manifest's nvcc_flags() or LEGACY_FLAGS) or of a dump."""
+    d = Path(rev)
+    if (d / "sass.json.gz").is_file():
+        record = load_record(d / "sass.json.gz")
+        return list(record.get("base_flags", record["flags"]))
+    sha = resolve(rev)
+    tree = root / sha[:12] / "tree"
+    if not tree.exists():
+        export_tree(sha, tree)
+    return base_flags(tree, sha[:12])
+
+
+def records_for(revs: list[str], args, flags_from: str | None) -> list[dict]:
+    """The record of each rev (a commit or a dump directory), from the cache or built; every
+    commit built with the base flags of flags_from (None: each commit its own)."""
     archs, hdims = args.archs, args.hdims
     tools = get_tools()
     nvcc_ver = nvcc_version(tools.nvcc)
@@ -690,13 +708,7 @@ def records_for(revs: list[str], args, base_from_new: bool) -> list[dict]:
             shas[i] = resolve(rev)
     work = {s: root / s[:12] for s in shas if s}
     try:
-        base = None  # None: each commit its own base flags
-        if base_from_new:  # the NEW side's base flags for both sides
-            if shas[-1]:
-                export_tree(shas[-1], work[shas[-1]] / "tree")
-                base = base_flags(work[shas[-1]] / "tree", shas[-1][:12])
-            else:
-                base = out[-1].get("base_flags")
+        base = None if flags_from is None else flags_of(flags_from, root)
         plans: list[Plan] = []
         for i, sha in enumerate(shas):
             if sha is None:
@@ -756,6 +768,12 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", default=DEFAULT_CACHE, help=f"default {DEFAULT_CACHE}")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     parser.add_argument("--keep", action="store_true", help="keep the temporary build folder")
+    parser.add_argument(
+        "--flags-from",
+        metavar="REV",
+        help="build with this commit's (or dump's) base flags: its manifest's nvcc_flags() or "
+        "the legacy set (default: NEW for a comparison, the commit itself for dump)",
+    )
 
 
 def _safe(name: str, limit: int = 80) -> str:
@@ -806,7 +824,7 @@ def main_dump(argv: list[str]) -> int:
     ap.add_argument("--out", required=True, type=Path)
     _options(ap)
     args = ap.parse_args(argv)
-    (record,) = records_for([args.commit], args, base_from_new=False)
+    (record,) = records_for([args.commit], args, args.flags_from)
     write_dump(record, args.out)
     total = sum(len(v) for v in record["kernels"].values())
     print(f"{record['commit'][:12]} ({record['layout']}): {total} kernels written to {args.out}")
@@ -826,7 +844,7 @@ def main_compare(argv: list[str]) -> int:
     ap.add_argument("--diff-lines", type=int, default=16, help="diff lines per changed kernel")
     _options(ap)
     args = ap.parse_args(argv)
-    old, new = records_for([args.old, args.new], args, base_from_new=True)
+    old, new = records_for([args.old, args.new], args, args.flags_from or args.new)
     ob, nb = old.get("base_flags", old["flags"]), new.get("base_flags", new["flags"])
     if sorted(ob) != sorted(nb):
         print(f"note: base flags differ\n  old: {' '.join(ob)}\n  new: {' '.join(nb)}")

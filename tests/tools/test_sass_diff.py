@@ -279,3 +279,19 @@ def test_cache_key_depends_on_commit_archs_hdims_and_flags(tmp_path):
     assert key != sd.cache_key(p, ["90a", "100a"], ["96"], "nvcc 13.0")
     p.flags = [*p.flags, "-DFA4_SM90_PINGPONG=0"]
     assert key != sd.cache_key(p, ["100a"], ["96"], "nvcc 13.0")
+
+
+def test_dump_directory_round_trip(tmp_path):
+    k = kernel("_ZN3fa44sm903fwdEv", "void fwd()", BODY)
+    k.update(arch="90a", unit="csrc/fwd_sm90_hd96.cu", demangled="void fa4::sm90::fwd()")
+    k["registers"] = 168
+    record = {"commit": "3" * 40, "layout": "legacy", "archs": ["90a"], "hdims": ["96"],
+              "flags": ["-O3", "-DFA4_HDIM_96"], "base_flags": ["-O3"], "units": [],
+              "kernels": {"90a": [k]}}  # fmt: skip
+    sd.write_dump(record, tmp_path / "dump")
+    assert sd.load_record(tmp_path / "dump" / "sass.json.gz") == record
+    assert sd.flags_of(str(tmp_path / "dump"), tmp_path) == ["-O3"]
+    index = (tmp_path / "dump" / "index.tsv").read_text().splitlines()
+    assert len(index) == 2 and index[1].split("\t")[2:4] == ["5", "168"]
+    sass = tmp_path / "dump" / index[1].split("\t")[1]
+    assert sass.read_text().splitlines() == BODY
