@@ -1,4 +1,4 @@
-"""Protocol model of the SM100 forward kernel's barriers (tools/protocol_model.py, issue 5).
+"""Protocol model of the SM100 forward kernel's barriers (tools/protocol_model.py).
 
 Plain CPU test. The barrier table and kStages come from csrc/sm100/fwd/kernel.cuh; the role
 programs mirror the kernel's loops. The kernel's protocol must show no deadlock, overwrite,
@@ -153,6 +153,19 @@ def test_tile_ring_mutations_are_caught():
     bars = dict(TABLE.bars, kTileEmpty=replace(TABLE.bars["kTileEmpty"], arrivals=3 * 128 + 3))
     res = pm.explore(pm.Table(bars, TABLE.stages), pm.Config(tiles=(1, 1)), stop_on={"deadlock"})
     assert "deadlock" in res.kinds()
+
+
+@pytest.mark.parametrize(
+    "kernel", ["sm100/fwd/kernel.cuh", "sm100/bwd/kernel.cuh", "sm100/bwd/kernel_2cta.cuh"]
+)
+def test_every_sm100_kernel_writes_one_table_form(kernel):
+    """The three SM100 kernels declare their barriers in csrc/common/barrier_table.cuh's form,
+    which parse_bar_table reads for all three models."""
+    text = (ROOT / "csrc" / kernel).read_text()
+    assert "BarrierTable<kBarriers, " in text
+    lines, kinds, rows = pm.parse_bar_table(text)
+    assert [name for name, _, _ in rows] == list(lines)
+    assert all(kind in kinds and arrivals >= 1 for _, kind, arrivals in rows)
 
 
 def test_table_drift_fails_loudly():

@@ -1,13 +1,13 @@
 """Protocol model of the 2-CTA SM100 backward (tools/protocol_model_bwd2.py).
 
-Plain CPU test. The barrier table comes from csrc/sm100/bwd/kernel_2cta.cuh; the programs of both CTAs'
-roles mirror csrc/sm100/bwd/roles_2cta.cuh. The kernel's protocol must show no deadlock,
-overwrite, stale read, phase or arrival error in any interleaving of both CTAs; each mutation
-(a dropped relay arrival or wait, a commit that reaches one CTA only, an arrival count of one
-CTA, the dQ MMA before the DSMEM writes, out-of-order MMAs) must be caught, which shows the
-checks can fail. The compute warpgroups' kDsEmpty wait is implied in this order, as in the 1-CTA
-model (dP(i) completes after dQ(i - 1)); dropping it is not caught, and the full exploration
-that shows it (34 s) is not run here.
+Plain CPU test. The barrier table comes from csrc/sm100/bwd/kernel_2cta.cuh; the programs of both
+CTAs' roles mirror csrc/sm100/bwd/roles_2cta.cuh. The kernel's protocol must show no deadlock,
+overwrite, stale read, phase or arrival error in any interleaving of both CTAs; each mutation (a
+dropped relay arrival or wait, a commit that reaches one CTA only, an arrival count of one CTA, the
+dQ MMA before the DSMEM writes, out-of-order MMAs) must be caught, which shows the checks can fail.
+The compute warpgroups' kDsEmpty wait is implied in this order, as in the 1-CTA model (dP(i)
+completes after dQ(i - 1)); dropping it is not caught, and the full exploration that shows it (34 s)
+is not run here.
 """
 
 import sys
@@ -38,6 +38,28 @@ def test_parse_matches_kernel():
         "kDqEmpty",
     }
     assert SPECS["kQFull"].dst == ("mma", "compute", "relay")
+
+
+def test_table_drift_fails_loudly():
+    text = pb2.KERNEL.read_text()
+    # A copies kind the model does not have (it keeps one copy per barrier and CTA).
+    staged = text.replace(
+        "enum class BarCopies : int { kOnce };", "enum class BarCopies : int { kOnce, kPerQStage };"
+    )
+    assert staged != text
+    with pytest.raises(ValueError, match="BarCopies is not"):
+        pb2.parse_kernel(staged)
+    # Rows out of the enum's order (the kernel static_asserts the same).
+    swapped = text.replace("{Bar::kQFull,", "{Bar::kTmp,").replace(
+        "{Bar::kPeerQFull,", "{Bar::kQFull,"
+    )
+    with pytest.raises(ValueError, match="kBarriers rows"):
+        pb2.parse_kernel(swapped.replace("{Bar::kTmp,", "{Bar::kPeerQFull,"))
+    # An enumerator without its comment.
+    bare = text.replace("  kDsEmpty,     // from mma to compute,", "  kDsEmpty,  // to compute,")
+    assert bare != text
+    with pytest.raises(ValueError, match="kDsEmpty: no 'from X to Y"):
+        pb2.parse_kernel(bare)
     assert SPECS["kPeerQFull"].src == ("relay",) and SPECS["kPeerQFull"].dst == ("mma",)
 
 

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""Protocol model of the SM100 forward kernel's mbarrier pipeline (issue 5, docs/sm100.md),
-for both its shapes: two Q tiles ping-ponged (hd <= 192) and one Q tile with a double-buffered S
+"""Protocol model of the SM100 forward kernel's mbarrier pipeline (docs/sm100.md), for both
+its shapes: two Q tiles ping-ponged (hd <= 192) and one Q tile with a double-buffered S
 (hd 256, Config(q_tiles=1), Note [one-tile order]).
 
-The barrier list, copies and arrival counts, and kStages are parsed from
-csrc/sm100/fwd/kernel.cuh (enum Bar, table kBarriers, FwdTraits::kStages). Each role of one CTA
-is a straight-line program of steps written by hand to mirror the kernel's loops (load_role,
-mma_role, softmax_role, correction_role) for a list of consecutive work tiles; the explorer
-runs every interleaving of the roles and of the asynchronous TMA loads and tcgen05 MMAs and
-checks:
+The barrier list, copies and arrival counts, and kStages are parsed from csrc/sm100/fwd/kernel.cuh
+(enum Bar, table kBarriers, FwdTraits::kStages; parse_bar_table reads the table form of
+csrc/common/barrier_table.cuh, which all three SM100 kernels share). Each role of one CTA is a
+straight-line program of steps written by hand to mirror the kernel's loops (load_role, mma_role,
+softmax_role, correction_role) for a list of consecutive work tiles; the explorer runs every
+interleaving of the roles and of the asynchronous TMA loads and tcgen05 MMAs and checks:
   deadlock     a reachable state where no step can run but some role has not finished
   overwrite    a buffer written while a value in it still has unread consumers
   stale read   a buffer read whose current value is not the one the reader expects (read
@@ -34,20 +34,48 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 KERNEL = Path(__file__).resolve().parents[1] / "csrc" / "sm100/fwd/kernel.cuh"
-TILE_RING = KERNEL.parent / "common/tile_ring.cuh"  # kTileSlots (Note [dynamic tiles])
+TILE_RING = KERNEL.parents[2] / "common" / "tile_ring.cuh"  # kTileSlots (Note [dynamic tiles])
 Q_TILES = 2  # FwdTraits::kQTiles for hd <= 192; hd 256 has 1 (Config.q_tiles)
 S_BUFFERS = 2  # kSBuffers: Q tile t's S, or the one Q tile's double-buffered S
 WG = 128  # a softmax/correction warpgroup is one process: its arrive counts 128 at once
 
 
 # ---- Parsing the kernel's table ------------------------------------------------------------
+def parse_bar_table(text: str) -> tuple[dict[str, str], list[str], list[tuple[str, str, int]]]:
+    """The barrier table of an SM100 kernel (csrc/common/barrier_table.cuh's form): enum class Bar
+    ({enumerator: the first line of its comment}, in enum order), the kinds of enum class
+    BarCopies, and the kBarriers rows {Bar::kX, BarCopies::kKind, arrivals} as (name, kind,
+    arrivals). Raises unless the rows are the enumerators in order, each of a BarCopies kind."""
+    enum = re.search(r"enum class Bar : int \{(.*?)\n\s*kCount", text, re.S)
+    if not enum:
+        raise ValueError("enum class Bar not found")
+    comments = dict(re.findall(r"^\s*(k\w+),[ \t]*(?://[ \t]*(.*))?$", enum.group(1), re.M))
+    kinds = re.search(r"enum class BarCopies : int \{([^}]*)\}", text)
+    if not kinds:
+        raise ValueError("enum class BarCopies not found")
+    kinds = [k.strip() for k in kinds.group(1).split(",") if k.strip()]
+    table = re.search(r"kBarriers\[\] = \{(.*?)\};", text, re.S)
+    if not table:
+        raise ValueError("kBarriers table not found")
+    rows = re.findall(r"\{Bar::(k\w+),\s*BarCopies::(\w+),\s*(\d+)\}", table.group(1))
+    if [r[0] for r in rows] != list(comments):
+        raise ValueError(f"kBarriers rows {[r[0] for r in rows]} != enum Bar {list(comments)}")
+    bad = [r[0] for r in rows if r[1] not in kinds]
+    if bad:
+        raise ValueError(f"kBarriers rows with an unknown BarCopies: {bad}")
+    return comments, kinds, [(name, kind, int(arrivals)) for name, kind, arrivals in rows]
+
+
+COPIES = ("kPerQTile", "kPerStage", "kPerSBuffer", "kOnce", "kPerTileSlot")  # enum BarCopies
+
+
 @dataclass(frozen=True)
 class BarSpec:
     name: str
     src: str  # "from" role of the comment; softmax_t stands for softmax0 and softmax1
     dst: str  # "to" role
     protects: str
-    copies: str  # kPerQTile, kPerStage or kPerSBuffer
+    copies: str  # a kind of COPIES
     arrivals: int
 
     @property
@@ -55,7 +83,7 @@ class BarSpec:
         return self.copies == "kPerStage"
 
     def count(self, q_tiles: int, stages: int) -> int:
-        """Copies of this barrier (bar_copies in the kernel)."""
+        """Copies of this barrier (FwdBarCopies in the kernel)."""
         counts = {
             "kPerQTile": q_tiles,
             "kPerStage": stages,
@@ -79,37 +107,26 @@ def parse_kernel(text: str | None = None) -> Table:
     """Reads enum Bar (with its comments), kBarriers and kStages; raises on anything missing."""
     if text is None:
         text = KERNEL.read_text()
-    enum = re.search(r"enum class Bar : int \{(.*?)\n\s*kCount", text, re.S)
-    if not enum:
-        raise ValueError("enum class Bar not found")
+    lines, kinds, rows = parse_bar_table(text)
+    if kinds != list(COPIES):
+        raise ValueError(f"enum class BarCopies is not {{{', '.join(COPIES)}}}")
     comments = {}
-    for m in re.finditer(
-        r"^\s*(k\w+),\s*//\s*from (\w+) to (\w+), protects ([^:]+):", enum.group(1), re.M
-    ):
-        comments[m.group(1)] = (m.group(2), m.group(3), m.group(4).strip())
-    enumerators = re.findall(r"^\s*(k\w+),", enum.group(1), re.M)
-    if set(enumerators) != set(comments):
+    for name, line in lines.items():
+        m = re.match(r"from (\w+) to (\w+), protects ([^:]+):", line)
+        if m:
+            comments[name] = (m.group(1), m.group(2), m.group(3).strip())
+    if set(lines) != set(comments):
         raise ValueError(
             f"Bar enumerators without a 'from X to Y, protects Z' comment: "
-            f"{sorted(set(enumerators) - set(comments))}"
+            f"{sorted(set(lines) - set(comments))}"
         )
-    table = re.search(r"kBarriers\[\] = \{(.*?)\};", text, re.S)
-    if not table:
-        raise ValueError("kBarriers table not found")
-    rows = re.findall(
-        r"\{Bar::(k\w+),\s*BarCopies::(kPerQTile|kPerStage|kPerSBuffer|kOnce|kPerTileSlot),"
-        r"\s*(\d+)\}",
-        table.group(1),
-    )
-    if [r[0] for r in rows] != enumerators:
-        raise ValueError(f"kBarriers rows {[r[0] for r in rows]} != enum Bar {enumerators}")
     stages = re.search(r"static constexpr int kStages = (\d+);", text)
     if not stages:
         raise ValueError("kStages not found")
     bars = {}
     for name, copies, arrivals in rows:
         src, dst, protects = comments[name]
-        bars[name] = BarSpec(name, src, dst, protects, copies, int(arrivals))
+        bars[name] = BarSpec(name, src, dst, protects, copies, arrivals)
     return Table(bars, int(stages.group(1)))
 
 
@@ -243,8 +260,8 @@ class Ring:
         return (self.count // copies) & 1
 
 
-# Note [dynamic tiles] (csrc/common/tile_ring.cuh): the load thread publishes each work item, and the
-# end marker after the last, into the ring of kTileSlots slots; every other role's threads read
+# Note [dynamic tiles] (csrc/common/tile_ring.cuh): the load thread publishes each work item, and
+# the end marker after the last, into the ring of kTileSlots slots; every other role's threads read
 # it at the top of their tile loop: both warpgroups of softmax (softmax1 passes them on at hd
 # 256), the correction warpgroup, the MMA and the epilogue threads.
 TILE_READERS = 5

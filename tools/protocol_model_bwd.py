@@ -59,6 +59,7 @@ from protocol_model import (  # noqa: E402
     annotate,
     check_programs,
     mutate,
+    parse_bar_table,
     search,
 )
 
@@ -108,34 +109,19 @@ def parse_kernel(text: str | None = None) -> Table:
     anything missing or inconsistent."""
     if text is None:
         text = KERNEL.read_text()
-    enum = re.search(r"enum class Bar : int \{(.*?)\n\s*kCount", text, re.S)
-    if not enum:
-        raise ValueError("enum class Bar not found")
+    lines, kinds, rows = parse_bar_table(text)
+    if kinds != list(COPIES):
+        raise ValueError(f"enum class BarCopies is not {{{', '.join(COPIES)}}}")
     comments = {}
-    for m in re.finditer(
-        r"^\s*(k\w+),\s*//\s*from (\w+) to (\w+(?: and \w+)*), protects ([^:]+):",
-        enum.group(1),
-        re.M,
-    ):
-        comments[m.group(1)] = (m.group(2), m.group(3), m.group(4).strip())
-    enumerators = re.findall(r"^\s*(k\w+),", enum.group(1), re.M)
-    if set(enumerators) != set(comments):
+    for name, line in lines.items():
+        m = re.match(r"from (\w+) to (\w+(?: and \w+)*), protects ([^:]+):", line)
+        if m:
+            comments[name] = (m.group(1), m.group(2), m.group(3).strip())
+    if set(lines) != set(comments):
         raise ValueError(
             f"Bar enumerators without a 'from X to Y, protects Z' comment: "
-            f"{sorted(set(enumerators) - set(comments))}"
+            f"{sorted(set(lines) - set(comments))}"
         )
-    copies_enum = re.search(r"enum class BarCopies : int \{([^}]*)\}", text)
-    if not copies_enum or [c.strip() for c in copies_enum.group(1).split(",")] != list(COPIES):
-        raise ValueError(f"enum class BarCopies is not {{{', '.join(COPIES)}}}")
-    table = re.search(r"kBarriers\[\] = \{(.*?)\};", text, re.S)
-    if not table:
-        raise ValueError("kBarriers table not found")
-    rows = re.findall(r"\{Bar::(k\w+),\s*BarCopies::(\w+),\s*(\d+)\}", table.group(1))
-    if [r[0] for r in rows] != enumerators:
-        raise ValueError(f"kBarriers rows {[r[0] for r in rows]} != enum Bar {enumerators}")
-    bad = [r[0] for r in rows if r[1] not in COPIES]
-    if bad:
-        raise ValueError(f"kBarriers rows with an unknown BarCopies: {bad}")
     stage_table = re.search(r"kStageTable\[\] = \{(.*?)\};", text, re.S)
     if not stage_table:
         raise ValueError("kStageTable not found")
@@ -148,7 +134,7 @@ def parse_kernel(text: str | None = None) -> Table:
     bars = {}
     for name, copies, arrivals in rows:
         src, dst, protects = comments[name]
-        bars[name] = BarSpec(name, src, dst, protects, copies, int(arrivals))
+        bars[name] = BarSpec(name, src, dst, protects, copies, arrivals)
     return Table(bars, stages)
 
 

@@ -2,13 +2,13 @@
 """Protocol model of the 2-CTA SM100 backward (csrc/sm100/bwd/kernel_2cta.cuh, Note [bwd 2-CTA]).
 
 The barrier list and arrival counts are parsed from the kernel (enum Bar with its "from X to Y,
-protects Z:" comments, table kBarriers; "(even)" or "(512, even)" in a comment: only the even
-CTA's copy is used). Both CTAs of the cluster are modelled: every role of each CTA is a process
-(load@0, load@1, relay@1, mma@0, compute0@c, compute1@c, reduce@c), each a straight-line program
-mirroring csrc/sm100/bwd/roles_2cta.cuh for I Q blocks. Barriers and buffers carry the CTA as
-a suffix (kQFull@1, sQ@1). What the cluster adds to the 1-CTA model (protocol_model_bwd.py),
-and what the checks of tools/protocol_model.py (deadlock, overwrite, stale read, phase,
-arrivals) then cover:
+protects Z:" comments, table kBarriers, every row BarCopies::kOnce; "(even)" or "(512, even)" in a
+comment: only the even CTA's copy is used). Both CTAs of the cluster are modelled: every role of
+each CTA is a process (load@0, load@1, relay@1, mma@0, compute0@c, compute1@c, reduce@c), each a
+straight-line program mirroring csrc/sm100/bwd/roles_2cta.cuh for I Q blocks. Barriers and buffers
+carry the CTA as a suffix (kQFull@1, sQ@1). What the cluster adds to the 1-CTA model
+(protocol_model_bwd.py), and what the checks of tools/protocol_model.py (deadlock, overwrite, stale
+read, phase, arrivals) then cover:
   - the even CTA's MMAs read and write both CTAs' shared memory and TMEM;
   - a multicast commit is two commits, one per CTA, issued together (each arrives once every
     MMA issued before it has completed);
@@ -43,6 +43,7 @@ from protocol_model import (  # noqa: E402
     annotate,
     check_programs,
     mutate,
+    parse_bar_table,
     search,
 )
 
@@ -64,21 +65,18 @@ class BarSpec:
 def parse_kernel(text: str | None = None) -> dict[str, BarSpec]:
     if text is None:
         text = KERNEL.read_text()
-    enum = re.search(r"enum class Bar : int \{(.*?)\n\s*kCount", text, re.S)
-    if not enum:
-        raise ValueError("enum class Bar not found")
+    lines, kinds, rows = parse_bar_table(text)
+    if kinds != ["kOnce"]:
+        raise ValueError("enum class BarCopies is not {kOnce}: the model has one copy per CTA")
     specs = {}
-    lines = re.findall(r"^\s*(k\w+),\s*//\s*(.*)$", enum.group(1), re.M)
-    rows = re.findall(r"\{Bar::(k\w+),\s*(\d+)\}", text)
-    if [n for n, _ in lines] != [n for n, _ in rows]:
-        raise ValueError(f"kBarriers rows {[n for n, _ in rows]} != enum Bar")
-    for (name, comment), (_, arrivals) in zip(lines, rows, strict=True):
+    for name, _, arrivals in rows:
+        comment = lines[name]
         m = re.match(r"from (\w+) to ([\w ,]+?), protects ([^:]+):(.*)", comment)
         if not m:
             raise ValueError(f"{name}: no 'from X to Y, protects Z:' comment")
         dst = tuple(r for r in re.split(r",\s*|\s+and\s+", m.group(2)) if r)
         even = re.search(r"\((?:\d+, )?even\)", m.group(4)) is not None
-        specs[name] = BarSpec(name, (m.group(1),), dst, even, int(arrivals))
+        specs[name] = BarSpec(name, (m.group(1),), dst, even, arrivals)
     return specs
 
 

@@ -14,19 +14,12 @@
 
 namespace fa4::sm100 {
 
-// Compile-time checks of the kernels' tables: the device-side role function follows the role
-// table, and the barrier table's rows come in the order of their enum.
+// Compile-time check of the kernels' role tables: the device-side role function follows the
+// table (the barrier tables' checks: common/barrier_table.cuh).
 template <class Role, int N, class Fn>
 constexpr bool roles_match(const Role (&table)[N], Fn role_of) {
   for (int w = 0; w < N; ++w) {
     if (role_of(w) != table[w]) return false;
-  }
-  return true;
-}
-template <class Spec, int N>
-constexpr bool rows_in_enum_order(const Spec (&rows)[N]) {
-  for (int i = 0; i < N; ++i) {
-    if (int(rows[i].bar) != i) return false;
   }
   return true;
 }

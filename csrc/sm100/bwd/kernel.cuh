@@ -54,6 +54,7 @@
 #include <cutlass/numeric_conversion.h>
 #include <cutlass/numeric_types.h>
 
+#include "common/barrier_table.cuh"
 #include "common/bwd_blocks.cuh"
 #include "common/bwd_prepost.cuh"
 #include "common/bwd_workspace.h"
@@ -98,8 +99,8 @@ static_assert((2 * kRegsCompute + kRegsReduce + kRegsOther) * 128 == 65536,
 
 // ---- Barriers ----------------------------------------------------------------------------
 // Every mbarrier of the kernel: one row per producer -> consumer connection (sRowStats: the
-// stage's lse₂ and D rows). The protocol
-// model (tools/protocol_model_bwd.py) reads this table; keep one entry per line, in this format.
+// stage's lse₂ and D rows; the table type: common/barrier_table.cuh). The protocol model
+// (tools/protocol_model_bwd.py) reads this table; keep one entry per line, in this format.
 //   kOnce: one barrier; kPerQStage / kPerDoStage: one per Q / dO shared-memory stage
 //   arrivals: the arrive count at init; "tx" barriers also count TMA bytes
 enum class Bar : int {
@@ -119,13 +120,8 @@ enum class Bar : int {
   kCount
 };
 enum class BarCopies : int { kOnce, kPerQStage, kPerDoStage };
-struct BarSpec {
-  Bar bar;
-  BarCopies copies;
-  int arrivals;
-};
 // clang-format off
-constexpr BarSpec kBarriers[] = {
+inline constexpr BarSpec<Bar, BarCopies> kBarriers[] = {
     {Bar::kKVFull,  BarCopies::kOnce,         1},
     {Bar::kQFull,   BarCopies::kPerQStage,    1},
     {Bar::kQEmpty,  BarCopies::kPerQStage,    1},
@@ -141,8 +137,14 @@ constexpr BarSpec kBarriers[] = {
     {Bar::kDkvFull, BarCopies::kOnce,         1},
 };
 // clang-format on
-static_assert(sizeof(kBarriers) / sizeof(BarSpec) == int(Bar::kCount), "one row per barrier");
-static_assert(rows_in_enum_order(kBarriers), "kBarriers rows in the order of enum Bar");
+static_assert(rows_follow_enum(kBarriers), "kBarriers: one row per barrier, in the order of Bar");
+// The copies policy of kBarriers for kStagesQ Q stages and kStagesDo dO stages.
+template <int kStagesQ, int kStagesDo>
+struct BwdBarCopies {
+  static constexpr int copies(BarCopies c) {
+    return c == BarCopies::kOnce ? 1 : (c == BarCopies::kPerQStage ? kStagesQ : kStagesDo);
+  }
+};
 
 // ---- Traits ------------------------------------------------------------------------------
 // Note [bwd head-dim split] (the TMEM plans: BwdShape in tmem.cuh): at d or d_v > 128 a kv tile
@@ -251,15 +253,7 @@ struct BwdTraits {
   using SmemLayoutDQ = decltype(tile_to_shape(UMMA::Layout_K_SW128_Atom<float>{},
                                               Shape<Int<kBlockM>, Int<kDqCols>>{}));
 
-  static constexpr int kBarCount = [] {
-    int n = 0;
-    for (const BarSpec& b : kBarriers) {
-      n += b.copies == BarCopies::kOnce
-               ? 1
-               : (b.copies == BarCopies::kPerQStage ? kStagesQ : kStagesDo);
-    }
-    return n;
-  }();
+  using Barriers = BarrierTable<kBarriers, BwdBarCopies<kStagesQ, kStagesDo>>;
   // Shared memory (KB, 16-bit elements; kBlockM 128 up to d = 128, 64 above):
   //   d = 64:  K 16 + V 16 + Q 2×16 + dO 2×16 + dS 32 + dQ 2×16 = 160 + 2
   //   d = 96:  K 24 + V 24 + Q 2×24 + dO 2×24 + dS 32 + dQ 2×16 = 208 + 2
@@ -277,7 +271,7 @@ struct BwdTraits {
     alignas(1024) cute::array_aligned<float, cosize_v<SmemLayoutDQ>> dq[kDqBuffers];
     alignas(16) float lse2[kStagesQ][kBlockM];
     alignas(16) float dpsum[kStagesQ][kBlockM];
-    alignas(8) uint64_t bars[kBarCount];
+    alignas(8) uint64_t bars[Barriers::kCount];
     uint32_t tmem_base;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
@@ -288,42 +282,6 @@ struct BwdTraits {
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element) + 2 * kRowStatBytes;
   static constexpr uint32_t kDoBytes = kBlockM * kHeadDimV * sizeof(Element);
 };
-
-template <class T>
-constexpr int bar_copies(BarCopies c) {
-  return c == BarCopies::kOnce ? 1 : (c == BarCopies::kPerQStage ? T::kStagesQ : T::kStagesDo);
-}
-
-// Where barrier b's copies start in SharedStorage::bars (compile time only).
-template <class T>
-constexpr int bar_offset(Bar b) {
-  int n = 0;
-  for (const BarSpec& s : kBarriers) {
-    if (s.bar == b) return n;
-    n += bar_copies<T>(s.copies);
-  }
-  return -1;
-}
-
-template <class T, Bar b>
-__device__ __forceinline__ uint64_t* bar_ptr(typename T::SharedStorage& ss, int i = 0) {
-  constexpr int kOffset = bar_offset<T>(b);
-  static_assert(kOffset >= 0, "barrier missing from kBarriers");
-  return &ss.bars[kOffset + i];
-}
-
-template <class T, int... I>
-__device__ __forceinline__ void init_barriers(typename T::SharedStorage& ss,
-                                              std::integer_sequence<int, I...>) {
-  auto init = [&](auto spec_index) {
-    constexpr BarSpec spec = kBarriers[decltype(spec_index)::value];
-    FA4_UNROLL
-    for (int i = 0; i < bar_copies<T>(spec.copies); ++i) {
-      cutlass::arch::ClusterBarrier::init(bar_ptr<T, spec.bar>(ss, i), spec.arrivals);
-    }
-  };
-  (init(std::integral_constant<int, I>{}), ...);
-}
 
 // The dQ accumulator of the workspace as the TMA reduce-add sees it: (rows, d, heads), fp32.
 inline auto gmem_dq_acc(const BwdWorkspace& ws) {

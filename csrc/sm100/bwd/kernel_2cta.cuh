@@ -69,7 +69,9 @@ static_assert((2 * kRegsCompute + kRegsReduce + kRegsOther) * 128 == 65536,
 
 // ---- Barriers ----------------------------------------------------------------------------
 // Every mbarrier of the kernel, one row per connection, in each CTA's shared memory; "(even)":
-// only the even CTA's copy is used. Commits arrive on both CTAs' copies.
+// only the even CTA's copy is used. Commits arrive on both CTAs' copies. One copy of each (Q and
+// dO are single-staged); the table type: common/barrier_table.cuh. The protocol model
+// (tools/protocol_model_bwd2.py) reads this table; keep one entry per line, in this format.
 enum class Bar : int {
   kKVFull,      // from load to mma and relay, protects sK, sV, sKd: this CTA's loads (TMA tx)
   kPeerKVFull,  // from relay to mma, protects sK, sV, sKd: the odd CTA's landed (even)
@@ -89,32 +91,28 @@ enum class Bar : int {
   kDkvFull,     // from mma to compute, protects TMEM dK, dV: the last dK, dV done (commit)
   kCount
 };
-struct BarSpec {
-  Bar bar;
-  int arrivals;
-};
+enum class BarCopies : int { kOnce };
 // clang-format off
-constexpr BarSpec kBarriers[] = {
-    {Bar::kKVFull,       1},
-    {Bar::kPeerKVFull,   1},
-    {Bar::kQFull,        1},
-    {Bar::kPeerQFull,    1},
-    {Bar::kQEmpty,       1},
-    {Bar::kDoFull,       1},
-    {Bar::kPeerDoFull,   1},
-    {Bar::kDoEmpty,      1},
-    {Bar::kSFull,        1},
-    {Bar::kPFull,      512},
-    {Bar::kDpFull,       1},
-    {Bar::kDsFull,     512},
-    {Bar::kDsEmpty,      1},
-    {Bar::kDqFull,       1},
-    {Bar::kDqEmpty,    256},
-    {Bar::kDkvFull,      1},
+inline constexpr BarSpec<Bar, BarCopies> kBarriers[] = {
+    {Bar::kKVFull,      BarCopies::kOnce,   1},
+    {Bar::kPeerKVFull,  BarCopies::kOnce,   1},
+    {Bar::kQFull,       BarCopies::kOnce,   1},
+    {Bar::kPeerQFull,   BarCopies::kOnce,   1},
+    {Bar::kQEmpty,      BarCopies::kOnce,   1},
+    {Bar::kDoFull,      BarCopies::kOnce,   1},
+    {Bar::kPeerDoFull,  BarCopies::kOnce,   1},
+    {Bar::kDoEmpty,     BarCopies::kOnce,   1},
+    {Bar::kSFull,       BarCopies::kOnce,   1},
+    {Bar::kPFull,       BarCopies::kOnce, 512},
+    {Bar::kDpFull,      BarCopies::kOnce,   1},
+    {Bar::kDsFull,      BarCopies::kOnce, 512},
+    {Bar::kDsEmpty,     BarCopies::kOnce,   1},
+    {Bar::kDqFull,      BarCopies::kOnce,   1},
+    {Bar::kDqEmpty,     BarCopies::kOnce, 256},
+    {Bar::kDkvFull,     BarCopies::kOnce,   1},
 };
 // clang-format on
-static_assert(sizeof(kBarriers) / sizeof(BarSpec) == int(Bar::kCount), "one row per barrier");
-static_assert(rows_in_enum_order(kBarriers), "kBarriers rows in the order of enum Bar");
+static_assert(rows_follow_enum(kBarriers), "kBarriers: one row per barrier, in the order of Bar");
 
 // ---- Traits ------------------------------------------------------------------------------
 template <class Element_>
@@ -175,6 +173,7 @@ struct Traits2 {
   using SmemLayoutDQ = decltype(tile_to_shape(UMMA::Layout_K_SW128_Atom<float>{},
                                               Shape<Int<kHalfM>, Int<kDqCols>>{}));
 
+  using Barriers = BarrierTable<kBarriers, OneCopyEach>;
   // Shared memory (KB): K 32 + V 32 + Kd 32 + Q 16 + Qd 16 + dO 16 + dOd 16 + dS 32 + dQ 4 × 8
   // = 224, + 1 for lse₂, D and the barriers.
   struct SharedStorage {
@@ -189,7 +188,7 @@ struct Traits2 {
     alignas(1024) cute::array_aligned<float, cosize_v<SmemLayoutDQ>> dq[kDqChunks];
     alignas(16) float lse2[kBlockM];
     alignas(16) float dpsum[kBlockM];
-    alignas(8) uint64_t bars[int(Bar::kCount)];
+    alignas(8) uint64_t bars[Barriers::kCount];
     uint32_t tmem_base;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
@@ -202,11 +201,6 @@ struct Traits2 {
       (kHalfM * kHeadDim + kBlockM * kHalfD) * sizeof(Element) + 2 * kRowStatBytes;
   static constexpr uint32_t kDoBytes = (kHalfM * kHeadDimV + kBlockM * kHalfD) * sizeof(Element);
 };
-
-template <class T, Bar b>
-__device__ __forceinline__ uint64_t* bar_ptr(typename T::SharedStorage& ss) {
-  return &ss.bars[int(b)];
-}
 
 // TMA loads of kRows × kCols tiles of a tensor with kFullCols columns (column tiles: the d/2
 // halves); make_tma_tile's tiles span all columns.

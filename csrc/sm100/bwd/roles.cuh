@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
-    init_barriers<T>(ss, std::make_integer_sequence<int, int(Bar::kCount)>{});
+    T::Barriers::init(ss.bars);
     cutlass::arch::fence_barrier_init();
   }
   // The MMA warp allocates TMEM and frees it at the end.

@@ -133,12 +133,12 @@ __device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const Til
       make_instr_desc<Element, Element, float, T::kBlockM, T::kHeadDim, Major::MN, Major::MN>());
 
   Ring p_ready, ds_ready, dq_free;
-  auto wait_both = [&](Bar own, Bar peer, uint32_t parity) {
-    bar_wait_cluster(&ss.bars[int(own)], parity);
-    bar_wait_cluster(&ss.bars[int(peer)], parity);
+  auto wait_both = [&](uint64_t* own, uint64_t* peer, uint32_t parity) {
+    bar_wait_cluster(own, parity);
+    bar_wait_cluster(peer, parity);
   };
   auto issue_s = [&](int i) {
-    wait_both(Bar::kQFull, Bar::kPeerQFull, uint32_t(i) & 1u);
+    wait_both(bar_ptr<T, Bar::kQFull>(ss), bar_ptr<T, Bar::kPeerQFull>(ss), uint32_t(i) & 1u);
     tmem_fence_after_sync();
     FA4_UNROLL
     for (int k = 0; k < kKd; ++k) {
@@ -148,7 +148,7 @@ __device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const Til
     elected_umma_commit_pair(bar_ptr<T, Bar::kSFull>(ss));
   };
   auto issue_dp = [&](int i) {
-    wait_both(Bar::kDoFull, Bar::kPeerDoFull, uint32_t(i) & 1u);
+    wait_both(bar_ptr<T, Bar::kDoFull>(ss), bar_ptr<T, Bar::kPeerDoFull>(ss), uint32_t(i) & 1u);
     tmem_fence_after_sync();
     FA4_UNROLL
     for (int k = 0; k < kKd; ++k) {
@@ -158,7 +158,7 @@ __device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const Til
     elected_umma_commit_pair(bar_ptr<T, Bar::kDpFull>(ss));
   };
 
-  wait_both(Bar::kKVFull, Bar::kPeerKVFull, 0);
+  wait_both(bar_ptr<T, Bar::kKVFull>(ss), bar_ptr<T, Bar::kPeerKVFull>(ss), 0);
   if (t.iters == 0) return;
   issue_s(0);
   issue_dp(0);
@@ -327,11 +327,6 @@ __device__ void reduce_role(const KernelParams<T>& kp, typename T::SharedStorage
 }
 
 // ---- Kernel ------------------------------------------------------------------------------------
-template <class SharedStorage, int... I>
-__device__ __forceinline__ void init_barriers(SharedStorage& ss, std::integer_sequence<int, I...>) {
-  (cutlass::arch::ClusterBarrier::init(&ss.bars[I], kBarriers[I].arrivals), ...);
-}
-
 template <class T>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(T::kThreads, 1)
     bwd_kernel_2cta(const __grid_constant__ KernelParams<T> kp) {
@@ -348,7 +343,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(T::kThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_kd.get_tma_descriptor());
-    init_barriers(ss, std::make_integer_sequence<int, int(Bar::kCount)>{});
+    T::Barriers::init(ss.bars);
     cutlass::arch::fence_barrier_init();
   }
   // The MMA warps of both CTAs allocate the same TMEM columns together (cta_group::2).

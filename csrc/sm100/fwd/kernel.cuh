@@ -29,8 +29,6 @@
 // so that S0(i+1) is in the tensor core while softmax1 still works on S1(i): the ping-pong.
 #pragma once
 
-#include <utility>
-
 #include <cute/arch/mma_sm100_umma.hpp>
 #include <cute/atom/mma_traits_sm100.hpp>
 #include <cute/tensor.hpp>
@@ -40,6 +38,7 @@
 #include <cutlass/numeric_conversion.h>
 #include <cutlass/numeric_types.h>
 
+#include "common/barrier_table.cuh"
 #include "common/mask.cuh"
 #include "common/params.h"
 #include "sm100/common.cuh"
@@ -87,11 +86,12 @@ static_assert((2 * kRegsSoftmax + kRegsCorrection + kRegsOther) * 128 == 65536,
               "the per-warpgroup budgets must add up to the 64 K register file");
 
 // ---- Barriers ----------------------------------------------------------------------------
-// Every mbarrier of the kernel: one row per producer -> consumer connection. The protocol
-// model reads this table; keep one entry per line, in this format.
+// Every mbarrier of the kernel: one row per producer -> consumer connection (the table type:
+// common/barrier_table.cuh). The protocol model (tools/protocol_model.py) reads this table; keep
+// one entry per line, in this format.
 //   kPerQTile: one barrier per Q tile (kQTiles); kPerStage: one per K/V stage (kStages);
 //   kPerSBuffer: one per TMEM S buffer (2: Q tile t's S, or hd 256's double-buffered S);
-//   kOnce: one barrier
+//   kOnce: one barrier; kPerTileSlot: one per work-item ring slot (kTileSlots)
 //   arrivals: the arrive count at init; "tx" barriers also count TMA bytes
 enum class Bar : int {
   kQFull,        // from load to mma, protects sQ[t]: Q tile landed (TMA tx)
@@ -116,13 +116,8 @@ enum class Bar : int {
   kCount
 };
 enum class BarCopies : int { kPerQTile, kPerStage, kPerSBuffer, kOnce, kPerTileSlot };
-struct BarSpec {
-  Bar bar;
-  BarCopies copies;
-  int arrivals;
-};
 // clang-format off
-constexpr BarSpec kBarriers[] = {
+inline constexpr BarSpec<Bar, BarCopies> kBarriers[] = {
     {Bar::kQFull,       BarCopies::kPerQTile,   1},
     {Bar::kQEmpty,      BarCopies::kPerQTile,   1},
     {Bar::kKFull,       BarCopies::kPerStage,   1},
@@ -142,21 +137,24 @@ constexpr BarSpec kBarriers[] = {
     {Bar::kTileEmpty,   BarCopies::kPerTileSlot, 386},
 };
 // clang-format on
-static_assert(sizeof(kBarriers) / sizeof(BarSpec) == int(Bar::kCount), "one row per barrier");
-static_assert(rows_in_enum_order(kBarriers), "kBarriers rows in the order of enum Bar");
+static_assert(rows_follow_enum(kBarriers), "kBarriers: one row per barrier, in the order of Bar");
 // Note [dynamic tiles] (common/tile_ring.cuh): every thread of the softmax and correction warpgroups
 // and the MMA and epilogue threads read each work item (the load thread publishes it); at hd 256
 // softmax1 and, without the TMA-store epilogue, the epilogue thread only pass the items on.
 constexpr int kTileReaders = 3 * 128 + 2;
 static_assert(kBarriers[int(Bar::kTileEmpty)].arrivals == kTileReaders, "tile ring readers");
 constexpr int kSBuffers = 2;
-__host__ __device__ constexpr int bar_copies(BarCopies c, int q_tiles, int stages) {
-  return c == BarCopies::kPerQTile      ? q_tiles
-         : c == BarCopies::kPerStage    ? stages
-         : c == BarCopies::kPerSBuffer  ? kSBuffers
-         : c == BarCopies::kPerTileSlot ? kTileSlots
-                                        : 1;
-}
+// The copies policy of kBarriers for kQTiles Q tiles and kStages K/V stages.
+template <int kQTiles, int kStages>
+struct FwdBarCopies {
+  static constexpr int copies(BarCopies c) {
+    return c == BarCopies::kPerQTile      ? kQTiles
+           : c == BarCopies::kPerStage    ? kStages
+           : c == BarCopies::kPerSBuffer  ? kSBuffers
+           : c == BarCopies::kPerTileSlot ? kTileSlots
+                                          : 1;
+  }
+};
 
 // ---- Traits ------------------------------------------------------------------------------
 template <int kHeadDim_, int kHeadDimV_, class Element_>
@@ -193,11 +191,7 @@ struct FwdTraits {
                                              Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
   using SmemLayoutVt = TransposedSmem<SmemLayoutV, kBlockN, kHeadDimV, kStages>;
 
-  static constexpr int kBarCount = [] {
-    int n = 0;
-    for (const BarSpec& b : kBarriers) n += bar_copies(b.copies, kQTiles, kStages);
-    return n;
-  }();
+  using Barriers = BarrierTable<kBarriers, FwdBarCopies<kQTiles, kStages>>;
   // Shared memory (bf16/fp16, kStages = 2), the Q tiles, K and V stages, row statistics:
   //   hd 64:  Q 2×16 KB + K 2×16 KB + V 2×16 KB =  96 KB + 2 KB
   //   hd 128: Q 2×32 KB + K 2×32 KB + V 2×32 KB = 192 KB + 2 KB
@@ -225,7 +219,7 @@ struct FwdTraits {
     // each row (stat_a); after the last block 1/l (stat_a) and the LSE (stat_b).
     alignas(16) float stat_a[kQTiles][kBlockM];
     float stat_b[kQTiles][kBlockM];
-    alignas(8) uint64_t bars[kBarCount];
+    alignas(8) uint64_t bars[Barriers::kCount];
     TileCoord tile_item[kTileSlots];  // Note [dynamic tiles]; batch < 0: the end marker
     uint32_t tmem_base;
   };
@@ -236,41 +230,6 @@ struct FwdTraits {
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kVBytes = kBlockN * kHeadDimV * sizeof(Element);
 };
-
-// Where barrier b's copies start in SharedStorage::bars; evaluated at compile time only (the
-// table is host data, which device code may read only in constant expressions).
-template <class T>
-constexpr int bar_offset(Bar b) {
-  int n = 0;
-  for (const BarSpec& s : kBarriers) {
-    if (s.bar == b) return n;
-    n += bar_copies(s.copies, T::kQTiles, T::kStages);
-  }
-  return -1;
-}
-
-// Copy i of barrier b.
-template <class T, Bar b>
-__device__ __forceinline__ uint64_t* bar_ptr(typename T::SharedStorage& ss, int i) {
-  constexpr int kOffset = bar_offset<T>(b);
-  static_assert(kOffset >= 0, "barrier missing from kBarriers");
-  return &ss.bars[kOffset + i];
-}
-
-// Initializes every copy of every barrier of the table (one thread).
-template <class T, int... I>
-__device__ __forceinline__ void init_barriers(typename T::SharedStorage& ss,
-                                              std::integer_sequence<int, I...>) {
-  auto init = [&](auto spec_index) {
-    constexpr BarSpec spec = kBarriers[decltype(spec_index)::value];
-    constexpr int kCopies = bar_copies(spec.copies, T::kQTiles, T::kStages);
-    FA4_UNROLL
-    for (int i = 0; i < kCopies; ++i) {
-      cutlass::arch::ClusterBarrier::init(bar_ptr<T, spec.bar>(ss, i), spec.arrivals);
-    }
-  };
-  (init(std::integral_constant<int, I>{}), ...);
-}
 
 template <class T>
 struct KernelParams {
@@ -614,7 +573,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
-    init_barriers<T>(ss, std::make_integer_sequence<int, int(Bar::kCount)>{});
+    T::Barriers::init(ss.bars);
     cutlass::arch::fence_barrier_init();
   }
   // The MMA warp allocates TMEM and frees it at the end.
