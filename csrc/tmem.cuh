@@ -1,4 +1,5 @@
-// SM100 tensor memory (TMEM): the forward's column plan, allocation, and tcgen05.ld / st helpers.
+// SM100 tensor memory (TMEM): the forward's and the backward's column plans, allocation, and
+// tcgen05.ld / st helpers.
 //
 // TMEM is 128 lanes × 512 columns × 32 bit per SM. A tile row lives in one lane; an fp32 S or O
 // row of n elements takes n columns, a 16-bit P row n / 2 columns (two values per 32-bit cell).
@@ -18,8 +19,9 @@
 //              sm100/fwd/kernel.cuh).
 // P (16-bit) is written over the first kBlockN / 2 columns of its S: the softmax warpgroup has
 // loaded its whole S row into registers (one tcgen05.ld per 32 columns, all waited for) before
-// it stores P, and the MMA warp issues the next S = Q·Kᵀ into that region only after the P·V
-// that reads P has committed (barrier p_consumed in fwd_sm100.cu).
+// it stores P (then arrives on kPFull), and the MMA thread issues the next S = Q·Kᵀ into that
+// region after the P·V that reads P: tcgen05 MMAs of one thread execute in issue order, so no
+// barrier separates the two (sm100/fwd/kernel.cuh, mma_role).
 //
 // The plan (FwdTmemPlan) compiles on the host too, so tests/test_tmem_plan.py checks every head
 // dim's plan for overlaps and the 512-column limit, next to the static_asserts here.
@@ -142,9 +144,9 @@ __host__ __device__ constexpr uint32_t tmem_addr(uint32_t base, uint32_t lane, u
 }
 
 // Declared in both of nvcc's passes: the kernels' templates name these helpers with
-// non-dependent arguments, which the host pass looks up too (with __CUDA_ARCH__ here, a default
-// build, whose host pass compiles fwd_sm100.cu and bwd_sm100.cu, failed with "identifier
-// undefined"). g++ (the host harnesses of tests/cpp) sees only the plan above.
+// non-dependent arguments, which the host pass looks up too (guarded by __CUDA_ARCH__ instead,
+// the host pass of every SM100 kernel translation unit stops at "identifier undefined"). g++ (the
+// host harnesses of tests/cpp) sees only the plan above.
 #if defined(__CUDACC__)
 
 // Allocation by one full warp, which must also free it (the same warp, at the end); the
