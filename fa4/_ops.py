@@ -85,9 +85,9 @@ def _fwd_cuda(
     _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k)
     arch = dispatch.kernel_for(q, v, backend, "fwd", (q, k, v))
     if arch is not None:
-        return torch.ops.fa4._fwd_kernel(
-            q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det
-        )
+        knobs = dispatch.runtime_knobs("fwd")  # num_sms, tile_schedule, tile_order
+        args = (q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det)
+        return torch.ops.fa4._fwd_kernel(*args, *knobs)
     return _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, _ref_kwargs(causal, scale, wl, wr, softcap))
 
 
@@ -131,8 +131,9 @@ def _bwd_cuda(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_q, max_k
     causal, scale, wl, wr, softcap, det, backend = opts
     arch = dispatch.kernel_for(q, v, backend, "bwd", (dout, q, k, v, out))
     if arch is not None:
+        knobs = dispatch.runtime_knobs("bwd")  # num_sms, tile_schedule, bwd_tile_order
         return torch.ops.fa4._bwd_kernel(
-            dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_q, max_k, *opts[:-1]
+            dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_q, max_k, *opts[:-1], *knobs
         )
     kw = _ref_kwargs(causal, scale, wl, wr, softcap)
     return _ref_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, kw)
@@ -193,7 +194,7 @@ class _EagerAttention(torch.autograd.Function):
     the torch.library layers. Host µs per call on the H200's host (tiny problem,
     tools/host_overhead.py --dir bwd, two calls): a recorded forward 82 / 159 here against 218 /
     328 through the op, its backward (autograd.grad) 206 / 197 against 206 / 240 (the rest of the
-    backward's is torch's autograd: docs/perf.md, sixteenth session). The backward's host time is
+    backward's is torch's autograd: docs/decisions.md, 2026-12-03). The backward's host time is
     as long as its kernels at 512 tokens, where a slow host made the bench's backward host-bound
     (its "low mode"). Same CUDA functions, same saved tensors; taken only where nothing but
     autograd sees the call (call_fwd), so torch.compile, dispatch modes and functorch still see
@@ -231,7 +232,7 @@ def direct_call_ok(*tensors: Tensor) -> bool:
     """Note [inference fast path]: whether the forward may call the op's CUDA kernel function
     itself instead of going through the torch.library op. The op's Python dispatch costs 30 µs
     of host time per call on the H200's host (fa4.attention 46 µs direct, 76 through the op;
-    docs/perf.md, 2026-12-03 "host overhead"), which a forward pays on top of its kernel wherever
+    docs/decisions.md, 2026-12-03), which a forward pays on top of its kernel wherever
     the host, not the GPU, is the slower side: small problems, launch-bound loops. (The bench's
     points are not such: the host stays ahead there, and their numbers do not move.) The op is
     still needed wherever something sees it (_unobserved), and a tensor that needs a gradient

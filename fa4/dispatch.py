@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import warnings
 from dataclasses import dataclass
 
@@ -272,3 +273,29 @@ def kernel_for(
         return None
     warn_once(f"fa4: no kernels for compute capability {cc[0]}.{cc[1]}; running the fp32 reference")
     return None
+
+
+def runtime_knobs(direction: str) -> tuple[int, int, str]:
+    """The environment's settings of the op fa4::_{direction}_kernel, its last three arguments,
+    read at each call so that tests may change them between calls (the compiled ops read no
+    environment variable; Note [stream tile counter], Note [tile order options]): (num_sms,
+    tile_schedule, tile order text). FA4_NUM_SMS: SMs the persistent grids may use (unset or
+    empty: 0, every SM). tile_schedule: 1 with FA4_STATIC_SCHEDULE=1 (static tiles), else 2 with
+    FA4_FRESH_TILE_COUNTER=1 (a zeroed counter per call), else 0 (the stream's counter).
+    FA4_TILE_ORDER, or FA4_BWD_TILE_ORDER for "bwd": its text, which the C++ API judges (naming
+    the variable), and "" when unset, the built-in order (None would be the library's process
+    default, the variable as the process's first call saw it)."""
+    env = os.environ
+    sms = env.get("FA4_NUM_SMS", "")
+    try:
+        num_sms = int(sms or 0)
+    except ValueError:
+        num_sms = -1
+    if not 0 <= num_sms < 2**31:
+        _fail("FA4_NUM_SMS", f"expected an integer in [0, 2^31) (0 = every SM), got {sms!r}")
+    if env.get("FA4_STATIC_SCHEDULE") == "1":
+        schedule = 1
+    else:
+        schedule = 2 if env.get("FA4_FRESH_TILE_COUNTER") == "1" else 0
+    order = env.get("FA4_BWD_TILE_ORDER" if direction == "bwd" else "FA4_TILE_ORDER", "")
+    return num_sms, schedule, order

@@ -97,7 +97,7 @@ def _build_consumer(name: str, src: Path, prefix: Path, tmp: Path) -> Path:
 
 @pytest.mark.build
 def test_install_layout(fa4_prefix):
-    assert (fa4_prefix / "include" / "fa4" / "api/fa4.h").is_file()
+    assert (fa4_prefix / "include" / "fa4" / "fa4.h").is_file()  # <fa4/fa4.h>
     configs = list(fa4_prefix.glob("lib*/cmake/fa4"))
     assert len(configs) == 1, f"expected one <prefix>/lib*/cmake/fa4, found {configs}"
     for name in ("fa4Config.cmake", "fa4ConfigVersion.cmake", "fa4Targets.cmake"):
@@ -109,10 +109,15 @@ def test_install_layout(fa4_prefix):
     assert "CUDA::cudart" in targets
 
 
-@pytest.mark.build
-def test_cpp_api(fa4_prefix, tmp_path):
-    build = _build_consumer("test_api", ROOT / "tests" / "cpp", fa4_prefix, tmp_path)
-    proc = _run("run test_api", [build / "test_api"], timeout=60)
+def _env(**tile_orders: str) -> dict[str, str]:
+    """This process's environment with FA4_TILE_ORDER / FA4_BWD_TILE_ORDER as given (else unset):
+    the library reads them once, at a process's first run_fwd / run_bwd."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FA4_TILE_ORDER", "FA4_BWD_TILE_ORDER")}
+    return env | tile_orders
+
+
+def _run_checks(label: str, cmd: list, env: dict[str, str]) -> None:
+    proc = _run(label, cmd, timeout=60, env=env)
     assert proc.returncode == 0, f"{proc.returncode} failed checks:\n{proc.stdout}\n{proc.stderr}"
     assert re.search(r"\d+ checks, 0 failed", proc.stdout), proc.stdout
     # The installed library reports fa4/VERSION (CMake read it; test_api checked it against the
@@ -121,9 +126,19 @@ def test_cpp_api(fa4_prefix, tmp_path):
 
 
 @pytest.mark.build
+def test_cpp_api(fa4_prefix, tmp_path):
+    build = _build_consumer("test_api", ROOT / "tests" / "cpp", fa4_prefix, tmp_path)
+    _run_checks("run test_api", [build / "test_api"], _env())
+    # Note [tile order options]: the process defaults of null tile orders, in a process whose
+    # variables hold text the library refuses.
+    bad = _env(FA4_TILE_ORDER="first,bogus", FA4_BWD_TILE_ORDER="l2,")
+    _run_checks("run test_api env-defaults", [build / "test_api", "env-defaults"], bad)
+
+
+@pytest.mark.build
 def test_example(fa4_prefix, tmp_path):
     build = _build_consumer("example", ROOT / "examples" / "cpp", fa4_prefix, tmp_path)
-    proc = _run("run example", [build / "app"], timeout=120)
+    proc = _run("run example", [build / "app"], timeout=120, env=_env())
     out = proc.stdout
     assert proc.returncode == 0, f"example exited {proc.returncode}:\n{out}\n{proc.stderr}"
     assert "): ok" in out, out  # the valid problem passes validate()

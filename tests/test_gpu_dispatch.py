@@ -55,12 +55,25 @@ def test_explicit_backend_without_kernel_raises():
 def test_binding_reaches_cpp_api():
     """Calls the compiled ops directly: tensors become Fwd/BwdParams and validate() judges them;
     with a kernel for the device, the gradients are the reference's; without one, run_bwd
-    reports kUnsupported (never a fake result)."""
+    reports kUnsupported (never a fake result). The last three arguments are the knobs
+    (dispatch.runtime_knobs): all SMs, the stream's tile counter, the default tile order; an
+    unknown tile order token is refused by validate(), naming the variable the text stands for."""
     q, k, v = (x.detach().to(torch.bfloat16) for x in cuda_qkv())
-    args = (q, k, v, None, None, None, 0, 0, True, 0.088, -1, 0, 0.0, False)
+    args = (q, k, v, None, None, None, 0, 0, True, 0.088, -1, 0, 0.0, False, 0, 0, "")
     bad = (q, k[:, :, :1].expand(-1, -1, 3, -1), v[:, :, :1].expand(-1, -1, 3, -1), *args[3:])
     with pytest.raises(RuntimeError, match="fa4 \\(invalid\\).*heads"):  # 4 % 3: C++ validate()
         torch.ops.fa4._fwd_kernel(*bad)
+    with pytest.raises(RuntimeError, match="fa4 \\(invalid\\): FA4_TILE_ORDER=first,bogus: its"):
+        torch.ops.fa4._fwd_kernel(*args[:-1], "first,bogus")
+    with pytest.raises(RuntimeError, match="tile_schedule=3 must be 0"):
+        torch.ops.fa4._fwd_kernel(*args[:-2], 3, "")
+    with pytest.raises(RuntimeError, match="num_sms=-1 must be >= 0"):
+        torch.ops.fa4._fwd_kernel(*args[:-3], -1, 0, "")
+    # The backward's inputs need only their shapes here: validate() refuses before any launch.
+    out0, lse0 = torch.zeros_like(q), torch.zeros(2, 4, 300, device="cuda")
+    bwd0 = (torch.zeros_like(q), q, k, v, out0, lse0, None, *args[3:-1])
+    with pytest.raises(RuntimeError, match="fa4 \\(invalid\\): FA4_BWD_TILE_ORDER=l2,: its"):
+        torch.ops.fa4._bwd_kernel(*bwd0, "l2,")
     arch = {(9, 0): "sm90", (10, 0): "sm100"}.get(torch.cuda.get_device_capability())
     has_fwd = arch is not None and build_info.missing_kernel(arch, "fwd", (128, 128)) is None
     if not has_fwd:

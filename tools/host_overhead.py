@@ -155,7 +155,9 @@ def fa4_layers_us(q, k, v, causal) -> dict[str, float]:
         "fa4.attention": host_us(partial(fa4.attention, q, k, v, causal=causal, backend="sm90")),
         "check_dense": host_us(partial(dispatch.check_dense, q, k, v, **kw)),
         "fa4::fwd": host_us(partial(torch.ops.fa4.fwd, *kernel_args, "sm90")),
-        "fa4::_fwd_kernel": host_us(partial(torch.ops.fa4._fwd_kernel, *kernel_args)),
+        "fa4::_fwd_kernel": host_us(
+            partial(torch.ops.fa4._fwd_kernel, *kernel_args, *dispatch.runtime_knobs("fwd"))
+        ),
     }
 
 
@@ -227,8 +229,9 @@ def fa4_bwd_layers_us(q, k, v, dout, causal) -> dict[str, float]:
         out_op, fwd_op_us = fwd(), host_us(fwd)
     with torch.no_grad():
         o2, lse = torch.ops.fa4._fwd_kernel(
-            q, k, v, None, None, None, 0, 0, causal, q.shape[-1] ** -0.5, -1, -1, 0.0, False
-        )
+            q, k, v, None, None, None, 0, 0, causal, q.shape[-1] ** -0.5, -1, -1, 0.0, False,
+            *fa4.dispatch.runtime_knobs("fwd"),
+        )  # fmt: skip
     args = (dout, q, k, v, o2, lse, None, None, None, None, 0, 0, causal, q.shape[-1] ** -0.5,
             -1, -1, 0.0, False)  # fmt: skip
 
@@ -241,7 +244,9 @@ def fa4_bwd_layers_us(q, k, v, dout, causal) -> dict[str, float]:
         "autograd.grad": host_us(grad_of(out)),
         "autograd.grad through the op": host_us(grad_of(out_op)),
         "fa4::bwd": host_us(partial(torch.ops.fa4.bwd, *args, "sm90")),
-        "fa4::_bwd_kernel": host_us(partial(torch.ops.fa4._bwd_kernel, *args)),
+        "fa4::_bwd_kernel": host_us(
+            partial(torch.ops.fa4._bwd_kernel, *args, *fa4.dispatch.runtime_knobs("bwd"))
+        ),
     }
 
 

@@ -1,6 +1,7 @@
 // PyTorch binding: the ops fa4::_fwd_kernel and fa4::_bwd_kernel, called by fa4/_ops.py once
 // Python has validated the inputs and chosen a compiled kernel. Glue only: tensors become
-// FwdParams / BwdParams, the C++ API runs them, a non-OK status becomes a Python error.
+// FwdParams / BwdParams, the C++ API runs them, a non-OK status becomes a Python error. No
+// environment variable is read here: Python passes their values as the ops' last arguments.
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -11,12 +12,12 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "api/fa4.h"
@@ -48,9 +49,6 @@ fa4::FwdParams fwd_params(const Tensor& q, const Tensor& k, const Tensor& v, con
                           double scale, int64_t wl, int64_t wr, double softcap, bool det) {
   const bool varlen = cu_q.has_value();
   fa4::FwdParams p;
-  // FA4_NUM_SMS caps the persistent grids (FwdParams::num_sms): the tests run the multi-tile
-  // walk with a few CTAs, and a count past the tiles gives one CTA per tile (A/B measurements).
-  if (const char* sms = std::getenv("FA4_NUM_SMS")) p.num_sms = std::atoi(sms);
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
@@ -95,22 +93,46 @@ fa4::FwdParams fwd_params(const Tensor& q, const Tensor& k, const Tensor& v, con
   return p;
 }
 
-void check_ok(fa4::Status s) {
-  TORCH_CHECK(s == fa4::Status::kOk, "fa4 (", fa4::status_name(s), "): ", fa4::last_error());
+// The ops' last three arguments, fa4/dispatch.py runtime_knobs's reading of the environment at
+// each call: num_sms (FA4_NUM_SMS) caps the persistent grids (FwdParams::num_sms: the tests run
+// the multi-tile walk with a few CTAs, and a count past the tiles gives one CTA per tile);
+// tile_schedule picks the tile counter (Note [stream tile counter]); tile_order is FA4_TILE_ORDER's
+// text, or FA4_BWD_TILE_ORDER's for the backward ("" when unset: the built-in order; None: the
+// library's process default, api/fa4.h).
+enum TileSchedule : int64_t {
+  kStreamCounter = 0,  // the stream's counter (Note [stream tile counter])
+  kStatic = 1,         // FA4_STATIC_SCHEDULE=1: null, the static assignment (A/B, its tests)
+  kFreshCounter = 2,   // FA4_FRESH_TILE_COUNTER=1: a fresh zeroed counter per call
+};
+
+void check_knobs(int64_t num_sms, int64_t tile_schedule) {
+  TORCH_CHECK(num_sms >= 0 && num_sms <= std::numeric_limits<int>::max(), "fa4: num_sms=", num_sms,
+              " must be >= 0 and fit an int (0 = every SM)");
+  TORCH_CHECK(tile_schedule >= kStreamCounter && tile_schedule <= kFreshCounter,
+              "fa4: tile_schedule=", tile_schedule,
+              " must be 0 (the stream's counter), 1 (static) or 2 (a fresh counter per call)");
 }
 
-// FA4_STATIC_SCHEDULE=1 leaves the tile counters null: the static assignment of tiles to the
-// persistent CTAs, for A/B measurements and the tests of that path.
-bool dynamic_schedule() {
-  const char* s = std::getenv("FA4_STATIC_SCHEDULE");
-  return s == nullptr || std::strcmp(s, "1") != 0;
+// A non-OK status as a Python error. The ops' tile order argument is `env`'s text, so a kInvalid
+// about it (last_error() "<field>=<text>: ...", api/dispatch.cu) names the variable the user set:
+// tests/test_fwd_sm90.py and tests/test_bwd_sm90.py match "FA4_TILE_ORDER=first,last".
+void check_ok(fa4::Status s, const char* field, const char* env) {
+  if (s == fa4::Status::kOk) return;
+  const char* msg = fa4::last_error();
+  const size_t n = std::strlen(field);
+  const bool order = std::strncmp(msg, field, n) == 0 && msg[n] == '=';
+  TORCH_CHECK(false, "fa4 (", fa4::status_name(s), "): ", order ? env : "", order ? msg + n : msg);
 }
 
 // Note [stream tile counter]: the kernels leave FwdParams::tile_counter at zero (Note
-// [self-resetting tile counter], common/tile_ring.cuh), so each (device, stream) keeps one, zeroed once
-// on its stream when first used: the calls on one stream run in order and never share it at the
-// same time. The map is never freed: its tensors live as long as the process, and a static
-// destructor would free CUDA memory after the driver may have shut down.
+// [self-resetting tile counter], common/tile_ring.cuh), so each (device, stream) keeps one, zeroed
+// once on its stream when first used: the calls on one stream run in order and never share it at
+// the same time. The map is never freed: its tensors live as long as the process, and a static
+// destructor would free CUDA memory after the driver may have shut down. Which counter a call
+// takes is the ops' tile_schedule argument (TileSchedule), not an environment variable read here:
+// fa4/dispatch.py runtime_knobs reads FA4_STATIC_SCHEDULE and FA4_FRESH_TILE_COUNTER at each call
+// (~1 us an os.environ lookup on a 2-core CI machine), so that a test may switch them between
+// calls of one process.
 const Tensor& stream_counter(const c10::cuda::CUDAStream& stream, const Tensor& like) {
   static std::mutex mu;
   static auto* counters = new std::map<std::pair<int, int64_t>, Tensor>();
@@ -123,19 +145,17 @@ const Tensor& stream_counter(const c10::cuda::CUDAStream& stream, const Tensor& 
   return it->second;
 }
 
-// The tile counter of a call on the current stream (null with FA4_STATIC_SCHEDULE=1). While the
-// stream is captured into a CUDA graph, a fresh zeroed one instead, held by `fresh` (the fill is
-// captured with the kernel): replays of a graph may run on any stream, beside this stream's eager
-// calls and beside each other. FA4_FRESH_TILE_COUNTER=1 takes that path in eager calls too: the
-// A/B of the fill launched per call, and the capture path's test outside a capture.
-int64_t* tile_counter_for(const Tensor& like, Tensor& fresh) {
-  if (!dynamic_schedule()) return nullptr;
+// The tile counter of a call on the current stream (null for kStatic). While the stream is
+// captured into a CUDA graph, a fresh zeroed one instead, held by `fresh` (the fill is captured
+// with the kernel): replays of a graph may run on any stream, beside this stream's eager calls
+// and beside each other. kFreshCounter takes that path in eager calls too: the A/B of the fill
+// launched per call, and the capture path's test outside a capture.
+int64_t* tile_counter_for(const Tensor& like, int64_t tile_schedule, Tensor& fresh) {
+  if (tile_schedule == kStatic) return nullptr;
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream();
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
-  const char* env = std::getenv("FA4_FRESH_TILE_COUNTER");
-  const bool forced = env != nullptr && std::strcmp(env, "1") == 0;
-  if (forced || status != cudaStreamCaptureStatusNone) {
+  if (tile_schedule == kFreshCounter || status != cudaStreamCaptureStatusNone) {
     fresh = at::zeros({2}, like.options().dtype(at::kLong));
     return fresh.data_ptr<int64_t>();
   }
@@ -146,7 +166,10 @@ std::tuple<Tensor, Tensor> fwd_kernel(const Tensor& q, const Tensor& k, const Te
                                       const OptTensor& cu_q, const OptTensor& cu_k,
                                       const OptTensor& seqused_k, int64_t max_q, int64_t max_k,
                                       bool causal, double scale, int64_t wl, int64_t wr,
-                                      double softcap, bool det) {
+                                      double softcap, bool det, int64_t num_sms,
+                                      int64_t tile_schedule,
+                                      const std::optional<std::string>& tile_order) {
+  check_knobs(num_sms, tile_schedule);
   c10::cuda::CUDAGuard guard(q.device());
   auto out_shape = q.sizes().vec();
   out_shape.back() = v.size(-1);
@@ -157,9 +180,11 @@ std::tuple<Tensor, Tensor> fwd_kernel(const Tensor& q, const Tensor& k, const Te
   if (q.numel() == 0) return {out, lse};
   auto p = fwd_params(q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr,
                       softcap, det);
+  p.num_sms = static_cast<int>(num_sms);
+  p.tile_order = tile_order ? tile_order->c_str() : nullptr;
   Tensor fresh_counter;  // Note [stream tile counter]
-  p.tile_counter = tile_counter_for(q, fresh_counter);
-  check_ok(fa4::run_fwd(p, c10::cuda::getCurrentCUDAStream()));
+  p.tile_counter = tile_counter_for(q, tile_schedule, fresh_counter);
+  check_ok(fa4::run_fwd(p, c10::cuda::getCurrentCUDAStream()), "tile_order", "FA4_TILE_ORDER");
   return {out, lse};
 }
 
@@ -169,7 +194,9 @@ std::tuple<Tensor, Tensor, Tensor> bwd_kernel(const Tensor& dout, const Tensor& 
                                               const OptTensor& cu_k, const OptTensor& seqused_k,
                                               int64_t max_q, int64_t max_k, bool causal,
                                               double scale, int64_t wl, int64_t wr, double softcap,
-                                              bool det) {
+                                              bool det, int64_t num_sms, int64_t tile_schedule,
+                                              const std::optional<std::string>& bwd_tile_order) {
+  check_knobs(num_sms, tile_schedule);
   c10::cuda::CUDAGuard guard(q.device());
   const bool varlen = cu_q.has_value();
   Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
@@ -189,12 +216,15 @@ std::tuple<Tensor, Tensor, Tensor> bwd_kernel(const Tensor& dout, const Tensor& 
   p.dk_batch_stride = kb, p.dk_row_stride = kr, p.dk_head_stride = kh;
   p.dv_batch_stride = vb, p.dv_row_stride = vr, p.dv_head_stride = vh;
   p.dlse = opt_ptr<float>(dlse);
+  p.fwd.num_sms = static_cast<int>(num_sms);
+  p.bwd_tile_order = bwd_tile_order ? bwd_tile_order->c_str() : nullptr;
   // Note [persistent bwd]: the tile counter, as the forward's (Note [stream tile counter]).
   Tensor fresh_counter;
-  p.fwd.tile_counter = tile_counter_for(q, fresh_counter);
+  p.fwd.tile_counter = tile_counter_for(q, tile_schedule, fresh_counter);
   const size_t bytes = fa4::bwd_workspace_size(p);
   Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
-  check_ok(fa4::run_bwd(p, workspace.data_ptr(), bytes, c10::cuda::getCurrentCUDAStream()));
+  check_ok(fa4::run_bwd(p, workspace.data_ptr(), bytes, c10::cuda::getCurrentCUDAStream()),
+           "bwd_tile_order", "FA4_BWD_TILE_ORDER");
   return {dq, dk, dv};
 }
 
@@ -210,13 +240,15 @@ TORCH_LIBRARY(fa4, m) {
   m.def(
       "_fwd_kernel(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
       "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale, "
-      "int window_left, int window_right, float softcap, bool deterministic) -> (Tensor, Tensor)");
+      "int window_left, int window_right, float softcap, bool deterministic, int num_sms, "
+      "int tile_schedule, str? tile_order) -> (Tensor, Tensor)");
   m.def(
       "_bwd_kernel(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? "
       "dlse, "
       "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, "
       "int max_seqlen_k, bool causal, float softmax_scale, int window_left, int window_right, "
-      "float softcap, bool deterministic) -> (Tensor, Tensor, Tensor)");
+      "float softcap, bool deterministic, int num_sms, int tile_schedule, str? bwd_tile_order) "
+      "-> (Tensor, Tensor, Tensor)");
   // The current stream's tile counter on like's device (Note [stream tile counter]), for tests.
   m.def("_stream_tile_counter(Tensor like) -> Tensor");
 }

@@ -9,6 +9,7 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 
 // Both build systems pass -DFA4_VERSION="x.y.z" from fa4/VERSION; the fallback keeps a build that
 // sets nothing honest about what it is. tests/test_cpp_api.py checks that it matches fa4/VERSION.
@@ -94,6 +95,10 @@ int64_t k_rows(const FwdParams& p) {
   return is_varlen(p) ? p.total_k : int64_t{p.batch} * p.seqlen_k;
 }
 
+// What a tile order text may hold (TileOrderOptions::parse), for the kInvalid messages.
+constexpr const char* kOrderRule =
+    "its tokens are first, wave, l2, plain or a positive number, comma-separated";
+
 // Collects the first broken rule. `prefix` is "fwd." when checking BwdParams::fwd so that the
 // message names the field exactly as the caller spells it.
 class Checker {
@@ -124,6 +129,13 @@ class Checker {
     if (addr % 16 != 0) {
       fail(field, "=%p not 16-byte aligned (TMA needs 16-byte global addresses)", ptr);
     }
+  }
+
+  // A tile order text (Note [tile order options]); null is the process default, checked by
+  // run_fwd / run_bwd.
+  void require_tile_order(const char* field, const char* text) {
+    if (text != nullptr && !TileOrderOptions::parse(text).ok)
+      fail(field, "=%s: %s", text, kOrderRule);
   }
 
   // One stride of a 16-bit tensor, for a dimension of `extent` elements.
@@ -231,6 +243,7 @@ void check_fwd(Checker& c, const FwdParams& p, bool lse_required) {
   if (reinterpret_cast<uintptr_t>(p.tile_counter) % 8 != 0) {
     c.fail("tile_counter", "=%p not 8-byte aligned", static_cast<void*>(p.tile_counter));
   }
+  c.require_tile_order("tile_order", p.tile_order);
 
   const bool varlen = is_varlen(p);
   const int64_t sq = varlen ? p.total_q : p.seqlen_q;  // row extent per batch entry
@@ -335,15 +348,42 @@ Status select_arch(bool fwd, int num_sms, const ArchKernels** arch, DeviceInfo* 
   return Status::kOk;
 }
 
-// The tile order options of the environment variable `name` (common/tile_scheduler.cuh), or
-// kInvalid naming it when its text has a token they do not know.
-Status tile_order_from_env(const char* name, DeviceInfo* info) {
-  info->tile_order = TileOrderOptions::from_env(name);
-  if (info->tile_order.ok) return Status::kOk;
-  return fail(Status::kInvalid,
-              "%s=%s: its tokens are first, wave, l2 or a positive number, comma-separated (or "
-              "unset it)",
-              name, getenv(name));
+// Note [tile order options]: the process default of a null FwdParams::tile_order
+// (BwdParams::bwd_tile_order), the environment variable `name` as it was when first asked.
+struct EnvTileOrder {
+  const char* name;
+  TileOrderOptions options;
+  char text[128];  // the variable's text for the kInvalid message (cut at 127 characters)
+
+  static EnvTileOrder read(const char* name) {
+    const char* text = std::getenv(name);
+    EnvTileOrder e{name, TileOrderOptions::parse(text), ""};
+    std::snprintf(e.text, sizeof(e.text), "%s", text == nullptr ? "" : text);
+    return e;
+  }
+};
+
+// Function-local statics: initialized once (thread-safe), by the process's first run_fwd /
+// run_bwd.
+const EnvTileOrder& fwd_env_tile_order() {
+  static const EnvTileOrder e = EnvTileOrder::read("FA4_TILE_ORDER");
+  return e;
+}
+const EnvTileOrder& bwd_env_tile_order() {
+  static const EnvTileOrder e = EnvTileOrder::read("FA4_BWD_TILE_ORDER");
+  return e;
+}
+
+// The options of `field` (validate() checked its text), or of the process default `e` when it
+// is null: kInvalid naming e's variable when that has a token they do not know.
+Status tile_order_of(const char* field, const EnvTileOrder& e, TileOrderOptions* options) {
+  if (field != nullptr) {
+    *options = TileOrderOptions::parse(field);
+    return Status::kOk;
+  }
+  *options = e.options;
+  if (e.options.ok) return Status::kOk;
+  return fail(Status::kInvalid, "%s=%s: %s (or unset it)", e.name, e.text, kOrderRule);
 }
 
 }  // namespace
@@ -408,17 +448,19 @@ Status validate(const BwdParams& p) noexcept {
                p.dk_head_stride);
   check_tensor(c, "dv", p.dv, varlen, fp.batch, sk, fp.heads_kv, p.dv_batch_stride, p.dv_row_stride,
                p.dv_head_stride);
+  c.require_tile_order("bwd_tile_order", p.bwd_tile_order);
   return c.status();
 }
 
 Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept {
+  const EnvTileOrder& env = fwd_env_tile_order();  // read at the process's first run_fwd
   Status s = validate(p);
   if (s != Status::kOk) return s;
   if (q_rows(p) == 0) return Status::kOk;  // no output element: nothing to write (see api/fa4.h)
 
   const ArchKernels* arch = nullptr;
   DeviceInfo info;
-  s = tile_order_from_env("FA4_TILE_ORDER", &info);  // Note [tile order options]
+  s = tile_order_of(p.tile_order, env, &info.tile_order);
   if (s != Status::kOk) return s;
   s = select_arch(/*fwd=*/true, p.num_sms, &arch, &info);
   if (s != Status::kOk) return s;
@@ -438,6 +480,7 @@ size_t bwd_workspace_size(const BwdParams& p) noexcept {
 
 Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes,
                cudaStream_t stream) noexcept {
+  const EnvTileOrder& env = bwd_env_tile_order();  // read at the process's first run_bwd
   Status s = validate(p);
   if (s != Status::kOk) return s;
   const size_t needed = bwd_workspace_size(p);
@@ -456,7 +499,7 @@ Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes,
 
   const ArchKernels* arch = nullptr;
   DeviceInfo info;
-  s = tile_order_from_env("FA4_BWD_TILE_ORDER", &info);  // Note [bwd tile order options]
+  s = tile_order_of(p.bwd_tile_order, env, &info.tile_order);
   if (s != Status::kOk) return s;
   s = select_arch(/*fwd=*/false, p.fwd.num_sms, &arch, &info);
   if (s != Status::kOk) return s;

@@ -143,6 +143,16 @@ struct FwdParams {
   // every run on one stream; runs that may overlap (other streams, graph replays) need one each.
   // Both forward kernels use it (SM100: compiled, not executed), and so does the SM90 backward.
   int64_t* tile_counter = nullptr;
+  // Optional: the order in which the forward's persistent CTAs walk the tiles of a causal or
+  // local mask, as comma-separated tokens: "first" (the partial L2 section first), "wave"
+  // (sections of one wave of CTAs), a positive number (at most that many (batch, head) pairs a
+  // section), "plain" (none of these); "" = the built-in default ("first,wave,16"). Null = the
+  // process default: the environment variable FA4_TILE_ORDER (same text), read once, at the
+  // process's first run_fwd, so later changes to it are not seen; unset, the built-in default.
+  // Unknown text in the field is kInvalid from validate(), in the variable kInvalid from run_fwd.
+  // It changes which CTA computes a tile, never a result bit (Note [tile order options] in
+  // common/tile_scheduler.cuh). run_bwd ignores it: BwdParams::bwd_tile_order.
+  const char* tile_order = nullptr;
 };
 
 struct BwdParams {
@@ -162,6 +172,14 @@ struct BwdParams {
   // Optional gradient flowing into the forward's LSE (when the caller used the LSE), fp32,
   // with exactly fwd.lse's layout and strides. Null = zero.
   const float* dlse = nullptr;
+
+  // Optional: the SM90 backward's walk over (batch, kv head) pairs, like FwdParams::tile_order:
+  // tokens "wave", "l2" (sections whose Q / dO / dQ rows fit half the L2), a positive number,
+  // "first", "plain" (one pair after another); "" = the built-in default ("l2,first" for causal
+  // head_dim >= 128 outside deterministic mode, else "plain"). Null = the process default: the
+  // environment variable FA4_BWD_TILE_ORDER, read once, at the process's first run_bwd. Unknown
+  // text is kInvalid as for tile_order (Note [bwd tile order options]).
+  const char* bwd_tile_order = nullptr;
 };
 
 // Plain data: kernels take them by value as __global__ arguments, and bindings may memcpy them.
@@ -169,8 +187,9 @@ static_assert(std::is_trivially_copyable_v<FwdParams> && std::is_standard_layout
 static_assert(std::is_trivially_copyable_v<BwdParams> && std::is_standard_layout_v<BwdParams>);
 
 // Checks every rule that can be checked without reading device memory (pointers, sizes, head
-// dims, GQA ratio, window / causal / softcap / scale, strides, alignment). kOk or kInvalid; on
-// kInvalid, last_error() names the field and the rule. run_fwd / run_bwd call these first.
+// dims, GQA ratio, window / causal / softcap / scale, strides, alignment, tile order text). kOk or
+// kInvalid; on kInvalid, last_error() names the field and the rule. run_fwd / run_bwd call these
+// first. They read no environment variable: a null tile order is valid here.
 Status validate(const FwdParams& p) noexcept;
 Status validate(const BwdParams& p) noexcept;
 

@@ -28,17 +28,22 @@
 //   all heads would run the same m_block of 132 different heads at once: each tile's K/V
 //   from HBM, 128 FLOP/byte at d = 128, which caps 4.3 TB/s at ~550 TFLOP/s.
 //
-// Note [tile order options]: FA4_TILE_ORDER (read by run_fwd at each call, TileOrderOptions)
-// changes two things of the causal order. "first" puts the partial section (pairs % section)
-// first instead of last: left last, its longest tiles are claimed when the other CTAs are
-// finishing the previous section's shortest ones, the tail LPT is meant to avoid (at 2k rows,
-// d = 128, b·h = 128: sections of 25 leave 3 pairs, whose 16-block tiles start at item 2000 of
-// 2048). "wave" caps a section at the pairs whose tiles fill the grid once (ctas / m_blocks
-// pairs, at least one GQA group): with 100 pairs of 4 tiles (512 rows), the CTAs running at one
-// time all hold the section's first tiles, which load every K/V block of the section from HBM
-// at once, and later its last tiles, which load none. A number caps it at that many pairs;
-// "plain" is the order above with neither. Tokens are comma-separated ("first,wave"); any other
-// makes run_fwd return kInvalid before a launch. Unset (or empty): Note [default tile order].
+// Note [tile order options]: FwdParams::tile_order (TileOrderOptions) changes two things of the
+// causal order. "first" puts the partial section (pairs % section) first instead of last: left
+// last, its longest tiles are claimed when the other CTAs are finishing the previous section's
+// shortest ones, the tail LPT is meant to avoid (at 2k rows, d = 128, b·h = 128: sections of 25
+// leave 3 pairs, whose 16-block tiles start at item 2000 of 2048). "wave" caps a section at the
+// pairs whose tiles fill the grid once (ctas / m_blocks pairs, at least one GQA group): with 100
+// pairs of 4 tiles (512 rows), the CTAs running at one time all hold the section's first tiles,
+// which load every K/V block of the section from HBM at once, and later its last tiles, which load
+// none. A number caps it at that many pairs; "plain" is the order above with neither. Tokens are
+// comma-separated ("first,wave"); any other makes validate() return kInvalid before a launch.
+// Empty: Note [default tile order]. Null: the process default, FA4_TILE_ORDER as the process's
+// first run_fwd read it (a function-local static in api/dispatch.cu): no later run_fwd reads the
+// environment. The torch ops read the variable in Python at every call instead and pass its text
+// ("" when unset), so a test may change it between calls of one process (fa4/dispatch.py
+// runtime_knobs: its four os.environ lookups cost ~4.5 us of host time a call on a 2-core CI
+// machine, most of it the KeyError of each unset variable).
 //
 // Note [default tile order]: the forward's default is "first,wave,16". On an H100, "first,wave"
 // gave the causal forward +10-12 % at 512 rows (d = 64 and 128) against "plain", and the cap of
@@ -88,11 +93,11 @@ struct TileOrderOptions {
   bool wave = false;           // "wave": at most ctas / m_blocks pairs (whole groups) a section
   int max_pairs = 0;           // "<n>": at most n pairs a section (rounded up to whole groups)
   bool l2 = false;             // "l2": sections by the L2 (the forward's always are; BwdGrid)
-  bool given = false;          // the variable named options ("plain": none): no defaults added
+  bool given = false;          // the text named options ("plain": none): no defaults added
   bool ok = true;              // false: the text had a token other than these
 
-  // Host only: parses a FA4_TILE_ORDER value (nullptr or "": the defaults; an empty token, as
-  // in "wave,", is unknown).
+  // Host only: parses a tile order text, FwdParams::tile_order / BwdParams::bwd_tile_order or
+  // their variables' (nullptr or "": the defaults; an empty token, as in "wave,", is unknown).
   static TileOrderOptions parse(const char* text) {
     TileOrderOptions o;
     if (text == nullptr || *text == '\0') return o;
@@ -125,10 +130,7 @@ struct TileOrderOptions {
     }
     return o;
   }
-  // FA4_TILE_ORDER (the forward) or FA4_BWD_TILE_ORDER (the backward).
-  static TileOrderOptions from_env(const char* name) { return parse(getenv(name)); }
-
-  // Note [default tile order]: the options when the variable names none.
+  // Note [default tile order]: the options when the text names none.
   TileOrderOptions forward_or_default() const {
     TileOrderOptions o = *this;
     if (!given) {
@@ -245,18 +247,19 @@ struct TileScheduler {
 // first, because each tile waits only on higher tiles (Note [deterministic dQ],
 // common/bwd_blocks.cuh).
 //
-// Note [bwd tile order options]: FA4_BWD_TILE_ORDER (read by run_bwd at each call; the SM90
-// backward takes it) walks the (batch, kv head) pairs in sections instead of one by one: within
-// a section the kv tile runs slowest and the pair fastest, so a section's longest tiles go first,
-// as the forward's Note [LPT order]. Pair by pair, the last pair's longest tile is claimed when
-// ~1/pairs of the work is left (at 2k rows, d = 128: 16 tiles of 32..2 Q blocks, the first claimed
-// at item 2032 of 2048). Sections hold the pairs of a number token, or of "wave" (the pairs
-// whose tiles fill the grid once), or of "l2" (the pairs whose Q, dO, fp32 dQ and row statistics
-// fit half the L2: every tile of a pair reads its Q / dO rows and adds to its dQ), the smallest
-// of those given; "first" puts the partial section first (a rotation, as the forward's); "plain"
-// is one pair per section, the walk above. Unset: Note [default tile order]. Deterministic mode
-// keeps its guarantee under any of them: a tile waits only on higher tiles of its own pair,
-// which come earlier in its section.
+// Note [bwd tile order options]: BwdParams::bwd_tile_order (the SM90 backward takes it) walks the
+// (batch, kv head) pairs in sections instead of one by one: within a section the kv tile runs
+// slowest and the pair fastest, so a section's longest tiles go first, as the forward's Note [LPT
+// order]. Pair by pair, the last pair's longest tile is claimed when ~1/pairs of the work is left
+// (at 2k rows, d = 128: 16 tiles of 32..2 Q blocks, the first claimed at item 2032 of 2048).
+// Sections hold the pairs of a number token, or of "wave" (the pairs whose tiles fill the grid
+// once), or of "l2" (the pairs whose Q, dO, fp32 dQ and row statistics fit half the L2: every tile
+// of a pair reads its Q / dO rows and adds to its dQ), the smallest of those given; "first" puts
+// the partial section first (a rotation, as the forward's); "plain" is one pair per section, the
+// walk above. Deterministic mode keeps its guarantee under any of them: a tile waits only on
+// higher tiles of its own pair, which come earlier in its section. Empty: Note [default tile
+// order]. Null: FA4_BWD_TILE_ORDER as the process's first run_bwd read it; the torch ops pass the
+// variable's text at every call instead, as for the forward's Note [tile order options].
 struct BwdGrid {
   int n_tiles, heads_kv;
   bool descending = false;  // deterministic mode
@@ -265,7 +268,7 @@ struct BwdGrid {
   int rotation = 0;         // items before a partial last section walked first, or 0
   int items = 0;            // n_tiles · pairs (section > 1 only)
 
-  // Sections for FA4_BWD_TILE_ORDER's options; ctas: the CTAs running at once; pair_bytes: the
+  // Sections for bwd_tile_order's options; ctas: the CTAs running at once; pair_bytes: the
   // bytes one pair's tiles share (Q, dO, dQ's fp32 accumulator, LSE and D rows of its group).
   static BwdGrid make(int n_tiles, int heads_kv, int batch, bool descending, int ctas,
                       const TileOrderOptions& opt, int64_t pair_bytes) {

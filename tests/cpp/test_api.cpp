@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 #ifndef FA4_EXPECTED_VERSION
 #error "tests/cpp/CMakeLists.txt passes the installed package's version as FA4_EXPECTED_VERSION"
@@ -168,6 +169,10 @@ const FwdCase kInvalidFwd[] = {
     {"window_right=-2", base, [](P& p) { p.window_right = -2; }},
     {"window_right=5 contradicts causal", causal, [](P& p) { p.window_right = 5; }},
     {"num_sms=-1", base, [](P& p) { p.num_sms = -1; }},
+    {"tile_order=first,bogus: its tokens are first, wave, l2, plain or a positive number", base,
+     [](P& p) { p.tile_order = "first,bogus"; }},
+    {"tile_order=wave,:", base, [](P& p) { p.tile_order = "wave,"; }},
+    {"tile_order=0:", base, [](P& p) { p.tile_order = "0"; }},
     {"tile_counter=0x", base,
      [](P& p) { p.tile_counter = reinterpret_cast<int64_t*>(fake<char>(8) + 4); }},
     {"q=0x", base, [](P& p) { p.q = fake<const char>(1) + 8; }},
@@ -225,6 +230,10 @@ const FwdCase kValidFwd[] = {
      }},
     {"tile_counter", base,
      [](P& p) { p.tile_counter = reinterpret_cast<int64_t*>(fake<char>(8)); }},
+    {"tile_order", base, [](P& p) { p.tile_order = "first,wave,16"; }},
+    {"tile_order empty: the built-in default", base, [](P& p) { p.tile_order = ""; }},
+    {"tile_order plain, l2 (the backward's tokens parse too)", base,
+     [](P& p) { p.tile_order = "plain,l2"; }},
     {"fp16", base, [](P& p) { p.dtype = fa4::DType::kFloat16; }},
     // Strides of extent-1 dimensions are never used, so any value >= 0 goes.
     {"extent-1 strides", one_query, [](P& p) { p.q_row_stride = p.k_head_stride = 5; }},
@@ -287,26 +296,72 @@ void test_no_kernel_built() {
   CHECK(error_has("no backward kernel is compiled into this build"));
 }
 
-// Note [tile order options] / [bwd tile order options]: FA4_TILE_ORDER and FA4_BWD_TILE_ORDER are
-// read by run_fwd / run_bwd before they look for a kernel, and text they do not know is kInvalid
-// there, naming the variable; each direction reads only its own.
-void test_tile_order_env() {
+// Note [tile order options] / [bwd tile order options]: FwdParams::tile_order and
+// BwdParams::bwd_tile_order. Text they do not know is kInvalid from validate(), naming the field,
+// before run_fwd / run_bwd look for a kernel; known text goes on to the kernel lookup. The
+// backward's validate() checks fwd.tile_order too, but walks by bwd_tile_order alone.
+void test_tile_order_fields() {
+  fa4::FwdParams p = base();
+  for (const char* order : {"first,wave,16", "", "plain", "3,first", "wave"}) {
+    p.tile_order = order;
+    CHECK(fa4::run_fwd(p, nullptr) == fa4::Status::kUnsupported);
+  }
+  p.tile_order = "first,bogus";
+  CHECK(fa4::run_fwd(p, nullptr) == fa4::Status::kInvalid);
+  CHECK(error_has("tile_order=first,bogus: its tokens are"));
+
+  const size_t ws = fa4::bwd_workspace_size(bwd_of(base()));
+  fa4::BwdParams b = bwd_of(base());
+  b.bwd_tile_order = "l2,";
+  CHECK(fa4::validate(b) == fa4::Status::kInvalid);
+  CHECK(error_has("bwd_tile_order=l2,: its tokens are"));
+  CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr) == fa4::Status::kInvalid);
+  CHECK(error_has("bwd_tile_order=l2,"));
+  for (const char* order : {"l2,wave,first", "", "plain", "4"}) {
+    b.bwd_tile_order = order;
+    CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr) == fa4::Status::kUnsupported);
+  }
+  b.fwd.tile_order = "bogus";
+  CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr) == fa4::Status::kInvalid);
+  CHECK(error_has("fwd.tile_order=bogus"));
+  // A problem with nothing to write still has its fields judged.
+  fa4::FwdParams none = dense(2, 0, 300, 8, 2, 128, 128);
+  none.q = none.out = nullptr;
+  none.tile_order = "bogus";
+  CHECK(fa4::run_fwd(none, nullptr) == fa4::Status::kInvalid);
+}
+
+// `test_api env-defaults`, run by tests/test_cpp_api.py in a process of its own with
+// FA4_TILE_ORDER=first,bogus and FA4_BWD_TILE_ORDER=l2, in its environment: a null tile order is
+// the variable's, as the process's first run_fwd / run_bwd read it; validate() reads none.
+void test_env_defaults() {
+  const char* fwd_env = std::getenv("FA4_TILE_ORDER");
+  const char* bwd_env = std::getenv("FA4_BWD_TILE_ORDER");
+  CHECK(fwd_env != nullptr && std::strcmp(fwd_env, "first,bogus") == 0);
+  CHECK(bwd_env != nullptr && std::strcmp(bwd_env, "l2,") == 0);
   const fa4::BwdParams b = bwd_of(base());
   const size_t ws = fa4::bwd_workspace_size(b);
-  setenv("FA4_TILE_ORDER", "first,bogus", 1);
+  CHECK(fa4::validate(base()) == fa4::Status::kOk);
+  CHECK(fa4::validate(b) == fa4::Status::kOk);
+  CHECK(fa4::run_fwd(base(), nullptr) == fa4::Status::kInvalid);
+  CHECK(error_has("FA4_TILE_ORDER=first,bogus: its tokens are"));
+  CHECK(error_has("(or unset it)"));
+  CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr) == fa4::Status::kInvalid);
+  CHECK(error_has("FA4_BWD_TILE_ORDER=l2,: its tokens are"));
+  // A field, even empty, overrides the variable.
+  fa4::FwdParams p = base();
+  p.tile_order = "";
+  CHECK(fa4::run_fwd(p, nullptr) == fa4::Status::kUnsupported);
+  fa4::BwdParams bf = b;
+  bf.bwd_tile_order = "wave";
+  CHECK(fa4::run_bwd(bf, fake<void>(13), ws, nullptr) == fa4::Status::kUnsupported);
+  // Read once: changing the variables later changes nothing.
+  setenv("FA4_TILE_ORDER", "first", 1);
+  unsetenv("FA4_BWD_TILE_ORDER");
   CHECK(fa4::run_fwd(base(), nullptr) == fa4::Status::kInvalid);
   CHECK(error_has("FA4_TILE_ORDER=first,bogus"));
-  CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr) == fa4::Status::kUnsupported);
-  setenv("FA4_TILE_ORDER", "first,wave,16", 1);
-  CHECK(fa4::run_fwd(base(), nullptr) == fa4::Status::kUnsupported);
-  unsetenv("FA4_TILE_ORDER");
-  setenv("FA4_BWD_TILE_ORDER", "l2,", 1);
   CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr) == fa4::Status::kInvalid);
   CHECK(error_has("FA4_BWD_TILE_ORDER=l2,"));
-  CHECK(fa4::run_fwd(base(), nullptr) == fa4::Status::kUnsupported);
-  setenv("FA4_BWD_TILE_ORDER", "l2,wave,first", 1);
-  CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr) == fa4::Status::kUnsupported);
-  unsetenv("FA4_BWD_TILE_ORDER");
 }
 
 void test_empty_problems() {
@@ -364,6 +419,7 @@ void test_invalid_bwd() {
       {"dq_row_stride=12", [](fa4::BwdParams& b) { b.dq_row_stride = 12; }},
       {"dk_head_stride=100", [](fa4::BwdParams& b) { b.dk_head_stride = 100; }},
       {"dv_batch_stride=-8", [](fa4::BwdParams& b) { b.dv_batch_stride = -8; }},
+      {"bwd_tile_order=wave,bogus", [](fa4::BwdParams& b) { b.bwd_tile_order = "wave,bogus"; }},
   };
   for (const BwdCase& c : cases) {
     fa4::BwdParams b = bwd_of(base());
@@ -389,8 +445,9 @@ void test_invalid_bwd() {
   CHECK(error_has("workspace=0x"));
 }
 
-// Note [bwd workspace] in common/bwd_workspace.h: per query head, fp32 dq (rows x head_dim), lse2 and
-// dpsum (rows each), and with deterministic int32 turn counters (rows / 64); rows padded to 128.
+// Note [bwd workspace] in common/bwd_workspace.h: per query head, fp32 dq (rows x head_dim), lse2
+// and dpsum (rows each), and with deterministic int32 turn counters (rows / 64); rows padded to
+// 128.
 void test_workspace_formula() {
   // Dense b=2, s_q=200 -> 2 * 256 = 512 rows; 8 heads, d=128:
   //   8 * 512 * (128 + 1 + 1) * 4 = 2,129,920 bytes; deterministic adds 8 * 512 / 64 * 4.
@@ -422,16 +479,20 @@ void test_workspace_formula() {
 
 }  // namespace
 
-int main() {
-  test_status_names();
-  test_invalid_fwd();
-  test_valid_fwd();
-  test_last_error_is_sticky();
-  test_no_kernel_built();
-  test_tile_order_env();
-  test_empty_problems();
-  test_invalid_bwd();
-  test_workspace_formula();
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "env-defaults") == 0) {
+    test_env_defaults();
+  } else {
+    test_status_names();
+    test_invalid_fwd();
+    test_valid_fwd();
+    test_last_error_is_sticky();
+    test_no_kernel_built();
+    test_tile_order_fields();
+    test_empty_problems();
+    test_invalid_bwd();
+    test_workspace_formula();
+  }
   std::printf("fa4 %s C++ API test: %d checks, %d failed\n", fa4::version(), g_checks, g_failures);
   return g_failures;
 }
