@@ -6,8 +6,8 @@
 // d > 128 (Note [bwd head-dim split]): K and V stay in shared memory while the CTA walks every
 // query head of the GQA group and every Q block (128 rows, 64 when split) that sees the tile, so dK
 // and dV are summed over the group in TMEM and written once (exact, no atomics). The
-// pre/postprocess kernels are the SM90 backward's (common/bwd_prepost.cuh). Per Q block i, with kv rows as
-// the M dimension (TMEM lanes) of the first four MMAs:
+// pre/postprocess kernels are the SM90 backward's (common/bwd_prepost.cuh). Per Q block i, with kv
+// rows as the M dimension (TMEM lanes) of the first four MMAs:
 //   S  = K·Qᵀ      (SS)                    P  = exp2(S·c − lse₂)        compute warpgroups
 //   dP = V·dOᵀ     (SS)                    dS = P ∘ (dP − D) [∘ (1 − x²) with softcap]
 //   dV += P·dO     (TS: P from TMEM)
@@ -245,8 +245,7 @@ struct BwdTraits {
                                               Shape<Int<kBlockN>, Int<kBlockM>, _1>{}));
   using SmemLayoutKt = TransposedSmem<SmemLayoutKSlices, kBlockN, kSliceD, kSplit>;
   using SmemLayoutQt = TransposedSmem<SmemLayoutQSlices, kBlockM, kSliceD, kSplit * kStagesQ>;
-  using SmemLayoutDOt =
-      TransposedSmem<SmemLayoutDOSlices, kBlockM, kSliceDV, kSplit * kStagesDo>;
+  using SmemLayoutDOt = TransposedSmem<SmemLayoutDOSlices, kBlockM, kSliceDV, kSplit * kStagesDo>;
   using SmemLayoutDSt = TransposedSmem<SmemLayoutDS, kBlockN, kBlockM, 1>;
   // dQ staging: kBlockM query rows × 32 fp32, 128-byte swizzled (a thread writes its row's 128
   // bytes as 16-byte chunks, spread over the banks by the swizzle), kDqBuffers of them.

@@ -207,13 +207,12 @@ struct Traits2 {
 template <class Element, class SmemLayout, int kRows, int kCols, int kFullCols>
 auto make_tma_cols(const GmemView& g) {
   return make_tma_copy(SM90_TMA_LOAD{},
-                       gmem_qkv<Element>(g.ptr, g.rows, kFullCols, g.heads, g.batch,
-                                               g.row_stride, g.head_stride, g.batch_stride),
+                       gmem_qkv<Element>(g.ptr, g.rows, kFullCols, g.heads, g.batch, g.row_stride,
+                                         g.head_stride, g.batch_stride),
                        take<0, 2>(SmemLayout{}), Shape<Int<kRows>, Int<kCols>>{}, _1{});
 }
 template <class Element, class SmemLayout, int kRows, int kCols, int kFullCols>
-using TmaCols =
-    decltype(make_tma_cols<Element, SmemLayout, kRows, kCols, kFullCols>(GmemView{}));
+using TmaCols = decltype(make_tma_cols<Element, SmemLayout, kRows, kCols, kFullCols>(GmemView{}));
 
 template <class T>
 auto make_tma_dq(const BwdWorkspace& ws) {

@@ -396,22 +396,21 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
   kp.ws = workspace_of(f, workspace);
   kp.score = ScoreScale::make(f.softmax_scale, f.softcap);
   kp.group = f.heads_q / f.heads_kv;
-  const GmemView q = gmem_view(f, f.q, false, T::kHeadDim, f.q_row_stride,
-                                           f.q_head_stride, f.q_batch_stride);
+  const GmemView q =
+      gmem_view(f, f.q, false, T::kHeadDim, f.q_row_stride, f.q_head_stride, f.q_batch_stride);
   const GmemView dout = gmem_view(f, p.dout, false, T::kHeadDimV, p.dout_row_stride,
-                                              p.dout_head_stride, p.dout_batch_stride);
+                                  p.dout_head_stride, p.dout_batch_stride);
   const GmemView k =
       gmem_view(f, f.k, true, T::kHeadDim, f.k_row_stride, f.k_head_stride, f.k_batch_stride);
-  const GmemView v = gmem_view(f, f.v, true, T::kHeadDimV, f.v_row_stride,
-                                           f.v_head_stride, f.v_batch_stride);
+  const GmemView v =
+      gmem_view(f, f.v, true, T::kHeadDimV, f.v_row_stride, f.v_head_stride, f.v_batch_stride);
   kp.shape_q = q.shape();
   kp.shape_do = dout.shape();
   kp.shape_k = k.shape();
   kp.shape_v = v.shape();
   kp.shape_dq = make_shape(int(kp.ws.rows), kp.ws.head_dim, kp.ws.heads);
   kp.tma_q = make_tma_tile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>(q);
-  kp.tma_do =
-      make_tma_tile<Element, typename T::SmemLayoutDO, T::kBlockM, T::kHeadDimV>(dout);
+  kp.tma_do = make_tma_tile<Element, typename T::SmemLayoutDO, T::kBlockM, T::kHeadDimV>(dout);
   kp.tma_k = make_tma_tile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>(k);
   kp.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(v);
   const RowBlockGrid row_grid = RowBlockGrid::of(f);

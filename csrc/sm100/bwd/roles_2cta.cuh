@@ -1,5 +1,5 @@
-// The roles, kernel and launch of the 2-CTA SM100 backward; sm100/bwd/kernel_2cta.cuh, which includes
-// this file, has the algorithm (Note [bwd 2-CTA]), the operands and the barriers.
+// The roles, kernel and launch of the 2-CTA SM100 backward; sm100/bwd/kernel_2cta.cuh, which
+// includes this file, has the algorithm (Note [bwd 2-CTA]), the operands and the barriers.
 #pragma once
 
 namespace fa4::sm100::bwd2 {
@@ -398,14 +398,11 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
   kp.ws = workspace_of(f, workspace);
   kp.score = ScoreScale::make(f.softmax_scale, f.softcap);
   kp.group = f.heads_q / f.heads_kv;
-  const GmemView q =
-      gmem_view(f, f.q, false, D, f.q_row_stride, f.q_head_stride, f.q_batch_stride);
-  const GmemView dout = gmem_view(f, p.dout, false, D, p.dout_row_stride,
-                                              p.dout_head_stride, p.dout_batch_stride);
-  const GmemView k =
-      gmem_view(f, f.k, true, D, f.k_row_stride, f.k_head_stride, f.k_batch_stride);
-  const GmemView v =
-      gmem_view(f, f.v, true, D, f.v_row_stride, f.v_head_stride, f.v_batch_stride);
+  const GmemView q = gmem_view(f, f.q, false, D, f.q_row_stride, f.q_head_stride, f.q_batch_stride);
+  const GmemView dout =
+      gmem_view(f, p.dout, false, D, p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride);
+  const GmemView k = gmem_view(f, f.k, true, D, f.k_row_stride, f.k_head_stride, f.k_batch_stride);
+  const GmemView v = gmem_view(f, f.v, true, D, f.v_row_stride, f.v_head_stride, f.v_batch_stride);
   kp.shape_q = q.shape();
   kp.shape_do = dout.shape();
   kp.shape_k = k.shape();

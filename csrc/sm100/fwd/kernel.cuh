@@ -138,9 +138,9 @@ inline constexpr BarSpec<Bar, BarCopies> kBarriers[] = {
 };
 // clang-format on
 static_assert(rows_follow_enum(kBarriers), "kBarriers: one row per barrier, in the order of Bar");
-// Note [dynamic tiles] (common/tile_ring.cuh): every thread of the softmax and correction warpgroups
-// and the MMA and epilogue threads read each work item (the load thread publishes it); at hd 256
-// softmax1 and, without the TMA-store epilogue, the epilogue thread only pass the items on.
+// Note [dynamic tiles] (common/tile_ring.cuh): every thread of the softmax and correction
+// warpgroups and the MMA and epilogue threads read each work item (the load thread publishes it);
+// softmax1 at hd 256 and the epilogue thread without the TMA-store epilogue only pass them on.
 constexpr int kTileReaders = 3 * 128 + 2;
 static_assert(kBarriers[int(Bar::kTileEmpty)].arrivals == kTileReaders, "tile ring readers");
 constexpr int kSBuffers = 2;
@@ -630,12 +630,12 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   kp.p = p;
   kp.group = p.heads_q / p.heads_kv;
   kp.score = ScoreScale::make(p.softmax_scale, p.softcap);
-  const GmemView q = gmem_view(p, p.q, false, T::kHeadDim, p.q_row_stride,
-                                           p.q_head_stride, p.q_batch_stride);
+  const GmemView q =
+      gmem_view(p, p.q, false, T::kHeadDim, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
   const GmemView k =
       gmem_view(p, p.k, true, T::kHeadDim, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
-  const GmemView v = gmem_view(p, p.v, true, T::kHeadDimV, p.v_row_stride,
-                                           p.v_head_stride, p.v_batch_stride);
+  const GmemView v =
+      gmem_view(p, p.v, true, T::kHeadDimV, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
   kp.shape_q = q.shape();
   kp.shape_k = k.shape();
   kp.shape_v = v.shape();
@@ -644,11 +644,10 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   kp.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(v);
   kp.tma_store_o = T::kTmaStoreO && p.cu_seqlens_q == nullptr;
   if (kp.tma_store_o) {
-    const GmemView o = gmem_view(p, p.out, false, T::kHeadDimV, p.out_row_stride,
-                                             p.out_head_stride, p.out_batch_stride);
+    const GmemView o = gmem_view(p, p.out, false, T::kHeadDimV, p.out_row_stride, p.out_head_stride,
+                                 p.out_batch_stride);
     kp.shape_o = o.shape();
-    kp.tma_o =
-        make_tma_store_tile<Element, typename T::SmemLayoutO, T::kBlockM, T::kHeadDimV>(o);
+    kp.tma_o = make_tma_store_tile<Element, typename T::SmemLayoutO, T::kBlockM, T::kHeadDimV>(o);
   }
   kp.sched =
       TileScheduler::for_forward(p, T::kCtaRows, int(sizeof(Element)), dev.num_sms, dev.tile_order);
