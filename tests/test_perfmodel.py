@@ -194,13 +194,9 @@ def test_import_needs_only_the_standard_library():
 
 
 def test_sm90_kernel_default_is_the_tables():
-    # the SM90 traits compile with one kEmuSixteenths for every head dim (sm90/fwd/traits.cuh):
-    # the measurement switch FA4_SM90_EMU_SIXTEENTHS, whose default is the shipped value
+    # the SM90 traits compile with one kEmuSixteenths for every head dim (sm90/fwd/traits.cuh)
     src = (ROOT / "csrc" / "sm90/fwd/traits.cuh").read_text()
-    assert re.findall(r"static constexpr int kEmuSixteenths = (\w+);", src) == [
-        "FA4_SM90_EMU_SIXTEENTHS"
-    ]
-    (value,) = re.findall(r"#define FA4_SM90_EMU_SIXTEENTHS (\d+)\n", src)
+    (value,) = re.findall(r"static constexpr int kEmuSixteenths = (\d+);", src)
     assert {k for (arch, _), k in pm.EMU_SIXTEENTHS.items() if arch == "sm90"} == {int(value)}
 
 

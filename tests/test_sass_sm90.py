@@ -1,10 +1,11 @@
 """The SM90 kernels as compiled for sm_90a: the instructions they must use and their ptxas budget.
 
-The backward (csrc/sm90/bwd/kernel.cuh) is compiled but not yet executed nor in the build's
-kernel sources (issue 4); these tests keep it compiling and hold its SASS to the design.
-
-Runs in CI (CPU machine): compiles csrc/fwd_sm90_hd128.cu to a cubin with nvcc and reads its
-SASS with cuobjdump and nvdisasm (the nvidia-cuda-cuobjdump / -nvdisasm wheels, or the toolkit's).
+Every kernel here is one that dispatch launches (the forward's csrc/sm90/fwd/kernel.cuh and the
+backward's csrc/sm90/bwd/kernel.cuh, both run by the GPU tests on H100 / H200); these tests hold
+their SASS to the design. Runs in CI (CPU machine): compiles one translation unit per instance
+(launch_element or launch_bwd for a head-dim pair and element type) to a cubin with nvcc and reads
+its SASS with cuobjdump and nvdisasm (the nvidia-cuda-cuobjdump / -nvdisasm wheels, or the
+toolkit's).
 """
 
 import os
@@ -61,49 +62,70 @@ def _compile(tmp_path_factory, source, *defines, arch="90a", fast_math=True):
     return build.stderr, sass.stdout
 
 
+def _instance(tmp_path_factory, direction, d, elements=("bfloat16_t",)):
+    """Compiles a translation unit holding the SM90 kernels of head dims (d, d) for each element
+    type: what launch_element (forward) or launch_bwd (backward) launches."""
+    if direction == "fwd":
+        lines = ['#include "sm90/fwd/kernel.cuh"'] + [
+            f"template fa4::Status fa4::sm90::launch_element<{d}, {d}, cutlass::{e}>("
+            "const fa4::FwdParams&, const fa4::DeviceInfo&, cudaStream_t);"
+            for e in elements
+        ]
+    else:
+        lines = ['#include "sm90/bwd/kernel.cuh"'] + [
+            "template fa4::Status fa4::sm90::launch_bwd<"
+            f"fa4::sm90::BwdTraitsFor<{d}, {d}, cutlass::{e}>>("
+            "const fa4::BwdParams&, const fa4::DeviceInfo&, void*, cudaStream_t);"
+            for e in elements
+        ]
+    source = tmp_path_factory.mktemp("src") / f"{direction}_sm90_hd{d}_{'_'.join(elements)}.cu"
+    source.write_text("\n".join(lines) + "\n")
+    return _compile(tmp_path_factory, source)
+
+
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    return _compile(tmp_path_factory, "csrc/fwd_sm90_hd128.cu", "-DFA4_HDIM_128")
+    return _instance(tmp_path_factory, "fwd", 128)
 
 
 @pytest.fixture(scope="module")
 def compiled_fp16(tmp_path_factory):
-    return _compile(tmp_path_factory, "csrc/fwd_sm90_hd128_fp16.cu", "-DFA4_HDIM_128")
+    return _instance(tmp_path_factory, "fwd", 128, ("half_t",))
 
 
 @pytest.fixture(scope="module")
 def compiled_hd64(tmp_path_factory):
-    return _compile(tmp_path_factory, "csrc/fwd_sm90_hd64.cu", "-DFA4_HDIM_64")
+    return _instance(tmp_path_factory, "fwd", 64)
 
 
 @pytest.fixture(scope="module")
 def compiled_hd96(tmp_path_factory):
-    return _compile(tmp_path_factory, "csrc/fwd_sm90_hd96.cu", "-DFA4_HDIM_96")
+    return _instance(tmp_path_factory, "fwd", 96)
 
 
 @pytest.fixture(scope="module")
 def compiled_hd256(tmp_path_factory):
-    return _compile(tmp_path_factory, "csrc/fwd_sm90_hd256.cu", "-DFA4_HDIM_256")
+    return _instance(tmp_path_factory, "fwd", 256)
 
 
 @pytest.fixture(scope="module")
 def compiled_bwd(tmp_path_factory):
-    return _compile(tmp_path_factory, "csrc/bwd_sm90_hd128.cu")
+    return _instance(tmp_path_factory, "bwd", 128, ("bfloat16_t", "half_t"))
 
 
 @pytest.fixture(scope="module")
 def compiled_bwd_split(tmp_path_factory):
-    return _compile(tmp_path_factory, "csrc/bwd_sm90_hd256.cu")
+    return _instance(tmp_path_factory, "bwd", 256, ("bfloat16_t", "half_t"))
 
 
 @pytest.fixture(scope="module")
 def compiled_bwd_hd64(tmp_path_factory):
-    return _compile(tmp_path_factory, "csrc/bwd_sm90_hd64.cu")
+    return _instance(tmp_path_factory, "bwd", 64, ("bfloat16_t", "half_t"))
 
 
 def test_one_kernel_per_dtype_and_no_spills(compiled, compiled_fp16):
-    """fwd_sm90_hd128.cu holds the bf16 kernel and fwd_sm90_hd128_fp16.cu the fp16 one (one
-    translation unit per dtype shortens the build's longest compile); neither spills."""
+    """The hd128 forward is one kernel per element type (no per-problem variant), and neither
+    spills."""
     for (ptxas, _), dtype in ((compiled, "bfloat16"), (compiled_fp16, "half")):
         kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", ptxas)
         assert len(kernels) == 1 and dtype in kernels[0], kernels
@@ -113,7 +135,7 @@ def test_one_kernel_per_dtype_and_no_spills(compiled, compiled_fp16):
 
 def _bf16_body(sass, kernel, tag=""):
     """(name, SASS text) of the bf16 instance of `kernel` whose mangled name also holds `tag`
-    (e.g. "bfloat16_tELi2E": FwdTraits<64, 64, bf16, 2>, Note [short causal hd64])."""
+    (e.g. "bfloat16_tELi1ELi64ELi3E": FwdTraits<64, 64, bf16, 1, 64, 3>, the three-CTA kernel)."""
     for body in re.split(r"\n\s*Function : ", sass):
         head = body.split("\n", 1)[0]
         if kernel in head and "bfloat16" in head and tag in head:
@@ -172,18 +194,13 @@ def test_hd64_three_consumers_and_bounded_spills(compiled_hd64):
     assert not [o for o in loop if o.startswith(("LDL", "STL"))], "local memory in the block loop"
 
 
-def test_hd64_two_consumer_variant(compiled_hd64):
-    """Note [short causal hd64]: the hd64 file also holds FwdTraits<64, 64, bf16, 2> (fp16's
-    pair is in fwd_sm90_hd64_fp16.cu), with the two-warpgroup register split (consumers 224,
-    producer 56) and no spills at all; and the three-CTA kernel (next test)."""
-    ptxas, sass = compiled_hd64
+def test_hd64_kernels(compiled_hd64):
+    """Note [short causal hd64]: the hd64 instance is two kernels, the three-consumer one and the
+    three-CTA one (next test) for short causal and local problems."""
+    ptxas, _ = compiled_hd64
     kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", ptxas)
-    assert len(kernels) == 3 and sum("bfloat16_tELi2E" in k for k in kernels) == 1, kernels
-    assert all("bfloat16" in k for k in kernels), kernels
-    _, body = _bf16_body(sass, "fwd_kernel", "bfloat16_tELi2E")
-    assert "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xe0" in body, "consumers at 224 registers"
-    assert "USETMAXREG.DEALLOC.CTAPOOL 0x38" in body, "producer at 56 registers"
-    assert not re.search(r"\b(LDL|STL)\b", body), "local memory in the two-warpgroup kernel"
+    tags = sorted(k.split("bfloat16_t")[1][:16] for k in kernels)
+    assert tags == ["ELi0ELi0ELi1EEEE", "ELi1ELi64ELi3EEE"], kernels
 
 
 def test_hd64_three_cta_kernel(compiled_hd64):
@@ -205,28 +222,8 @@ def test_hd64_three_cta_kernel(compiled_hd64):
     assert not [o for o in loop if o.startswith("BAR")], "a turn barrier in the loop"
 
 
-def test_hd64_narrow_short_causal_variant(tmp_path_factory):
-    """Note [narrow three consumers at short causal hd64]: the A/B switch
-    FA4_SM90_HD64_SHORT_NARROW (off by default, prepared and not yet measured) still compiles to
-    FwdTraits<64, 64, bf16, 3, 64>: the three-consumer register split (160 / 32), S on 64x64
-    wgmma only, no local memory in the consumers (the producer's spills at most the default
-    kernel's 72 bytes), and a block loop of 8 HGMMA (S and P·V of one 64-key block)."""
-    ptxas, sass = _compile(
-        tmp_path_factory, "csrc/fwd_sm90_hd64.cu", "-DFA4_HDIM_64", "-DFA4_SM90_HD64_SHORT_NARROW=1"
-    )
-    tag = "bfloat16_tELi3ELi64ELi1E"
-    entry = _ptxas_entry(ptxas, tag)
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", entry)]
-    assert spills and max(spills) <= 72, entry
-    _, body = _bf16_body(sass, "fwd_kernel", tag)
-    _consumers_at(body, 160, 32)
-    assert set(re.findall(r"HGMMA\.\d+x\d+x\d+", body)) == {"HGMMA.64x64x16"}
-    loop = _block_loop_ops(sass, tag=tag)
-    assert sum(o.startswith("HGMMA") for o in loop) == 8
-
-
 def test_hd256_two_block_widths(compiled_hd256):
-    """Note [hd256 narrow blocks]: the hd256 file holds the 80-key kernel (S on 64x80 wgmma) and
+    """Note [hd256 narrow blocks]: the hd256 instance holds the 80-key kernel (S on 64x80 wgmma) and
     the 64-key one (64x64) for short problems, both with P·V at N = 256 and at most the 24 bytes
     of spills the stale-max vote left at hd256 (docs/decisions.md)."""
     ptxas, sass = compiled_hd256
@@ -280,7 +277,7 @@ def test_o_store_is_one_tma_box_per_64_columns(compiled, compiled_hd64):
     """Each warpgroup stores its 64 rows of O with d_v / 64 TMA stores (64 x 64 boxes): hd128 has
     2 UTMASTG per kernel, hd64 1. With row-block-major staging atoms (before this test) the box
     was 8 rows and hd128 issued 16, which held the issuing thread ~1.7 k cycles per tile
-    (Note [fwd trace], docs/decisions.md forward step 12)."""
+    (Note [fwd trace])."""
     for (_, sass), stores in ((compiled, 2), (compiled_hd64, 1)):
         _, body = _bf16_body(sass, "fwd_kernel", "bfloat16_tELi0E")
         assert len(re.findall(r"UTMASTG", body)) == stores
@@ -328,7 +325,7 @@ def test_bwd_spills_bounded(compiled_bwd):
     of Note [persistent bwd]; 252 before Note [Q blocks in closed form] took the binary searches
     out of the tile boundary), in the producer warpgroup: its TMA thread and dQ reducer at 40
     registers also walk the tile ring.
-    The paired P/dS conversion (docs/decisions.md) had pushed two per-thread offsets out of the
+    The paired P/dS conversion had pushed two per-thread offsets out of the
     consumers' registers, reloaded from L2 every Q block (148 bytes, the loop's top stall in ncu);
     Note [fresh tid] rebuilds them in the loop instead."""
     ptxas, _ = compiled_bwd
@@ -344,8 +341,8 @@ def test_named_barriers_in_the_user_range(variant, request):
     """A named barrier with a thread count uses a hardware id in 8..15 (CUTLASS adds its 8
     reserved ids to ours, NamedBarrier::ReservedNamedBarrierCount). Id 8 of the backward's enum
     became hardware barrier 16, which does not exist: ptxas encoded it as 0, __syncthreads'
-    barrier, without a warning (Note [TMA-store dK/dV]'s kDkDvRead until the nineteenth
-    session). Ids held in registers are not checked here."""
+    barrier, without a warning (Note [TMA-store dK/dV]'s kDkDvRead once had id 8). Ids held in
+    registers are not checked here."""
     _, sass = request.getfixturevalue(variant)
     ids = re.findall(r"\bBAR\.(?:SYNC|ARV|RED)[A-Z._]*\s+(0x[0-9a-f]+), (?:0x[0-9a-f]+|R\d+)", sass)
     assert ids, "no named barrier with an immediate id"
@@ -598,26 +595,26 @@ def _immediate_compares(body):
     return sum(len(v) >= 31 for v in per_reg.values())
 
 
-@pytest.mark.parametrize("tag", ["bfloat16_tELi0E", "bfloat16_tELi2E"])
-def test_right_edge_mask_compares_against_immediates(compiled, compiled_hd64, compiled_hd96, tag):
-    """Note [right-edge mask] (FwdTraits::kRightEdgeMask, every head dim but 96): a causal masked
+def test_right_edge_mask_compares_against_immediates(compiled, compiled_hd64, compiled_hd96):
+    """Note [right-edge mask] (default_right_edge_mask, every head dim but 96): a causal masked
     block tests each of a thread's 32 elements per row with one ISETP of a per-row bound register
     against the element's column offset as an immediate (0x1, 0x8, 0x9, ...), in the tile's first
     block and in the KV-block loop: at least two bound registers with 31 or more such compares,
-    in the three- and the two-warpgroup hd64 kernels and at hd128. hd96 keeps the two-edge
-    apply_mask (register against register, ISETP.GT.AND / .OR pairs per element), where the
-    one-compare test cost its non-causal points 1.2-1.9 %."""
-    assert _immediate_compares(_bf16_body(compiled_hd64[1], "fwd_kernel", tag)[1]) >= 2
+    in the three-consumer hd64 kernel and at hd128. hd96 keeps the two-edge apply_mask (register
+    against register, ISETP.GT.AND / .OR pairs per element), where the one-compare test cost its
+    non-causal points 1.2-1.9 %."""
+    assert (
+        _immediate_compares(_bf16_body(compiled_hd64[1], "fwd_kernel", "bfloat16_tELi0E")[1]) >= 2
+    )
     assert _immediate_compares(_bf16_body(compiled[1], "fwd_kernel")[1]) >= 2
     assert _immediate_compares(_bf16_body(compiled_hd96[1], "fwd_kernel")[1]) == 0
 
 
 def test_stale_max_vote(compiled, compiled_hd64, compiled_hd96):
-    """Note [stale-max vote] (FwdTraits::kStaleMaxVote, every head dim): the KV-block loop votes
-    once (VOTE.ALL) and its wait for its own P·V (WARPGROUP.DEPBAR.LE gsb0, 0x0) follows the row
-    max (the last FMNMX) instead of preceding it, so the max overlaps that P·V; the row max's four
-    SHFL.BFLY stay in the loop for the rare path. Checked at hd128, hd96 and in both hd64 kernels
-    (three and two consumer warpgroups)."""
+    """Note [stale-max vote] (every head dim): the KV-block loop votes once (VOTE.ALL) and its
+    wait for its own P·V (WARPGROUP.DEPBAR.LE gsb0, 0x0) follows the row max (the last FMNMX)
+    instead of preceding it, so the max overlaps that P·V; the row max's four SHFL.BFLY stay in
+    the loop for the rare path. Checked at hd128, hd96 and in the three-consumer hd64 kernel."""
 
     def loop(sass, tag=""):
         ops = _block_loop_ops(sass, tag=tag)
@@ -625,8 +622,7 @@ def test_stale_max_vote(compiled, compiled_hd64, compiled_hd96):
         last_max = max(i for i, o in enumerate(ops) if o == "FMNMX.FTZ")
         return ops, wait, last_max
 
-    cases = [(compiled, ""), (compiled_hd96, "")]
-    cases += [(compiled_hd64, tag) for tag in ("bfloat16_tELi0E", "bfloat16_tELi2E")]
+    cases = [(compiled, ""), (compiled_hd96, ""), (compiled_hd64, "bfloat16_tELi0E")]
     for built, tag in cases:
         ops, wait, last_max = loop(built[1], tag)
         assert ops.count("VOTE.ALL") == 1 and ops.count("SHFL.BFLY") == 4, (tag, sorted(set(ops)))

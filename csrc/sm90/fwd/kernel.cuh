@@ -1,15 +1,15 @@
 // SM90 (Hopper) forward kernel: warp-specialized TMA + wgmma attention with FA4 numerics.
-// Included by the per-head-dim instantiation files csrc/fwd_sm90_hd*.cu (one per head-dim pair,
-// so that ninja compiles them in parallel); fwd_sm90.cu dispatches to them.
+// launch_element (the end of this file) is instantiated once per head-dim pair and element type,
+// each in a translation unit of its own, so that ninja compiles them in parallel.
 //
 // Roles (one enum, WarpGroupRole): warpgroup 0 is the producer (one thread issues every TMA
 // load: Q once per tile, into one of two buffers where they fit (Note [two Q buffers]), K and V
-// per KV block through two mbarrier pipelines), the others are
-// consumers (two, or three at hd 64: Note [three consumers at hd64]), each owning 64 of the
-// tile's query rows: S = Q·Kᵀ (wgmma, both operands in shared memory), online softmax with
-// conditional rescaling (common/softmax.cuh), P kept in registers as the A operand of O += P·V
-// (register-A wgmma), then the epilogue. setmaxnreg moves registers from the producer to the
-// consumers (RegisterSplit).
+// per KV block through two mbarrier pipelines), the others are consumers (two; three at hd 64,
+// Note [three consumers at hd64]; one in the three-CTA kernel, Note [several CTAs per SM]),
+// each owning 64 of the tile's query rows: S = Q·Kᵀ (wgmma, both operands in shared memory), online
+// softmax with conditional rescaling (common/softmax.cuh), P kept in registers as the A operand of
+// O += P·V (register-A wgmma), then the epilogue. setmaxnreg moves registers from the producer to
+// the consumers (RegisterSplit).
 //
 // Pipelines (from X to Y, protects Z):
 //   q_full   producer -> consumers, per Q buffer (kQStages: Note [two Q buffers]), protects it
@@ -267,7 +267,7 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       // order.
       // Warp-uniform through lane 0, as the idle test is.
       int n_end = br.n_end;
-      if constexpr (T::kConsumerWGs > 1 && FA4_SM90_SLICE_SKIP) {
+      if constexpr (T::kConsumerWGs > 1) {
         const int wg_last =
             detail::imin(t.tile.m_block * T::kBlockM + wg * 64 + 63, t.seq.seqlen_q - 1);
         n_end = __shfl_sync(0xffffffffu, slice_block_end<T::kBlockN>(br, t.mask, wg_last), 0);
@@ -283,10 +283,10 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       // n + 1 right after, the softmax of block n runs on the CUDA cores while the tensor cores
       // finish P·V; wgmma groups retire in order, so wait<1> is "S done, P·V may still run".
       // P (tOrP) is rewritten only after wait<0>, when the P·V that reads it has finished.
-      // In the SASS, ptxas moves that wait<0> (and the V release) up to the start of the row
-      // max, so only the mask and softcap code overlap this warpgroup's P·V; a loop that kept it
-      // behind the softmax measured no gain, and two P buffers that let the softmax run beside
-      // its own P·V were slower (docs/perf-notes.md, forward steps 9 and 15).
+      // In the SASS, ptxas moves that wait<0> (and the V release) after the row max (Note
+      // [stale-max vote]), so the mask, softcap and row max overlap this warpgroup's P·V; a loop
+      // that kept the wait behind the whole softmax measured no gain, and two P buffers that let
+      // the softmax run beside its own P·V were slower.
       // i: the block's place in the tile for the trace marks (-1 outside the loop: none).
       auto issue_s = [&](int i) {
         pipe_k.consumer_wait(k_state);
@@ -335,10 +335,11 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
         softmax.local_max(s_arr, m_loc);
         // Note [stale-max vote]: one vote of the warp instead of the row max's shuffles when
         // every lane keeps the stale max (after a tile's first block, nearly always); d then
-        // says "nothing rescaled", as update_max_local would have.
+        // says "nothing rescaled", as update_max_local would have. In the SASS the loop's wait
+        // for its own P·V moved from before the row max to after it, so the max overlaps that
+        // P·V: hd128 +2.7-6.2 % at 1k-16k, causal and not.
         RowDecisions d;
-        if (!T::kStaleMaxVote ||
-            !__all_sync(0xffffffffu, softmax.keeps_max(m_loc, kp.score.scale_log2, T::kTau))) {
+        if (!__all_sync(0xffffffffu, softmax.keeps_max(m_loc, kp.score.scale_log2, T::kTau))) {
           d = softmax.update_max_local(m_loc, kp.score.scale_log2, T::kTau, o_scale);
         }
         softmax.template exp2_and_sum<T::kEmuSixteenths>(s_arr, kp.score.scale_log2);
@@ -503,50 +504,27 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
                        kp);
 }
 
-// Note [short causal hd64]: the 192-row tiles of Note [three consumers at hd64] lost 6 % at
-// causal 1k against two warpgroups' 128-row tiles (docs/perf-notes.md forward step 6: 1024 rows
-// are 5 1/3 tiles of 192, and a causal sequence's last, partial tile holds its only diagonal
-// block), while winning 5 % at causal 4k; short causal and local problems take the two. Measured
-// with the two for <= 2048 rows (docs/perf.md, 2026-12-01 switch A/B): +11 % at causal 512, +10 %
-// at 1k, but -3..-6 % at 2k (10 2/3 tiles of 192 against 16 of 128), so the limit is 1024 rows.
+// Note [short causal hd64]: the 192-row tiles of Note [three consumers at hd64] fit short causal
+// problems badly: 1024 rows are 5 1/3 tiles, and a sequence's last, partial tile holds its only
+// diagonal block (-6 % at causal 1k against 128-row tiles).
 //
-// Note [three CTAs at short causal hd64]: those problems run FwdTraits<64, 64, bf16, 1, 64, 3>
-// (Note [several CTAs per SM]), three CTAs of one consumer warpgroup with 64-key blocks, when
-// FA4_SM90_HD64_THREE_CTAS is set. Measured against the two-warpgroup kernel (docs/perf.md,
-// 2026-12-04 twenty-third session): causal 512 +6.8 %, causal 1k +3 %, but non-causal 512 / 1k
-// -5 / -1..-8 % against the three-consumer kernel, which keeps them. fp16 takes it too (the
-// same kernel but for the element type; its tests ran in the twenty-fourth session).
-// The same design at hd128 (two CTAs of one consumer, 64-key blocks; FwdTraits<128, 128, E, 1, 64,
-// 2>, no spills with the producer at 56 registers) lost 11-12 % at causal 512 / 1k, and at hd64
-// the three-CTA kernel up to 2048 rows lost 3 % at causal 2k (H100, docs/perf.md, 2026-12-05
-// twenty-fourth session); neither is kept.
-//
-// Note [narrow three consumers at short causal hd64]: with Note [slice block end], the
-// three-consumer kernel with 64-key blocks computes the same keys at causal as the three-CTA
-// kernel (each warpgroup's 64 rows up to their own 64-key block) while its three warpgroups share
-// each K/V block, about a third of the three-CTA kernel's K/V reads from L2 (which ncu measured at
-// twice cuDNN's L2 bandwidth at causal 1k: docs/perf.md, twenty-ninth session). Behind
-// FA4_SM90_HD64_SHORT_NARROW, not measured yet; the 128-key three-consumer kernel with the skip
-// measured 0.906 / 0.952 of the three-CTA kernel at causal 512 / 1k.
-template <int D, int DV>
-bool two_consumer_variant(const FwdParams& p) {
-  if constexpr (FwdTraits<D, DV, cutlass::half_t>::kConsumerWGs != 3) {
-    return false;
-  } else {
-    const bool banded = p.causal || p.window_left >= 0 || p.window_right >= 0;
-    return banded && p.seqlen_q <= FA4_SM90_HD64_TWO_WG_ROWS;
-  }
+// Note [three CTAs at short causal hd64]: so causal and local problems of at most
+// kShortBandedRows query rows per sequence run the three-CTA kernel (Note [several CTAs per SM]:
+// causal 512 +6.8 %, causal 1k +3.1 % against two warpgroups), bf16 and fp16 alike; non-causal
+// ones keep the three-consumer kernel, which the three-CTA one trails by 1-9 % there. The limit:
+// up to 2048 rows the three-CTA kernel lost 3 % at causal 2k. With the skip of Note [slice block
+// end] the three-consumer kernel still ran causal 512 / 1k at 0.906 / 0.952 of it.
+inline bool short_banded(const FwdParams& p) {
+  const bool banded = p.causal || p.window_left >= 0 || p.window_right >= 0;
+  return banded && p.seqlen_q <= kShortBandedRows;
 }
 
 // Note [hd256 narrow blocks]: 80-key blocks (Note [hd256 kBlockN 80]) do not divide the 128-row
 // Q tiles' diagonal nor most sequence lengths: the S GEMMs compute every visited block whole, so
 // at 512 keys a tile computes 560 columns (7 blocks, +9.4 %) and causal 512 1440 against 1280 with
-// 64-key blocks (+12.5 %). ncu at hd256 causal 512 measured 12 % more tensor-pipe cycles than
-// cuDNN's kernel (docs/perf.md, 2026-12-03 fifteenth session). Per column the 80-key block is the
-// faster loop (+8 % at 16k, ~+4 % at 1k where its waste is 1.6 %), so the 64-key kernel runs where
-// 80 computes more than kNarrowWaste times its columns over the longest sequence's tiles.
-constexpr double kNarrowWaste = 1.04;
-
+// 64-key blocks (+12.5 %). Per column the 80-key block is the faster loop (+8 % at 16k, ~+4 % at
+// 1k where its waste is 1.6 %), so the 64-key kernel runs where 80 computes more than
+// kNarrowWaste times its columns over the longest sequence's tiles.
 // Called only for kernels whose default kBlockN is 80 (launch_element's guard).
 template <int D, int DV>
 bool narrow_blocks(const FwdParams& p) {
@@ -557,20 +535,15 @@ bool narrow_blocks(const FwdParams& p) {
   return double(wide) > kNarrowWaste * double(narrow);
 }
 
-// One element type's kernels. fwd_sm90_hd*.cu instantiates the bf16 ones and fwd_sm90_hd*_fp16.cu
-// the fp16 ones: one translation unit per (head dim, dtype) shortens the build's longest compile
-// (hd64 on the CPU machine: 89 s for both dtypes in one file, 55 and 56 s for the two files; each
-// pays the ~17 s front end and ~6 s host compile again).
+// One element type's kernels: the three-CTA kernel for short banded problems where three
+// consumers are the default (hd64), the 64-key kernel for short problems where 80-key blocks are
+// (hd256), else the head dim's defaults.
 template <int D, int DV, class Element>
 Status launch_element(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   if constexpr (FwdTraits<D, DV, Element>::kConsumerWGs == 3) {
-    if (two_consumer_variant<D, DV>(p)) {
-      if constexpr (FA4_SM90_HD64_SHORT_NARROW) {
-        return launch<FwdTraits<D, DV, Element, 3, 64>>(p, dev, stream);
-      }
-      if (FA4_SM90_HD64_THREE_CTAS)
-        return launch<FwdTraits<D, DV, Element, 1, 64, 3>>(p, dev, stream);
-      return launch<FwdTraits<D, DV, Element, 2>>(p, dev, stream);
+    if (short_banded(p)) {
+      return launch<FwdTraits<D, DV, Element, 1, kShortBandedBlockN, kShortBandedCtasPerSm>>(
+          p, dev, stream);
     }
   }
   if constexpr (FwdTraits<D, DV, Element>::kBlockN == 80) {

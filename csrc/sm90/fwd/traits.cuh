@@ -5,8 +5,8 @@
 // Shared memory (bf16/fp16, kStages = 2; the O staging of Note [TMA-store epilogue] and the second
 // Q buffer of Note [two Q buffers] where they fit, in that order):
 //   hd 64:  Q 2×24 KB + K 2×16 KB + V 2×16 KB + O 24 KB = 136 KB  (kBlockM 192, kBlockN 128)
-//           three CTAs per SM (Note [several CTAs per SM]): Q 2×8 KB + K 2×8 KB + V 2×8 KB
-//           + O 8 KB = 56 KB each (kBlockM 64, kBlockN 64)
+//           three CTAs per SM (Note [several CTAs per SM]): Q 2×8 KB + K 3×8 KB + V 3×8 KB
+//           + O 8 KB = 72 KB each (kBlockM 64, kBlockN 64, kStages 3)
 //   hd 128: Q 2×32 KB + K 2×32 KB + V 2×32 KB + O 32 KB = 224 KB  (kBlockN 128)
 //   hd 192: Q 48 KB + K 2×24 KB + V 2×(16|24) KB + O 32|48 KB = 160..192 KB, plus a second Q
 //           at (192, 128): 208 KB (kBlockN 64: S registers)
@@ -31,63 +31,14 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
-#include "sm90/fwd/trace.cuh"
 #include "common/mask.cuh"
 #include "common/params.h"
-#include "sm90/common.cuh"
 #include "common/softmax.cuh"
 #include "common/tile_ring.cuh"
 #include "common/tile_scheduler.cuh"
-
-// Compile-time switch for measurements (docs/perf-notes.md: on and off measured within noise).
-#ifndef FA4_SM90_PINGPONG
-#define FA4_SM90_PINGPONG 1
-#endif
-// Note [SM90 exp2 split]: exponentials per 16 through exp2_poly, at every head dim (A/B switch).
-#ifndef FA4_SM90_EMU_SIXTEENTHS
-#define FA4_SM90_EMU_SIXTEENTHS 0
-#endif
-// Note [stale-max vote] (common/softmax.cuh): at every head dim, a warp whose every lane keeps the stale
-// max skips the row max's shuffles and decisions; 0: nowhere (an A/B switch).
-#ifndef FA4_SM90_STALE_MAX_VOTE
-#define FA4_SM90_STALE_MAX_VOTE 1
-#endif
-// Note [three consumers at hd64]; 0 keeps two consumer warpgroups at every head dim.
-#ifndef FA4_SM90_THREE_CONSUMERS
-#define FA4_SM90_THREE_CONSUMERS 1
-#endif
-// Note [slice block end] (sm90/fwd/kernel.cuh): 1 lets each consumer warpgroup skip the blocks
-// masked off for its rows; 0 runs the tile's whole block range in each (an A/B switch).
-#ifndef FA4_SM90_SLICE_SKIP
-#define FA4_SM90_SLICE_SKIP 1
-#endif
-// Note [short causal hd64]: causal or local hd64 problems with at most this many query rows per
-// sequence run the two-warpgroup kernel (0: never; an A/B switch).
-#ifndef FA4_SM90_HD64_TWO_WG_ROWS
-#define FA4_SM90_HD64_TWO_WG_ROWS 1024
-#endif
-// Note [three CTAs at short causal hd64] (sm90/fwd/kernel.cuh): 1 runs the three-CTA kernel in
-// place of the two-warpgroup one where that note says; 0 never (an A/B switch).
-#ifndef FA4_SM90_HD64_THREE_CTAS
-#define FA4_SM90_HD64_THREE_CTAS 1
-#endif
-// Note [narrow three consumers at short causal hd64] (sm90/fwd/kernel.cuh): 1 runs the problems
-// of Note [short causal hd64] on the three-consumer kernel with 64-key blocks instead (an A/B
-// switch, prepared in the twenty-ninth session and not yet measured).
-#ifndef FA4_SM90_HD64_SHORT_NARROW
-#define FA4_SM90_HD64_SHORT_NARROW 0
-#endif
-// K/V stages of the three-CTA kernel (Note [three-CTA stages]); 2 is the A/B switch's other side.
-#ifndef FA4_SM90_THREE_CTA_STAGES
-#define FA4_SM90_THREE_CTA_STAGES 3
-#endif
-
-// Note [right-edge mask] (common/mask.cuh): masked blocks that no left window edge cuts take the
-// one-compare test where FwdTraits::kRightEdgeMask says (every head dim but 96); 0 keeps the
-// two-edge test everywhere, 2 takes the one-compare test at hd96 too (A/B switch levels).
-#ifndef FA4_SM90_RIGHT_EDGE_MASK
-#define FA4_SM90_RIGHT_EDGE_MASK 1
-#endif
+#include "sm90/common.cuh"
+#include "sm90/fwd/heuristics.cuh"
+#include "sm90/fwd/trace.cuh"
 
 namespace fa4::sm90 {
 
@@ -118,10 +69,10 @@ struct RegisterSplit {
                 "register file");
 };
 
-// The ring of Note [dynamic tiles] (common/tile_ring.cuh): the producer thread publishes the decoded
-// tile (batch < 0: the end marker), the consumer warpgroups read it (kConsumerThreads arrivals
-// on empty). Decoded by the producer because TileScheduler::at's int64 divisions sat on the
-// consumers' tile boundary, where the tensor cores wait (Note [fwd trace] measured it).
+// The ring of Note [dynamic tiles] (common/tile_ring.cuh): the producer thread publishes the
+// decoded tile (batch < 0: the end marker), the consumer warpgroups read it (kConsumerThreads
+// arrivals on empty). Decoded by the producer because TileScheduler::at's int64 divisions sat on
+// the consumers' tile boundary, where the tensor cores wait (Note [fwd trace] measured it).
 struct TileRing {
   uint64_t full[kTileSlots];
   uint64_t empty[kTileSlots];
@@ -137,7 +88,7 @@ struct TileRing {
 };
 
 // Compile-time options of one forward kernel; kConsumerWGs_ and kBlockN_ 0 take the head dim's
-// defaults; kCtasPerSm_ > 1 is Note [several CTAs per SM].
+// defaults (sm90/fwd/heuristics.cuh); kCtasPerSm_ > 1 is Note [several CTAs per SM].
 template <int kHeadDim_, int kHeadDimV_, class Element_, int kConsumerWGs_ = 0, int kBlockN_ = 0,
           int kCtasPerSm_ = 1>
 struct FwdTraits {
@@ -147,66 +98,48 @@ struct FwdTraits {
   // Note [three consumers at hd64]: at d = 64 a 128 × 128 block is as long on MUFU (16384
   // exponentials at 16/clk) as on the tensor cores (two 64-deep GEMMs), so two warpgroups in
   // ping-pong leave no slack; a third warpgroup (192-row tiles, 160 registers each: S 64 + P 32
-  // + O 32) gives the scheduler another's softmax or GEMMs to fill each gap.
+  // + O 32) gives the scheduler another's softmax or GEMMs to fill each gap (hd64 16k +15 %).
   static constexpr int kConsumerWGs =
-      kConsumerWGs_ != 0 ? kConsumerWGs_ : (FA4_SM90_THREE_CONSUMERS && kHeadDim <= 64 ? 3 : 2);
+      kConsumerWGs_ != 0 ? kConsumerWGs_ : default_consumer_warpgroups(kHeadDim);
   static constexpr int kBlockM = 64 * kConsumerWGs;
   // Note [hd256 kBlockN 80]: at hd 256, 80 keys per block (S 40 registers per thread, K and V
-  // 2 × 40 KB each, 224 KB of shared memory with Q) measured +8 % at 16k against 64; hd 192
-  // keeps 64 (not measured at 80). Short problems may take 64 instead (Note [hd256 narrow
-  // blocks], sm90/fwd/kernel.cuh).
-  static constexpr int kBlockN =
-      kBlockN_ != 0 ? kBlockN_ : (kHeadDim <= 128 ? 128 : (kHeadDim == 256 ? 80 : 64));
+  // 2 × 40 KB each, 224 KB of shared memory with Q) run +8 % at 16k against 64; hd 192 keeps 64.
+  // Short problems may take 64 instead (Note [hd256 narrow blocks], sm90/fwd/kernel.cuh).
+  static constexpr int kBlockN = kBlockN_ != 0 ? kBlockN_ : default_block_n(kHeadDim);
   // Note [three-CTA stages]: the three-CTA kernel has 75 KB of shared memory per CTA, of which
   // two 8 KB K and V stages at hd64 use 32 KB; a third stage fits (72 KB with both Q buffers and
   // the O staging) and lets the producer run a block further ahead of the one consumer
-  // warpgroup, whose 64-key blocks are short. Measured against two stages (H100, docs/perf.md,
-  // 2026-12-05 twenty-fourth session): causal 512 +2.6 %, causal 1k +3.9 %; a fourth stage
-  // does not fit (88 KB).
-  // The narrow three-consumer kernel's 64-key blocks are as short: it takes the same count.
-  static constexpr int kStages =
-      kCtasPerSm_ == 3 || (kConsumerWGs == 3 && kBlockN == 64) ? FA4_SM90_THREE_CTA_STAGES : 2;
+  // warpgroup, whose 64-key blocks are short (causal 1k +3.9 % against two; a fourth stage does
+  // not fit: 88 KB).
+  static constexpr int kStages = kCtasPerSm_ == 3 ? kThreeCtaStages : 2;
   // Note [several CTAs per SM]: a short tile is a chain of latencies (Q load, the first S, a few
   // blocks' softmax, the epilogue) that one CTA's warpgroups, all on the same tile, reach
   // together, so nothing fills the tensor cores at its ends. kCtasPerSm CTAs share an SM
   // (registers by RegisterSplit, shared memory 228 KB per SM less 1 KB per CTA), and the
   // hardware interleaves their independent chains. With one consumer warpgroup (64-row tiles)
-  // there is no ping-pong. Measured variants (docs/perf-notes.md, forward step 22): three CTAs of
-  // one consumer with 64-key blocks (128 registers: S 32, P 16, O 32) won at hd64 short causal;
-  // two CTAs of two consumers (104 registers) and two of one consumer with 128-key blocks did
-  // not. (A producer warp without setmaxnreg instead of a warpgroup gives fewer registers, not
-  // more: 96 for two CTAs of 288 threads, a sub-partition's 16384 over its 5 warps.)
+  // there is no ping-pong. Three CTAs of one consumer with 64-key blocks (128 registers: S 32,
+  // P 16, O 32) run hd64 causal 512 +6.8 % against two warpgroups; two CTAs of two consumers
+  // (104 registers) and two of one consumer with 128-key blocks lost. (A producer warp without
+  // setmaxnreg instead of a warpgroup gives fewer registers, not more: 96 for two CTAs of 288
+  // threads, a sub-partition's 16384 over its 5 warps.)
   static constexpr int kCtasPerSm = kCtasPerSm_;
   static_assert(kCtasPerSm == 1 || kConsumerWGs_ != 0, "several CTAs: an explicit consumer count");
   using Regs = RegisterSplit<kConsumerWGs, kHeadDimV, kCtasPerSm>;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kConsumerThreads = 128 * kConsumerWGs;
   static constexpr int kSmemLimit = kCtasPerSm == 1 ? 227 * 1024 : 228 * 1024 / kCtasPerSm - 1024;
-  // Note [SM90 exp2 split]: Hopper's MUFU (16/clk/SM) keeps up with its wgmma rate at these
-  // tile shapes, so the polynomial path starts switched off; docs/perf-notes.md records the
-  // measurements that set it (forward step 4) and why small fractions are worth measuring again
-  // on today's loop (step 16: the two warpgroups' overlapping softmaxes share each MUFU).
-  static constexpr int kEmuSixteenths = FA4_SM90_EMU_SIXTEENTHS;
+  // Note [SM90 exp2 split]: every exponential on MUFU.EX2. Hopper's MUFU (16/clk/SM) keeps up
+  // with its wgmma rate at these tile shapes while the FMA pipe carries the rest of the softmax,
+  // so exp2_poly would only lengthen it: 2 of 16 emulated cost hd128 4-10 % at every point.
+  static constexpr int kEmuSixteenths = 0;
   static constexpr float kTau = 8.0f;  // Note [conditional rescale]
-  // Note [right-edge mask]: measured against the two-edge test (docs/perf.md, 2026-12-02 next-ab7
-  // and "the right-edge mask at every head dim but 96"): hd64 causal 512-2k +2.0-2.4 %; hd128
-  // causal 1k +3 %, causal 512 +0.8 % (the -13/-21 % of the first call did not repeat), and
-  // non-causal 1k / 16k +3.7 / +2.2 % from the changed code around the loop; hd 192 / 256 causal
-  // +0.5-3 %, non-causal level. At hd96 causal +0.6-1.9 % but non-causal 512 / 1k -1.2 / -1.9 %,
-  // so hd96 keeps the two-edge test ((192, 128) follows hd192, not measured).
-  static constexpr bool kRightEdgeMask =
-      FA4_SM90_RIGHT_EDGE_MASK == 2 || (FA4_SM90_RIGHT_EDGE_MASK == 1 && kHeadDim != 96);
-  // Note [stale-max vote]: in the KV-block loop, before update_max's shuffles and decisions.
-  // Measured at hd128 against the same tree without it (docs/perf.md, 2026-12-02 "the stale-max
-  // vote"): +3.6 / +5.4 / +2.7 % at 1k / 2k / 16k, causal +2.0 / +6.2 / +4.0 %. In the SASS
-  // the loop's wait for its own P·V also moved from before the row max to after it, so the
-  // max now overlaps that P·V. At the other head dims (docs/perf.md, 2026-12-03 "the stale-max
-  // vote at every head dim"): hd64 +1-3 %, hd96 causal +2-4 % (non-causal level), hd192 +2-10 %
-  // from 2k, hd256 1k / 16k +1-3 % but 512 and causal 512 -2 %, which stays for the gains.
-  static constexpr bool kStaleMaxVote = FA4_SM90_STALE_MAX_VOTE != 0;
+  // Note [right-edge mask]: the one-compare test in masked blocks that no left edge cuts, at
+  // every head dim but 96 (default_right_edge_mask has the numbers).
+  static constexpr bool kRightEdgeMask = default_right_edge_mask(kHeadDim);
   // Note [warpgroup ping-pong]: the consumer warpgroups take turns issuing their GEMMs (one
   // named barrier each), so one's softmax runs while another's GEMMs hold the tensor cores.
-  static constexpr bool kPingPong = FA4_SM90_PINGPONG && kConsumerWGs > 1;
+  // Kept for the structure the loop is built on: against no turns it measured within 1.5 %.
+  static constexpr bool kPingPong = kConsumerWGs > 1;
 
   using TileQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
   using AtomLayout = Layout<Shape<Int<kConsumerWGs>, _1, _1>>;
@@ -251,18 +184,13 @@ struct FwdTraits {
   // between the current tile's last K and V loads (it claims the next item there), where with
   // one buffer it waited for the current tile's last S. The trace (Note [fwd trace]) had that Q
   // load (~2.2-3.4 k cycles) land only after the epilogue and the next tile's decode at hd128
-  // 1k. Where the buffer fits after the O staging. FA4_SM90_Q_STAGES=1 keeps one buffer (a
-  // measurement switch, docs/perf-notes.md).
-  static constexpr int kQStagesFit = kQKVBytes + int(cosize_v<SmemLayoutQ> * sizeof(Element)) +
-                                                 (kTmaStoreO ? kOBytes : 0) + 1024 <=
-                                             kSmemLimit
-                                         ? 2
-                                         : 1;
-#ifdef FA4_SM90_Q_STAGES
-  static constexpr int kQStages = FA4_SM90_Q_STAGES < kQStagesFit ? FA4_SM90_Q_STAGES : kQStagesFit;
-#else
-  static constexpr int kQStages = kQStagesFit;
-#endif
+  // 1k. Where the buffer fits after the O staging. Together with the 64 × 64 O boxes of Note
+  // [TMA-store epilogue]: +3.8 % at hd128 1k against one buffer and 8-row boxes.
+  static constexpr int kQStages = kQKVBytes + int(cosize_v<SmemLayoutQ> * sizeof(Element)) +
+                                              (kTmaStoreO ? kOBytes : 0) + 1024 <=
+                                          kSmemLimit
+                                      ? 2
+                                      : 1;
   using SmemLayoutQS = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
                                               Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQStages>>{}));
   static_assert(cosize_v<SmemLayoutOHalf> * kConsumerWGs == cosize_v<SmemLayoutO>,
