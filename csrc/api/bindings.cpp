@@ -97,8 +97,8 @@ fa4::FwdParams fwd_params(const Tensor& q, const Tensor& k, const Tensor& v, con
 // each call: num_sms (FA4_NUM_SMS) caps the persistent grids (FwdParams::num_sms: the tests run
 // the multi-tile walk with a few CTAs, and a count past the tiles gives one CTA per tile);
 // tile_schedule picks the tile counter (Note [stream tile counter]); tile_order is FA4_TILE_ORDER's
-// text, or FA4_BWD_TILE_ORDER's for the backward ("" when unset: the built-in order; None: the
-// library's process default, api/fa4.h).
+// text, or FA4_BWD_TILE_ORDER's for the backward, passed as fa4::RunOptions ("" when unset: the
+// built-in order; None: the library's process default, api/fa4.h).
 enum TileSchedule : int64_t {
   kStreamCounter = 0,  // the stream's counter (Note [stream tile counter])
   kStatic = 1,         // FA4_STATIC_SCHEDULE=1: null, the static assignment (A/B, its tests)
@@ -181,10 +181,12 @@ std::tuple<Tensor, Tensor> fwd_kernel(const Tensor& q, const Tensor& k, const Te
   auto p = fwd_params(q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr,
                       softcap, det);
   p.num_sms = static_cast<int>(num_sms);
-  p.tile_order = tile_order ? tile_order->c_str() : nullptr;
+  fa4::RunOptions options;
+  options.tile_order = tile_order ? tile_order->c_str() : nullptr;
   Tensor fresh_counter;  // Note [stream tile counter]
   p.tile_counter = tile_counter_for(q, tile_schedule, fresh_counter);
-  check_ok(fa4::run_fwd(p, c10::cuda::getCurrentCUDAStream()), "tile_order", "FA4_TILE_ORDER");
+  check_ok(fa4::run_fwd(p, c10::cuda::getCurrentCUDAStream(), options), "tile_order",
+           "FA4_TILE_ORDER");
   return {out, lse};
 }
 
@@ -217,13 +219,14 @@ std::tuple<Tensor, Tensor, Tensor> bwd_kernel(const Tensor& dout, const Tensor& 
   p.dv_batch_stride = vb, p.dv_row_stride = vr, p.dv_head_stride = vh;
   p.dlse = opt_ptr<float>(dlse);
   p.fwd.num_sms = static_cast<int>(num_sms);
-  p.bwd_tile_order = bwd_tile_order ? bwd_tile_order->c_str() : nullptr;
+  fa4::RunOptions options;
+  options.bwd_tile_order = bwd_tile_order ? bwd_tile_order->c_str() : nullptr;
   // Note [persistent bwd]: the tile counter, as the forward's (Note [stream tile counter]).
   Tensor fresh_counter;
   p.fwd.tile_counter = tile_counter_for(q, tile_schedule, fresh_counter);
   const size_t bytes = fa4::bwd_workspace_size(p);
   Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
-  check_ok(fa4::run_bwd(p, workspace.data_ptr(), bytes, c10::cuda::getCurrentCUDAStream()),
+  check_ok(fa4::run_bwd(p, workspace.data_ptr(), bytes, c10::cuda::getCurrentCUDAStream(), options),
            "bwd_tile_order", "FA4_BWD_TILE_ORDER");
   return {dq, dk, dv};
 }

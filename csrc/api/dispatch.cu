@@ -131,13 +131,6 @@ class Checker {
     }
   }
 
-  // A tile order text (Note [tile order options]); null is the process default, checked by
-  // run_fwd / run_bwd.
-  void require_tile_order(const char* field, const char* text) {
-    if (text != nullptr && !TileOrderOptions::parse(text).ok)
-      fail(field, "=%s: %s", text, kOrderRule);
-  }
-
   // One stride of a 16-bit tensor, for a dimension of `extent` elements.
   void require_stride(const char* field, int64_t stride, int64_t extent) {
     if (stride < 0) {
@@ -243,7 +236,6 @@ void check_fwd(Checker& c, const FwdParams& p, bool lse_required) {
   if (reinterpret_cast<uintptr_t>(p.tile_counter) % 8 != 0) {
     c.fail("tile_counter", "=%p not 8-byte aligned", static_cast<void*>(p.tile_counter));
   }
-  c.require_tile_order("tile_order", p.tile_order);
 
   const bool varlen = is_varlen(p);
   const int64_t sq = varlen ? p.total_q : p.seqlen_q;  // row extent per batch entry
@@ -348,8 +340,8 @@ Status select_arch(bool fwd, int num_sms, const ArchKernels** arch, DeviceInfo* 
   return Status::kOk;
 }
 
-// Note [tile order options]: the process default of a null FwdParams::tile_order
-// (BwdParams::bwd_tile_order), the environment variable `name` as it was when first asked.
+// Note [tile order options]: the process default of a null RunOptions::tile_order
+// (RunOptions::bwd_tile_order), the environment variable `name` as it was when first asked.
 struct EnvTileOrder {
   const char* name;
   TileOrderOptions options;
@@ -374,13 +366,19 @@ const EnvTileOrder& bwd_env_tile_order() {
   return e;
 }
 
-// The options of `field` (validate() checked its text), or of the process default `e` when it
-// is null: kInvalid naming e's variable when that has a token they do not know.
-Status tile_order_of(const char* field, const EnvTileOrder& e, TileOrderOptions* options) {
-  if (field != nullptr) {
-    *options = TileOrderOptions::parse(field);
-    return Status::kOk;
-  }
+// RunOptions' tile order `text` as `options`: kInvalid naming `field` when it has a token they
+// do not know (bindings.cpp renames the "<field>=" prefix after the environment variable). Null
+// leaves `options` for tile_order_default.
+Status tile_order_option(const char* field, const char* text, TileOrderOptions* options) {
+  if (text == nullptr) return Status::kOk;
+  *options = TileOrderOptions::parse(text);
+  if (options->ok) return Status::kOk;
+  return fail(Status::kInvalid, "%s=%s: %s", field, text, kOrderRule);
+}
+
+// The process default `e` as `options`, for a null RunOptions tile order: kInvalid naming e's
+// variable when that has a token they do not know.
+Status tile_order_default(const EnvTileOrder& e, TileOrderOptions* options) {
   *options = e.options;
   if (e.options.ok) return Status::kOk;
   return fail(Status::kInvalid, "%s=%s: %s (or unset it)", e.name, e.text, kOrderRule);
@@ -448,23 +446,30 @@ Status validate(const BwdParams& p) noexcept {
                p.dk_head_stride);
   check_tensor(c, "dv", p.dv, varlen, fp.batch, sk, fp.heads_kv, p.dv_batch_stride, p.dv_row_stride,
                p.dv_head_stride);
-  c.require_tile_order("bwd_tile_order", p.bwd_tile_order);
   return c.status();
 }
 
-Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept {
+Status run_fwd(const FwdParams& p, cudaStream_t stream, const RunOptions& options) noexcept {
   const EnvTileOrder& env = fwd_env_tile_order();  // read at the process's first run_fwd
-  Status s = validate(p);
+  DeviceInfo info;
+  Status s = tile_order_option("tile_order", options.tile_order, &info.tile_order);
+  if (s != Status::kOk) return s;
+  s = validate(p);
   if (s != Status::kOk) return s;
   if (q_rows(p) == 0) return Status::kOk;  // no output element: nothing to write (see api/fa4.h)
 
+  if (options.tile_order == nullptr) {
+    s = tile_order_default(env, &info.tile_order);
+    if (s != Status::kOk) return s;
+  }
   const ArchKernels* arch = nullptr;
-  DeviceInfo info;
-  s = tile_order_of(p.tile_order, env, &info.tile_order);
-  if (s != Status::kOk) return s;
   s = select_arch(/*fwd=*/true, p.num_sms, &arch, &info);
   if (s != Status::kOk) return s;
   return arch->fwd(p, info, stream);
+}
+
+Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept {
+  return run_fwd(p, stream, RunOptions{});
 }
 
 // Layout and size: common/bwd_workspace.h (Note [bwd workspace]).
@@ -478,10 +483,13 @@ size_t bwd_workspace_size(const BwdParams& p) noexcept {
                                                  f.heads_q, f.head_dim, f.deterministic));
 }
 
-Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes,
-               cudaStream_t stream) noexcept {
+Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+               const RunOptions& options) noexcept {
   const EnvTileOrder& env = bwd_env_tile_order();  // read at the process's first run_bwd
-  Status s = validate(p);
+  DeviceInfo info;
+  Status s = tile_order_option("bwd_tile_order", options.bwd_tile_order, &info.tile_order);
+  if (s != Status::kOk) return s;
+  s = validate(p);
   if (s != Status::kOk) return s;
   const size_t needed = bwd_workspace_size(p);
   if (workspace_bytes < needed) {
@@ -497,13 +505,19 @@ Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes,
   // No gradient element at all: nothing to write (see api/fa4.h).
   if (q_rows(p.fwd) == 0 && k_rows(p.fwd) == 0) return Status::kOk;
 
+  if (options.bwd_tile_order == nullptr) {
+    s = tile_order_default(env, &info.tile_order);
+    if (s != Status::kOk) return s;
+  }
   const ArchKernels* arch = nullptr;
-  DeviceInfo info;
-  s = tile_order_of(p.bwd_tile_order, env, &info.tile_order);
-  if (s != Status::kOk) return s;
   s = select_arch(/*fwd=*/false, p.fwd.num_sms, &arch, &info);
   if (s != Status::kOk) return s;
   return arch->bwd(p, info, workspace, stream);
+}
+
+Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes,
+               cudaStream_t stream) noexcept {
+  return run_bwd(p, workspace, workspace_bytes, stream, RunOptions{});
 }
 
 }  // namespace fa4

@@ -6,6 +6,8 @@
 // Usage:
 //   fa4::FwdParams p;            // fill pointers, strides, sizes, flags (see below)
 //   if (fa4::run_fwd(p, stream) != fa4::Status::kOk) std::puts(fa4::last_error());
+//   Optional per-call choices that are not the problem (tile orders): fa4::RunOptions (below),
+//   passed as run_fwd(p, stream, options).
 //
 // Conventions shared by every tensor below:
 // - Pointers are device pointers. Strides are in elements (not bytes), int64 because
@@ -143,16 +145,6 @@ struct FwdParams {
   // every run on one stream; runs that may overlap (other streams, graph replays) need one each.
   // Both forward kernels use it (SM100: compiled, not executed), and so does the SM90 backward.
   int64_t* tile_counter = nullptr;
-  // Optional: the order in which the forward's persistent CTAs walk the tiles of a causal or
-  // local mask, as comma-separated tokens: "first" (the partial L2 section first), "wave"
-  // (sections of one wave of CTAs), a positive number (at most that many (batch, head) pairs a
-  // section), "plain" (none of these); "" = the built-in default ("first,wave,16"). Null = the
-  // process default: the environment variable FA4_TILE_ORDER (same text), read once, at the
-  // process's first run_fwd, so later changes to it are not seen; unset, the built-in default.
-  // Unknown text in the field is kInvalid from validate(), in the variable kInvalid from run_fwd.
-  // It changes which CTA computes a tile, never a result bit (Note [tile order options] in
-  // common/tile_scheduler.cuh). run_bwd ignores it: BwdParams::bwd_tile_order.
-  const char* tile_order = nullptr;
 };
 
 struct BwdParams {
@@ -172,29 +164,50 @@ struct BwdParams {
   // Optional gradient flowing into the forward's LSE (when the caller used the LSE), fp32,
   // with exactly fwd.lse's layout and strides. Null = zero.
   const float* dlse = nullptr;
-
-  // Optional: the SM90 backward's walk over (batch, kv head) pairs, like FwdParams::tile_order:
-  // tokens "wave", "l2" (sections whose Q / dO / dQ rows fit half the L2), a positive number,
-  // "first", "plain" (one pair after another); "" = the built-in default ("l2,first" for causal
-  // head_dim >= 128 outside deterministic mode, else "plain"). Null = the process default: the
-  // environment variable FA4_BWD_TILE_ORDER, read once, at the process's first run_bwd. Unknown
-  // text is kInvalid as for tile_order (Note [bwd tile order options]).
-  const char* bwd_tile_order = nullptr;
 };
 
 // Plain data: kernels take them by value as __global__ arguments, and bindings may memcpy them.
 static_assert(std::is_trivially_copyable_v<FwdParams> && std::is_standard_layout_v<FwdParams>);
 static_assert(std::is_trivially_copyable_v<BwdParams> && std::is_standard_layout_v<BwdParams>);
+// The kernels' parameter structs hold FwdParams / BwdParams by value followed by their own
+// members, so a member added here moves the constant-bank offset of every later kernel parameter
+// and changes the machine code of every kernel. Per-call choices that no kernel reads go in
+// RunOptions instead. With 8-byte pointers (every CUDA host): 256 and 392 bytes.
+static_assert(sizeof(void*) != 8 || (sizeof(FwdParams) == 256 && sizeof(BwdParams) == 392),
+              "FwdParams / BwdParams changed size: every kernel's SASS moves (see above)");
+
+// Per-call options that do not describe the problem (kernels never see this struct).
+struct RunOptions {
+  // The order in which the forward's persistent CTAs walk the tiles of a causal or local mask,
+  // as comma-separated tokens: "first" (the partial L2 section first), "wave" (sections of one
+  // wave of CTAs), a positive number (at most that many (batch, head) pairs a section), "plain"
+  // (none of these); "" = the built-in default ("first,wave,16"). Null = the process default:
+  // the environment variable FA4_TILE_ORDER (same text), read once, at the process's first
+  // run_fwd, so later changes to it are not seen; unset, the built-in default. Unknown text here
+  // or in the variable is kInvalid from run_fwd. It changes which CTA computes a tile, never a
+  // result bit (Note [tile order options] in common/tile_scheduler.cuh). run_bwd ignores it.
+  const char* tile_order = nullptr;
+  // The SM90 backward's walk over (batch, kv head) pairs, like tile_order: tokens "wave", "l2"
+  // (sections whose Q / dO / dQ rows fit half the L2), a positive number, "first", "plain" (one
+  // pair after another); "" = the built-in default ("l2,first" for causal head_dim >= 128
+  // outside deterministic mode, else "plain"). Null = the process default: the environment
+  // variable FA4_BWD_TILE_ORDER, read once, at the process's first run_bwd. Unknown text is
+  // kInvalid from run_bwd (Note [bwd tile order options]). run_fwd ignores it.
+  const char* bwd_tile_order = nullptr;
+};
 
 // Checks every rule that can be checked without reading device memory (pointers, sizes, head
-// dims, GQA ratio, window / causal / softcap / scale, strides, alignment, tile order text). kOk or
-// kInvalid; on kInvalid, last_error() names the field and the rule. run_fwd / run_bwd call these
-// first. They read no environment variable: a null tile order is valid here.
+// dims, GQA ratio, window / causal / softcap / scale, strides, alignment). kOk or kInvalid; on
+// kInvalid, last_error() names the field and the rule. run_fwd / run_bwd call these first, after
+// checking RunOptions' text. They read no environment variable.
 Status validate(const FwdParams& p) noexcept;
 Status validate(const BwdParams& p) noexcept;
 
 // Runs the forward on `stream` (asynchronously, like a kernel launch), on the calling thread's
 // current device (cudaSetDevice), which must be the device of `stream` and of every pointer.
+// Unknown text in options.tile_order is kInvalid, with last_error() "tile_order=<text>: <rule>",
+// before anything else is looked at. The two-argument form is options = RunOptions{}.
+Status run_fwd(const FwdParams& p, cudaStream_t stream, const RunOptions& options) noexcept;
 Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept;
 
 // Bytes of device workspace run_bwd needs for this problem. Depends only on the size fields
@@ -206,7 +219,10 @@ size_t bwd_workspace_size(const BwdParams& p) noexcept;
 // Runs the backward on `stream`, on the current device like run_fwd. `workspace` must hold at least
 // bwd_workspace_size(p) bytes, 16-byte aligned (cudaMalloc's 256 is plenty); its contents on entry
 // do not matter, and it must stay untouched by others until the stream has finished this call's
-// work.
+// work. Unknown text in options.bwd_tile_order is kInvalid ("bwd_tile_order=<text>: <rule>"),
+// checked first as in run_fwd. The four-argument form is options = RunOptions{}.
+Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+               const RunOptions& options) noexcept;
 Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes,
                cudaStream_t stream) noexcept;
 

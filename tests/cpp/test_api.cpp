@@ -37,6 +37,10 @@ int g_failures = 0;
 bool error_has(const char* text) {
   return std::strstr(fa4::last_error(), text) != nullptr;
 }
+// bindings.cpp's check_ok renames a leading "tile_order=" / "bwd_tile_order=" after the variable.
+bool error_starts(const char* text) {
+  return std::strncmp(fa4::last_error(), text, std::strlen(text)) == 0;
+}
 
 // Distinct, 16-byte aligned, never dereferenced (see the top of the file).
 template <class T>
@@ -169,10 +173,6 @@ const FwdCase kInvalidFwd[] = {
     {"window_right=-2", base, [](P& p) { p.window_right = -2; }},
     {"window_right=5 contradicts causal", causal, [](P& p) { p.window_right = 5; }},
     {"num_sms=-1", base, [](P& p) { p.num_sms = -1; }},
-    {"tile_order=first,bogus: its tokens are first, wave, l2, plain or a positive number", base,
-     [](P& p) { p.tile_order = "first,bogus"; }},
-    {"tile_order=wave,:", base, [](P& p) { p.tile_order = "wave,"; }},
-    {"tile_order=0:", base, [](P& p) { p.tile_order = "0"; }},
     {"tile_counter=0x", base,
      [](P& p) { p.tile_counter = reinterpret_cast<int64_t*>(fake<char>(8) + 4); }},
     {"q=0x", base, [](P& p) { p.q = fake<const char>(1) + 8; }},
@@ -230,10 +230,6 @@ const FwdCase kValidFwd[] = {
      }},
     {"tile_counter", base,
      [](P& p) { p.tile_counter = reinterpret_cast<int64_t*>(fake<char>(8)); }},
-    {"tile_order", base, [](P& p) { p.tile_order = "first,wave,16"; }},
-    {"tile_order empty: the built-in default", base, [](P& p) { p.tile_order = ""; }},
-    {"tile_order plain, l2 (the backward's tokens parse too)", base,
-     [](P& p) { p.tile_order = "plain,l2"; }},
     {"fp16", base, [](P& p) { p.dtype = fa4::DType::kFloat16; }},
     // Strides of extent-1 dimensions are never used, so any value >= 0 goes.
     {"extent-1 strides", one_query, [](P& p) { p.q_row_stride = p.k_head_stride = 5; }},
@@ -296,44 +292,77 @@ void test_no_kernel_built() {
   CHECK(error_has("no backward kernel is compiled into this build"));
 }
 
-// Note [tile order options] / [bwd tile order options]: FwdParams::tile_order and
-// BwdParams::bwd_tile_order. Text they do not know is kInvalid from validate(), naming the field,
-// before run_fwd / run_bwd look for a kernel; known text goes on to the kernel lookup. The
-// backward's validate() checks fwd.tile_order too, but walks by bwd_tile_order alone.
-void test_tile_order_fields() {
-  fa4::FwdParams p = base();
-  for (const char* order : {"first,wave,16", "", "plain", "3,first", "wave"}) {
-    p.tile_order = order;
-    CHECK(fa4::run_fwd(p, nullptr) == fa4::Status::kUnsupported);
+// Note [tile order options] / [bwd tile order options]: RunOptions::tile_order and
+// RunOptions::bwd_tile_order, which FwdParams / BwdParams do not hold (their layout is the
+// kernels'). Text they do not know is kInvalid from run_fwd / run_bwd, naming the field, before
+// the params are validated or a kernel is looked for; known text goes on to the kernel lookup.
+// Each direction reads only its own field.
+void test_tile_order_options() {
+  const fa4::FwdParams p = base();
+  fa4::RunOptions o;
+  for (const char* order : {"first,wave,16", "", "plain", "3,first", "wave", "plain,l2"}) {
+    o.tile_order = order;
+    CHECK(fa4::run_fwd(p, nullptr, o) == fa4::Status::kUnsupported);
+    CHECK(error_has("no forward kernel is compiled into this build"));
   }
-  p.tile_order = "first,bogus";
-  CHECK(fa4::run_fwd(p, nullptr) == fa4::Status::kInvalid);
-  CHECK(error_has("tile_order=first,bogus: its tokens are"));
-
-  const size_t ws = fa4::bwd_workspace_size(bwd_of(base()));
-  fa4::BwdParams b = bwd_of(base());
-  b.bwd_tile_order = "l2,";
-  CHECK(fa4::validate(b) == fa4::Status::kInvalid);
-  CHECK(error_has("bwd_tile_order=l2,: its tokens are"));
-  CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr) == fa4::Status::kInvalid);
-  CHECK(error_has("bwd_tile_order=l2,"));
-  for (const char* order : {"l2,wave,first", "", "plain", "4"}) {
-    b.bwd_tile_order = order;
-    CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr) == fa4::Status::kUnsupported);
+  struct Bad {
+    const char* text;
+    const char* expect;  // the start of last_error()
+  };
+  const Bad bad[] = {
+      {"first,bogus",
+       "tile_order=first,bogus: its tokens are first, wave, l2, plain or a positive number, "
+       "comma-separated"},
+      {"wave,", "tile_order=wave,: its tokens are"},
+      {"0", "tile_order=0: its tokens are"},
+  };
+  for (const Bad& c : bad) {
+    o.tile_order = c.text;
+    CHECK(fa4::run_fwd(p, nullptr, o) == fa4::Status::kInvalid);
+    CHECK(error_starts(c.expect));
   }
-  b.fwd.tile_order = "bogus";
-  CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr) == fa4::Status::kInvalid);
-  CHECK(error_has("fwd.tile_order=bogus"));
-  // A problem with nothing to write still has its fields judged.
+  // Judged before the params: the message names the option, not the broken field.
+  fa4::FwdParams broken = base();
+  broken.head_dim = 80;
+  o.tile_order = "bogus";
+  CHECK(fa4::run_fwd(broken, nullptr, o) == fa4::Status::kInvalid);
+  CHECK(error_starts("tile_order=bogus: "));
+  // A problem with nothing to write still has its options judged.
   fa4::FwdParams none = dense(2, 0, 300, 8, 2, 128, 128);
   none.q = none.out = nullptr;
-  none.tile_order = "bogus";
-  CHECK(fa4::run_fwd(none, nullptr) == fa4::Status::kInvalid);
+  CHECK(fa4::run_fwd(none, nullptr, o) == fa4::Status::kInvalid);
+  o.tile_order = nullptr;
+  CHECK(fa4::run_fwd(none, nullptr, o) == fa4::Status::kOk);
+  // run_fwd reads tile_order alone.
+  o.bwd_tile_order = "bogus";
+  CHECK(fa4::run_fwd(p, nullptr, o) == fa4::Status::kUnsupported);
+
+  const fa4::BwdParams b = bwd_of(base());
+  const size_t ws = fa4::bwd_workspace_size(b);
+  fa4::RunOptions ob;
+  ob.bwd_tile_order = "l2,";
+  CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr, ob) == fa4::Status::kInvalid);
+  CHECK(error_starts("bwd_tile_order=l2,: its tokens are first, wave, l2, plain or a positive"));
+  // Judged before the params and the workspace rules.
+  ob.bwd_tile_order = "wave,bogus";
+  fa4::BwdParams broken_b = b;
+  broken_b.dq = nullptr;
+  CHECK(fa4::run_bwd(broken_b, nullptr, 0, nullptr, ob) == fa4::Status::kInvalid);
+  CHECK(error_starts("bwd_tile_order=wave,bogus: "));
+  for (const char* order : {"l2,wave,first", "", "plain", "4"}) {
+    ob.bwd_tile_order = order;
+    CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr, ob) == fa4::Status::kUnsupported);
+    CHECK(error_has("no backward kernel is compiled into this build"));
+  }
+  // run_bwd reads bwd_tile_order alone.
+  ob.tile_order = "bogus";
+  CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr, ob) == fa4::Status::kUnsupported);
 }
 
 // `test_api env-defaults`, run by tests/test_cpp_api.py in a process of its own with
-// FA4_TILE_ORDER=first,bogus and FA4_BWD_TILE_ORDER=l2, in its environment: a null tile order is
-// the variable's, as the process's first run_fwd / run_bwd read it; validate() reads none.
+// FA4_TILE_ORDER=first,bogus and FA4_BWD_TILE_ORDER=l2, in its environment: a null RunOptions
+// tile order is the variable's, as the process's first run_fwd / run_bwd read it; validate()
+// reads none.
 void test_env_defaults() {
   const char* fwd_env = std::getenv("FA4_TILE_ORDER");
   const char* bwd_env = std::getenv("FA4_BWD_TILE_ORDER");
@@ -348,13 +377,17 @@ void test_env_defaults() {
   CHECK(error_has("(or unset it)"));
   CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr) == fa4::Status::kInvalid);
   CHECK(error_has("FA4_BWD_TILE_ORDER=l2,: its tokens are"));
-  // A field, even empty, overrides the variable.
-  fa4::FwdParams p = base();
-  p.tile_order = "";
-  CHECK(fa4::run_fwd(p, nullptr) == fa4::Status::kUnsupported);
-  fa4::BwdParams bf = b;
-  bf.bwd_tile_order = "wave";
-  CHECK(fa4::run_bwd(bf, fake<void>(13), ws, nullptr) == fa4::Status::kUnsupported);
+  // Default options are the two-argument calls' (null: the variables).
+  CHECK(fa4::run_fwd(base(), nullptr, fa4::RunOptions{}) == fa4::Status::kInvalid);
+  CHECK(error_has("FA4_TILE_ORDER=first,bogus"));
+  CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr, fa4::RunOptions{}) == fa4::Status::kInvalid);
+  CHECK(error_has("FA4_BWD_TILE_ORDER=l2,"));
+  // An option, even empty, overrides the variable.
+  fa4::RunOptions o;
+  o.tile_order = "";
+  CHECK(fa4::run_fwd(base(), nullptr, o) == fa4::Status::kUnsupported);
+  o.bwd_tile_order = "wave";
+  CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr, o) == fa4::Status::kUnsupported);
   // Read once: changing the variables later changes nothing.
   setenv("FA4_TILE_ORDER", "first", 1);
   unsetenv("FA4_BWD_TILE_ORDER");
@@ -419,7 +452,6 @@ void test_invalid_bwd() {
       {"dq_row_stride=12", [](fa4::BwdParams& b) { b.dq_row_stride = 12; }},
       {"dk_head_stride=100", [](fa4::BwdParams& b) { b.dk_head_stride = 100; }},
       {"dv_batch_stride=-8", [](fa4::BwdParams& b) { b.dv_batch_stride = -8; }},
-      {"bwd_tile_order=wave,bogus", [](fa4::BwdParams& b) { b.bwd_tile_order = "wave,bogus"; }},
   };
   for (const BwdCase& c : cases) {
     fa4::BwdParams b = bwd_of(base());
@@ -488,7 +520,7 @@ int main(int argc, char** argv) {
     test_valid_fwd();
     test_last_error_is_sticky();
     test_no_kernel_built();
-    test_tile_order_fields();
+    test_tile_order_options();
     test_empty_problems();
     test_invalid_bwd();
     test_workspace_formula();
