@@ -13,7 +13,7 @@ struct DeviceInfo {
   int cc_major = 0;
   int cc_minor = 0;
   int num_sms = 0;              // FwdParams::num_sms if set, else the device's SM count
-  TileOrderOptions tile_order;  // FA4_TILE_ORDER / FA4_BWD_TILE_ORDER (common/tile_scheduler.cuh)
+  TileOrderOptions tile_order;  // RunOptions or the process default (common/tile_scheduler.cuh)
 };
 
 using FwdLaunch = Status (*)(const FwdParams&, const DeviceInfo&, cudaStream_t);

@@ -28,7 +28,7 @@
 //   all heads would run the same m_block of 132 different heads at once: each tile's K/V
 //   from HBM, 128 FLOP/byte at d = 128, which caps 4.3 TB/s at ~550 TFLOP/s.
 //
-// Note [tile order options]: FwdParams::tile_order (TileOrderOptions) changes two things of the
+// Note [tile order options]: RunOptions::tile_order (TileOrderOptions) changes two things of the
 // causal order. "first" puts the partial section (pairs % section) first instead of last: left
 // last, its longest tiles are claimed when the other CTAs are finishing the previous section's
 // shortest ones, the tail LPT is meant to avoid (at 2k rows, d = 128, b·h = 128: sections of 25
@@ -96,7 +96,7 @@ struct TileOrderOptions {
   bool given = false;          // the text named options ("plain": none): no defaults added
   bool ok = true;              // false: the text had a token other than these
 
-  // Host only: parses a tile order text, FwdParams::tile_order / BwdParams::bwd_tile_order or
+  // Host only: parses a tile order text, RunOptions::tile_order / RunOptions::bwd_tile_order or
   // their variables' (nullptr or "": the defaults; an empty token, as in "wave,", is unknown).
   static TileOrderOptions parse(const char* text) {
     TileOrderOptions o;
@@ -247,7 +247,7 @@ struct TileScheduler {
 // first, because each tile waits only on higher tiles (Note [deterministic dQ],
 // common/bwd_blocks.cuh).
 //
-// Note [bwd tile order options]: BwdParams::bwd_tile_order (the SM90 backward takes it) walks the
+// Note [bwd tile order options]: RunOptions::bwd_tile_order (the SM90 backward takes it) walks the
 // (batch, kv head) pairs in sections instead of one by one: within a section the kv tile runs
 // slowest and the pair fastest, so a section's longest tiles go first, as the forward's Note [LPT
 // order]. Pair by pair, the last pair's longest tile is claimed when ~1/pairs of the work is left
