@@ -1,6 +1,6 @@
 """Timeline of the SM90 backward's main loop from a trace build (Note [bwd trace]):
 
-    FA4_NVCC_EXTRA=-DFA4_BWD_TRACE pip install ... -e .    # dV is wrong in this build
+    FA4_NVCC_EXTRA=-DFA4_TRACE pip install ... -e .    # dV (and O) are wrong in this build
     python3 tools/trace_bwd.py [--seqlen 16384] [--batch 1] [--causal]
 
 Runs one backward (hd128, bf16, heads 16), reads the SM clock marks every CTA wrote over the

@@ -1,6 +1,6 @@
 """Timeline of the SM90 forward from a trace build (Note [fwd trace]):
 
-    FA4_NVCC_EXTRA=-DFA4_FWD_TRACE pip install ... -e .    # O is wrong in this build
+    FA4_NVCC_EXTRA=-DFA4_TRACE pip install ... -e .    # O (and dV) are wrong in this build
     python3 tools/trace_fwd.py [--seqlen 16384] [--causal] [--hdim 128]
 
 Runs one forward (bf16, the bench's 16k-token shapes: batch 16k / seqlen, heads 2048 / hd),
@@ -157,7 +157,7 @@ def consumer_wgs(w: torch.Tensor, d: int) -> int:
 def report(w: torch.Tensor, d: int, title: str):
     n = w.shape[0]
     if n == 0:
-        raise SystemExit("no trace found: is this a -DFA4_FWD_TRACE build?")
+        raise SystemExit("no trace found: is this a -DFA4_TRACE build?")
     c0, c1 = w[:, 2], w[:, 5]
     g0 = w[:, 3] + (w[:, 4] << 32)
     g1 = w[:, 6] + (w[:, 7] << 32)

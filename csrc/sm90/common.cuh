@@ -11,14 +11,15 @@ namespace fa4::sm90 {
 
 using namespace cute;
 
-// One producer warpgroup (TMA) and two consumer warpgroups (wgmma + softmax) in both kernels.
+// One producer warpgroup (TMA) and the consumer warpgroups after it (wgmma and the elementwise
+// work): one to three in the forward (FwdTraits::kConsumerWGs), two in the backward.
 enum class WarpGroupRole : int { kProducer = 0, kConsumer0 = 1, kConsumer1 = 2 };
 
 // Note [64-bit descriptor steps]: CuTe's GMMA::DescriptorIterator steps a shared-memory
 // descriptor by adding to its low 32 bits and copying the high word, a compile-time constant
 // (layout type, stride offset), which ptxas then rematerializes with a UMOV per operand per wgmma:
 // two UMOVs beside the two UIADD3s of every SS wgmma (the hd128 backward executed 19.8 M UMOVs
-// against flash-attn-4's 6.4 M, 2.2 per HGMMA against 0.7; ncu census, docs/perf-notes.md). Desc64
+// against flash-attn-4's 6.4 M, 2.2 per HGMMA against 0.7; ncu opcode census). Desc64
 // steps the whole 64-bit descriptor instead, one UIADD3.64 per operand, as flash-attn-4's code
 // does. The two agree: a step moves the start address field (bits 0-13, the byte address / 16)
 // within shared memory, so it never carries out of those 14 bits (228 KB / 16 < 2^14).
@@ -87,7 +88,7 @@ __device__ __forceinline__ int warpgroup_slice_index(int tid) {
 // loop. Per-thread offsets derived from it inside the loop are rebuilt with a few integer
 // instructions each iteration instead of being kept live across it: the SM90 backward spilled
 // two of them (its registers are full), and each reload went to L2 (shared memory takes most of
-// L1), the loop's top stall in ncu (docs/perf-notes.md, backward step 11).
+// L1), the loop's top stall in ncu.
 __device__ __forceinline__ int fresh_thread_index() {
   int t;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
@@ -102,13 +103,11 @@ __device__ __forceinline__ int fresh_thread_index() {
 // loop (static SASS, bf16) 20 instructions shorter at hd 96 / 128 (hd128's unmasked block 450 ->
 // 430 per consumer warp) and 37 at hd64 (whose spills went 286 -> 250 bytes). Not in the split
 // consumer (d > 128), whose thread offsets are computed once: there the stated range made its
-// block loop ~55 instructions longer. Measured (H100, docs/perf.md, 2026-12-05 twenty-fourth
-// session, against FA4_BWD_KNOWN_TID=0): hd64 backward +1.8 / +3.3 / +3.8 % at 1k / 16k /
-// causal 2k (two samples each), level at 512 and 2k; hd128 level (six samples each, means
-// within 1 % at 1k-16k, causal and not).
-template <int kThreads, bool kOn = true>
+// block loop ~55 instructions longer. Measured on H100 against the loop without it: hd64
+// backward +1.8 / +3.3 / +3.8 % at 1k / 16k / causal 2k, hd128 level (means within 1 %).
+template <int kThreads>
 __device__ __forceinline__ int known_thread_range(int tid) {
-  if constexpr (kOn) __builtin_assume(tid >= 0 && tid < kThreads);
+  __builtin_assume(tid >= 0 && tid < kThreads);
   return tid;
 }
 

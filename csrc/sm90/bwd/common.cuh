@@ -18,25 +18,10 @@
 #include "common/fragment.cuh"
 #include "common/mask.cuh"
 #include "common/params.h"
-#include "sm90/common.cuh"
-#include "sm90/bwd/trace.cuh"
 #include "common/softmax.cuh"
 #include "common/tile_ring.cuh"
-
-// Note [dK/dV from registers] where BwdTraits::kDkDvRegs says (hd64); 0: Note [dK/dV epilogue]'s
-// staging everywhere (an A/B switch).
-#ifndef FA4_BWD_DKDV_REGS
-#define FA4_BWD_DKDV_REGS 1
-#endif
-// Note [postprocess from registers] where the traits' kPostRegs says (hd 64, 128); 0: the
-// shared-memory copy everywhere (an A/B switch).
-#ifndef FA4_BWD_POST_REGS
-#define FA4_BWD_POST_REGS 1
-#endif
-// Note [known thread range] for the block loop's fresh thread index; 0: without (an A/B switch).
-#ifndef FA4_BWD_KNOWN_TID
-#define FA4_BWD_KNOWN_TID 1
-#endif
+#include "sm90/bwd/trace.cuh"
+#include "sm90/common.cuh"
 
 namespace fa4::sm90 {
 
@@ -76,26 +61,20 @@ struct BwdTraits {
   // (N = d / 2 = 32): per k-step of 16 kv rows an SS wgmma reads A (64 x 16) and B (N x 16)
   // from shared memory, so N = 32 moves 3 KB per 16 cycles of tensor work (192 B/clk, above
   // the 128 B/clk shared memory gives), N = 64 4 KB per 32 (128 B/clk): the dQ GEMM's reads per
-  // block fall from 96 to 64 KB at hd64, with half the HGMMAs. Measured +1.5-2.3 % at hd64
-  // (docs/perf-notes.md, backward step 23). With 64-row blocks there is one 64-row atom, so the
-  // warpgroups keep splitting the head dim.
+  // block fall from 96 to 64 KB at hd64, with half the HGMMAs: +1.5-2.3 % at hd64. With 64-row
+  // blocks there is one 64-row atom, so the warpgroups keep splitting the head dim.
   static constexpr bool kDqByRows = kBlockM == 128;
   // Note [dQ from registers]: only where dQ is split by rows (hd64).
   static constexpr bool kDqFromRegisters = kDqByRows;
-  // Note [early dPᵀ]: with 64-row blocks only (d 96, 128; the split variant, d > 128, has its
-  // own consumer without it). Measured at hd128 +1-5.5 % at 1k-16k; at hd64 (128-row blocks)
-  // -1.6 to -3.5 % at 512 / 1k and -2 % at causal 2k, level at 2k / 16k; in the split variant at
-  // hd256 -2-3 % (docs/perf-notes.md, backward step 24).
+  // Note [early dPᵀ]: with 64-row blocks only (d 96, 128: hd128 +1-5.5 % at 1k-16k; at hd64
+  // -1.6 to -3.5 % at 512 / 1k; the split variant, d > 128, has its own consumer without it).
   static constexpr bool kEarlyDp = !kDqByRows;
-  // Note [dK/dV from registers] and Note [postprocess from registers]: measured together, +1.3-1.8
-  // % at hd64 512-2k (level at 16k), -1 to -5 % at hd128 (level at 16k); the postprocess alone
-  // at hd128 +1-2.6 % at 512 / 1k and causal 512 / 1k, level from 2k; the register epilogue at
-  // hd128 with the hand-back still waited for at the tile's end -6 to -10 % at 512-2k
-  // (docs/perf.md, 2026-12-02 "the postprocess at hd128"). So the register epilogue stays with
-  // 128-row blocks (hd64), and the postprocess runs from registers wherever its fragment is whole
-  // transpose groups (kPostFromRegisters: hd 64, 128; hd96's 48 columns per warpgroup are not).
-  static constexpr bool kDkDvRegs = FA4_BWD_DKDV_REGS && kDqByRows;
-  static constexpr bool kPostRegs = FA4_BWD_POST_REGS;
+  // Note [dK/dV from registers]: with 128-row blocks only (hd64: +1.3-1.8 % at 512-2k; hd128
+  // lost 6-10 % at 512-2k with it). Note [postprocess from registers]: wherever its fragment is
+  // whole transpose groups (kPostFromRegisters: hd 64, 128; hd96's 48 columns per warpgroup are
+  // not; hd128 +1-2.6 % at 512 / 1k).
+  static constexpr bool kDkDvRegs = kDqByRows;
+  static constexpr bool kPostRegs = true;
   using MmaDQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float,
                            Shape<_64, Int<kDqByRows ? kHeadDim : kHeadDim / 2>, Int<kBlockN>>,
@@ -133,12 +112,13 @@ struct BwdTraits {
       cute::max(0, cute::max(kDvStageElems - kDsElems, kStageElems - kDsElems - kDqElems));
   // Note [TMA-store dK/dV]: dense problems stage dV over dS and dK over dQ's buffer in the K/V
   // swizzled layouts (column-block-major atoms: one TMA box per 64 columns) and store each with
-  // TMA. Trace builds keep the row stores (Note [bwd trace] writes its marks into dV's rows).
+  // TMA. Trace builds keep the row stores (Note [bwd trace] writes its marks into dV's rows), which
+  // also keeps kDkDvRead off the barrier id it shares with the trace's dump (BwdBarrier).
   using SmemLayoutDKst = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
                                                 Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   using SmemLayoutDVst = decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(),
                                                 Shape<Int<kBlockN>, Int<kHeadDimV>>{}));
-#ifdef FA4_BWD_TRACE
+#ifdef FA4_TRACE
   static constexpr bool kTmaStoreDkDv = false;
 #else
   static constexpr bool kTmaStoreDkDv =
@@ -283,19 +263,23 @@ constexpr int kBwdConsumerRegs = 232;  // 40·128 + 232·256 = 64512 = 168·384
 // Named barrier ids (user range, above CUTLASS's reserved ones); see the header.
 // kDqFull / kDqEmpty are warpgroup 0's (and the split variant's consumer-only barriers),
 // kDqFull1 / kDqEmpty1 warpgroup 1's, in the d <= 128 variant.
+// Budget: 16 hardware barriers per CTA; 0 is __syncthreads' and CUTLASS reserves 1-7 for its
+// collectives (NamedBarrier adds ReservedNamedBarrierCount = 8 to these ids), so ids 0-7 here are
+// hardware 8-15, all taken. An id of 8 is hardware barrier 16, which does not exist: ptxas encodes
+// it as 0, __syncthreads' barrier, without a warning. So kDkDvRead shares kTraceDump's id, which
+// is safe because the two never exist in one build: kDkDvRead is used only where kTmaStoreDkDv,
+// kTraceDump only in trace builds (FA4_TRACE), whose kTmaStoreDkDv is false (Note [bwd trace]
+// writes its marks into dV's rows, so trace builds keep the row stores).
 enum BwdBarrier : uint32_t {
   kDsWritten = 0,
   kDqFull = 1,
   kDqEmpty = 2,
   kDqFull1 = 3,
   kDqEmpty1 = 4,
-  kTraceDump = 5,   // Note [bwd trace]
-  kEpilogue = 6,    // consumers, Note [dK/dV epilogue]
-  kDkDvStaged = 7,  // consumers -> reducer, Note [TMA-store dK/dV]
-  // reducer -> consumers, the same. kTraceDump's id: trace builds keep the row stores, so the two
-  // never meet. The next id, 8, is hardware barrier 16, which does not exist (encoded as 0:
-  // __syncthreads' barrier).
-  kDkDvRead = kTraceDump
+  kTraceDump = 5,         // consumers and reducer, after a tile's epilogue: Note [bwd trace]
+  kEpilogue = 6,          // consumers, Note [dK/dV epilogue]
+  kDkDvStaged = 7,        // consumers -> reducer, Note [TMA-store dK/dV]
+  kDkDvRead = kTraceDump  // reducer -> consumers, the same; see above for the shared id
 };
 static_assert(kDkDvStaged + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount <
                   cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
@@ -417,7 +401,6 @@ __device__ __forceinline__ void bwd_producer_tile(const BwdKernelParams<T>& kp,
     ss.kv_full.arrive_and_expect_tx(T::kKVBytes);
     copy(kp.tma_k.with(reinterpret_cast<uint64_t&>(ss.kv_full), 0), get<0>(kv), get<1>(kv)(_, 0));
     copy(kp.tma_v.with(reinterpret_cast<uint64_t&>(ss.kv_full), 0), get<2>(kv), get<3>(kv)(_, 0));
-    if constexpr (FA4_BWD_PROBE == 1) ss.kv_full.wait(uint32_t(kv_use & 1));  // Note [bwd probes]
     kv_issued = true;
   };
 
@@ -458,17 +441,19 @@ __device__ __forceinline__ void bwd_producer_tile(const BwdKernelParams<T>& kp,
   if (!kv_issued) load_kv();  // a tile that no Q block sees
 }
 
-// Note [persistent bwd]: the producer thread walks the CTA's items (common/tile_ring.cuh: the first is
-// blockIdx.x, each next one claimed once the current tile's loads are issued) and publishes each
+// Note [persistent bwd]: the producer thread walks the CTA's items (common/tile_ring.cuh: the first
+// is blockIdx.x, each next one claimed once the current tile's loads are issued) and publishes each
 // that has keys to the consumers (and at d <= 128 the reducer) before loading it. A tile's K and V
 // go into the single K/V buffer once the consumers have finished the previous tile's GEMMs
 // (kv_empty), while they still run its epilogue, so the next tile's loads overlap that epilogue.
 // The one-CTA-per-tile grid paid, per CTA at hd128 1k of ~42 us, K/V landing 1.8 us, the first
-// Q/dO 1.3, barrier init 0.5 and 1.0 between CTAs of an SM; measured with this walk, the first Q/dO
-// and the init are hidden and K/V still land ~1.5 us into the next tile (+7 % at 1k, +4-5 % causal
-// 1k; docs/perf-notes.md, backward step 19). The split variant (d > 128) walks the same way since
-// its epilogue left shared memory (Note [split epilogue]). An item past kp.tiles ends the walk; the
-// end marker (-1) tells the readers.
+// Q/dO 1.3, barrier init 0.5 and 1.0 between CTAs of an SM; with this walk the first Q/dO and the
+// init are hidden and K/V still land ~1.5 us into the next tile (+7 % at 1k). K/V take ~5.9 us
+// from issue to landing at hd128 1k, 5.4 without the next Q/dO loads behind them and 4.1 without
+// the dK/dV stores, so neither copy is what delays them, and reordering the tile boundary's
+// copies would not pay. The split variant (d > 128) walks the same way since its epilogue left
+// shared memory (Note [split epilogue]). An item past kp.tiles ends the walk; the end marker (-1)
+// tells the readers.
 template <class T>
 __device__ __forceinline__ void bwd_producer(const BwdKernelParams<T>& kp,
                                              typename T::SharedStorage& ss,
@@ -515,15 +500,15 @@ __device__ __forceinline__ auto fragment_coords(const TiledMma& mma, int tid, Sh
 // by the dQ GEMM) is added to the workspace accumulator by one bulk reduce-add
 // (cp.reduce.async.bulk .add.f32) of the whole block: 1 operation per 64 × d block, where a
 // per-element scheme issues 64·d atomics (8192 at d = 128) and float2 atomics half that (the split
-// variant, d > 128, adds from registers with 16-byte reduce-adds: a quarter; measured for
-// d <= 128 too, it was not faster: docs/perf-notes.md). The block is stored in fragment order, both
-// in shared memory and in the workspace: float4 j of consumer thread t at (j·256 + t)·4, so that
-// the consumers' stores are conflict-free 16-byte stores at fixed offsets (a row-major buffer would
-// cost 8-way bank conflicts, a swizzled one per-element address registers), and the reduce is one
-// contiguous copy. The postprocess kernel, which knows the fragment's coordinates (fragment_coords
-// of MmaDQ), turns it back into rows; the split variant adds its own fragment's float4s at the same
-// offsets. Rows past the sequence land in the workspace's per-sequence padding and are never read
-// back.
+// variant, d > 128, adds from registers with 16-byte reduce-adds: a quarter; at d <= 128 only the
+// 128-row blocks gain from those, Note [dQ from registers]). The block is stored in fragment order,
+// both in shared memory and in the workspace: float4 j of consumer thread t at (j·256 + t)·4, so
+// that the consumers' stores are conflict-free 16-byte stores at fixed offsets (a row-major buffer
+// would cost 8-way bank conflicts, a swizzled one per-element address registers), and the reduce is
+// one contiguous copy. The postprocess kernel, which knows the fragment's coordinates
+// (fragment_coords of MmaDQ), turns it back into rows; the split variant adds its own fragment's
+// float4s at the same offsets. Rows past the sequence land in the workspace's per-sequence padding
+// and are never read back.
 //
 // One 16-byte fp32 reduce-add (no return value: atomicAdd(float2*) compiled to ATOMG, which
 // returns the old values): a quarter of the operations of a per-element scheme.
@@ -549,10 +534,10 @@ __device__ __forceinline__ void red_add_fragment(float* dq, const Frag& acc) {
 // red_add_f32x4 (as the split variant), at the same fragment-order offsets, instead of storing it
 // to ss.dq for the reducer's bulk reduce-add; the reducer then skips the tile. Measured at hd64
 // with dQ split by rows: +2.4 % at 1k, +5-7 % causal 512 / 1k, level at 16k (the reducer's tail
-// after a tile's last block goes away). At hd128 the same path measured -4 % at 2k and 16k (and
-// -5 % in backward step 6, on an older loop), so 64-row blocks keep the reducer; probe 3 showed
-// that its shared-memory reads do not stretch the loop there (docs/perf-notes.md, step 23).
-// Deterministic mode keeps the reducer (its turn order).
+// after a tile's last block goes away). At hd128 the same path measured -4 % at 2k and 16k, so
+// 64-row blocks keep the reducer, whose shared-memory reads do not stretch the loop there (the
+// trace without the bulk reduce-adds kept the 4078-cycle block period). Deterministic mode keeps
+// the reducer (its turn order).
 
 // One TMA store of this tile's kN rows of a kv-row tensor from `buf` (Layout).
 template <class T, class Layout, int kCols, class Tma, class Shape4>
@@ -616,12 +601,10 @@ __device__ __forceinline__ void bwd_dq_reducer_tile(const BwdKernelParams<T>& kp
         dq_turn_wait(sem, dq_turn(block_range<T::kBlockM, T::kBlockN>(mask, m), n));
       }
       float* dst = kp.ws.dq(head) + row * T::kHeadDim;
-      if constexpr (FA4_BWD_PROBE != 3) {  // Note [bwd probes]
-        asm volatile(
-            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
-            "r"(src), "r"(T::kDqBytes)
-            : "memory");
-      }
+      asm volatile(
+          "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+          "r"(src), "r"(T::kDqBytes)
+          : "memory");
       tma_store_arrive();
       if (sem != nullptr) dq_turn_pass(sem);
       tma_store_wait<0>();  // the smem has been read
@@ -687,8 +670,8 @@ __device__ __forceinline__ void p_and_ds(const Score& score, const Mask& mask, b
                                          const float* dpsum, AccS& acc_s, AccDP& acc_dp,
                                          RegP& reg_p, RegDS& reg_ds) {
   using Element = typename RegP::value_type;
-  // Note [band test] (common/mask.cuh): element e's key - query is band0 plus coords(e) - coords(0),
-  // a compile-time offset (coords is an identity tensor partitioned by thread).
+  // Note [band test] (common/mask.cuh): element e's key - query is band0 plus coords(e) -
+  // coords(0), a compile-time offset (coords is an identity tensor partitioned by thread).
   const int band0 = kv0 + get<0>(coords(0)) - (q0 + get<1>(coords(0))) - mask.diag_lo;
   auto run = [&](auto masked_c, auto softcap_c) {
     constexpr bool kMasked = decltype(masked_c)::value, kSoftcap = decltype(softcap_c)::value;

@@ -119,17 +119,16 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     //
     // Note [early dPᵀ]: dPᵀ = V·dOᵀ of block i + 1 is issued right after block i's dQ store,
     // before the wait for dK(i), instead of next to Sᵀ(i + 1) after the loop's back edge. The
-    // trace (docs/perf-notes.md, backward step 23) has the tensor cores idle ~350 cycles per
+    // trace (Note [bwd trace]) had the tensor cores idle ~350 cycles per
     // block between dK's end and the next Sᵀ's issue (the Q/dO waits and the per-block address
     // work of Note [fresh tid]); dPᵀ now fills that gap. Its accumulator is free there (dS was
     // made from it before dV), so the register peak is unchanged. The issue is unconditional,
     // because ptxas serialized every wgmma of the loop (C7512) when it was issued only where a
     // next block exists: a tile's last block repeats its own dPᵀ (its dO stage is held until the
-    // loop ends) and the result is dropped, 1/blocks of the tile's dPᵀ work. Measured (backward
-    // step 24): hd128 +1-5.5 % at 1k-16k (level at 512); with 128-row blocks (hd64) -1.6 to
-    // -3.5 % at 512 / 1k and -2 % at causal 2k, so BwdTraits::kEarlyDp holds for 64-row blocks
-    // only (hd96 follows hd128, not measured). In the split variant after its dQ reduce-adds it
-    // cost 2-3 % at hd256, and was dropped there.
+    // loop ends) and the result is dropped, 1/blocks of the tile's dPᵀ work. Measured: hd128
+    // +1-5.5 % at 1k-16k (level at 512); with 128-row blocks (hd64) -1.6 to -3.5 % at 512 / 1k
+    // and -2 % at causal 2k, so BwdTraits::kEarlyDp holds for 64-row blocks only (hd96 follows
+    // hd128). In the split variant after its dQ reduce-adds it cost 2-3 % at hd256.
     //
     // m: the Q block, cycling through [m_begin, m_end) once per query head of the group (counted,
     // not i % (m_end - m_begin): an integer division per block).
@@ -138,8 +137,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
       // consumers are threads 128.., tid = threadIdx.x - 128 as bwd_kernel passes it; Note
       // [known thread range]).
       ss.trace.mark(leader, wg, i, 0);
-      const int ltid =
-          known_thread_range<T::kConsumerThreads, FA4_BWD_KNOWN_TID>(fresh_thread_index() - 128);
+      const int ltid = known_thread_range<T::kConsumerThreads>(fresh_thread_index() - 128);
       const auto c_s = fragment_coords(mma_s, ltid, Shape<Int<kN>, Int<kM>>{});
       Tensor tDSsDSt =
           copy_ds.get_thread_slice(ltid).partition_D(as_position_independent_swizzle_tensor(sDSt));

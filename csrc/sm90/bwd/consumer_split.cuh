@@ -22,8 +22,7 @@
 // from the code; the split variant has no trace build). Issued first and waited for alone, dQ's
 // reduce-adds overlap dV and dK on the tensor cores; the Q/dO stages are released after dK as
 // before. Registers are unchanged: all three accumulators are live across the GEMMs either way.
-// Measured +8-12 % at hd256 over dQ issued last (512 to 16k, causal and not; docs/perf-notes.md,
-// backward step 24); the prediction was +1-3 %.
+// Measured +8-12 % at hd256 over dQ issued last (512 to 16k, causal and not).
 #pragma once
 
 #include "sm90/bwd/epilogue.cuh"

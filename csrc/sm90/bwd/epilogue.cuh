@@ -29,16 +29,16 @@ __device__ __forceinline__ typename T::Element* dv_tile(const BwdKernelParams<T>
 
 // Note [dK/dV epilogue]: dK and dV leave through shared memory. Written from the accumulator
 // fragments, each thread's 4-byte pairs hit 8 rows per warp store (16 of a row's 32-byte sectors
-// per instruction); the trace build measured that epilogue at 6.7 us of a 46 us CTA at hd128 1k
-// (docs/perf-notes.md). Once both warpgroups are done with the buffers of ss.staging(), the tile
+// per instruction); the trace build measured that epilogue at 6.7 us of a 46 us CTA at hd128 1k.
+// Once both warpgroups are done with the buffers of ss.staging(), the tile
 // goes there in rows (pitch d + 8 elements: a warp's pairs then cover all 32 banks), and the CTA
 // writes whole 16-byte row chunks (dispatch guarantees 16-byte aligned dk, dv and strides).
-// Measured: the hd128 backward +8-9 % at 1k, 0-2 % at 16k (docs/perf.md). The d <= 128 variant
+// Measured: the hd128 backward +8-9 % at 1k, 0-2 % at 16k. The d <= 128 variant
 // stages over dS, stage_pad and dQ, which its next tile's K/V and Q/dO loads leave alone (Note
 // [persistent bwd]). The split variant has no such buffers (Note [split epilogue]).
 // Note [dV staged first]: dV's rows lie within dS and the pad, so they are staged while the
 // reducer may still be reading the tile's last dQ; the wait for its hand-back (which ncu put at
-// ~2.5 % of a consumer warp's time at hd128 causal 2k, docs/perf-notes.md) comes after them, and
+// ~2.5 % of a consumer warp's time at hd128 causal 2k) comes after them, and
 // dK's rows, which reach into dQ's buffer, after it. write_rows issues all of a thread's loads
 // before its stores, so a row pass costs one shared-memory round trip, not one per chunk (the
 // loop before was ~3.6 % of a consumer warp's time there).
@@ -123,13 +123,9 @@ __device__ __forceinline__ void store_dk_dv(const BwdKernelParams<T>& kp,
   wait_dq();
   cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
   stage_rows<T, kD>(rows_k, p.fwd.softmax_scale, acc_dk, ck);
-  if constexpr (FA4_BWD_PROBE != 2) {  // Note [bwd probes]
-    write_rows<T, kDV>(rows_v, dv, p.dv_row_stride, rows_valid, tid);
-  }
+  write_rows<T, kDV>(rows_v, dv, p.dv_row_stride, rows_valid, tid);
   cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
-  if constexpr (FA4_BWD_PROBE != 2) {
-    write_rows<T, kD>(rows_k, dk, p.dk_row_stride, rows_valid, tid);
-  }
+  write_rows<T, kD>(rows_k, dk, p.dk_row_stride, rows_valid, tid);
   // The next tile's dS and dQ stores reuse the staging buffers (persistent grid).
   cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
 }
@@ -137,7 +133,7 @@ __device__ __forceinline__ void store_dk_dv(const BwdKernelParams<T>& kp,
 // Note [TMA-store dK/dV]: in dense problems (whose TMA tensors end at seqlen_k, so a partial
 // last tile is clipped; varlen packs the sequences, and a clipped box would write the next
 // sequence's rows) dV and dK leave by TMA stores instead of write_rows. Their stores were ~3.3 %
-// of a consumer warp's time at hd128 causal 2k (ncu, docs/perf-notes.md), mostly waits until
+// of a consumer warp's time at hd128 causal 2k (ncu), mostly waits until
 // the stores had read their source registers; the TMA store reads shared memory in the
 // background while the next tile starts. The consumers stage them with stmatrix in the K/V
 // swizzled layouts (dV over dS, dK over dQ's buffer, which needs no padded rows) and signal
@@ -233,14 +229,9 @@ __device__ __forceinline__ void write_quad_rows(typename T::Element* base, int64
 // block, drained after the last tile so every arrival on dq_empty is matched), and the dS stages
 // count blocks across tiles: the next tile's first dSᵀ store then takes the stage the other
 // warpgroup's last dQ did not read, and kDsWritten's argument (sm90/bwd/kernel.cuh) holds across
-// the tile boundary with no barrier. Predicted +3-5 % at hd128 1k, +2-4 % causal 2k (the trace
-// put ~3.1 us of a tile's ~5.8 us boundary at hd128 1k between the last GEMM and the end of the
-// stores). Measured with Note [postprocess from registers] against main (docs/perf.md,
-// 2026-12-02 next-ab7): hd128 -3 % at 512, -3.5 % causal 1k, -2.4 % at 2k, -5 % causal 512,
-// level at 16k; hd64 (dQ from registers, no hand-back) +1.3-1.8 % at 512-2k, level at 16k. So it
-// runs at hd64 only (BwdTraits::kDkDvRegs). Measured apart at hd128 (2026-12-02, "the postprocess
-// at hd128"): the postprocess alone gained 1-2.6 %, and this epilogue with the hand-back still
-// waited for at the tile's end lost 6-10 % at 512-2k, so the loss is the register stores
+// the tile boundary with no barrier. It runs at hd64 only (BwdTraits::kDkDvRegs): there (dQ from
+// registers, no hand-back) +1.3-1.8 % at 512-2k, level at 16k; at hd128 it lost 6-10 % at 512-2k
+// even with the hand-back still waited for at the tile's end, so the loss is the register stores
 // themselves (with 12 more bytes of spills, reloaded beside them), not the moved wait.
 
 // dK, dV of a kv tile straight from the registers (as store_dk_dv: dK scaled, rows past seqlen_k

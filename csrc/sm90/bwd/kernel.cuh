@@ -19,7 +19,8 @@
 // Overlap inside a warpgroup (Note [bwd issue order]): the next block's dPᵀ runs behind dK
 // (Note [early dPᵀ], d 96 and 128); the two warpgroups interleave naturally.
 // lse₂ = lse·log2(e) (+inf for rows that saw no key, so P = 0) and D = rowsum(dO∘O) − dlse come
-// from the preprocess kernel (common/bwd_prepost.cuh) and travel with Q and dO through the pipelines.
+// from the preprocess kernel (common/bwd_prepost.cuh) and travel with Q and dO through the
+// pipelines.
 //
 // Pipelines and barriers (from X to Y, protects Z):
 //   tile ring   producer -> consumers and reducer, the next item (common/tile_ring.cuh)
@@ -33,9 +34,9 @@
 //               block m completed, so no buffer is overwritten while read)
 //   kDqFull     consumers -> reducer (named), dQ of this block in smem
 //   kDqEmpty    reducer -> consumers (named), the bulk copy has read dQ's smem (after every
-//               block: a warpgroup waits for it before its next dQ store and after its last
-//               tile, Note [dK/dV from registers]; with FA4_BWD_DKDV_REGS=0 before a tile's
-//               2nd.. block and its staged epilogue)
+//               block: with the register epilogue a warpgroup waits for it before its next dQ
+//               store and after its last tile, Note [dK/dV from registers]; with the staged one
+//               before a tile's 2nd.. block and its epilogue)
 // (The split variant reuses kDqFull / kDqEmpty as consumer-only barriers of deterministic mode.)
 //
 // Head dims: d <= 128 here (kBlockN 128, kBlockM 64). Registers per consumer thread at d = 128:
@@ -106,12 +107,9 @@ constexpr int kPostPitch = T::kHeadDim + 8;
 // accumulator of MmaDQ (QuadFrag<N>, N = kDqFloats / 128 columns per warpgroup), so it can convert
 // its float pairs and write whole 16-byte row chunks after quad_transpose (write_quad_rows, as
 // Note [split epilogue]) with no shared-memory copy, no barrier and no dynamic shared memory.
-// The postprocess took 59 us against flash-attn-4's 49 at hd128 1k (docs/perf.md, 2026-11-29);
-// the suspects, not measured, are the copy's 35 KB per CTA (6 CTAs per SM) and its
-// __syncthreads. N must be whole groups of four 8-column chunks (d = 96, N = 48, could not), so
-// it runs at hd 64 and 128 (the traits' kPostRegs). Measured alone at hd128 against the copy
-// (docs/perf.md, 2026-12-02 "the postprocess at hd128"): the backward +1-2.6 % at 512 / 1k and
-// causal 512 / 1k, level from 2k.
+// N must be whole groups of four 8-column chunks (d = 96, N = 48, cannot), so it runs at hd 64
+// and 128 (the traits' kPostRegs). Against the copy at hd128: the backward +1-2.6 % at 512 / 1k
+// and causal 512 / 1k, level from 2k.
 template <class T>
 constexpr bool kPostFromRegisters = T::kPostRegs && (T::kDqFloats / 128) % 32 == 0;
 
@@ -162,7 +160,7 @@ __global__ void __launch_bounds__(T::kConsumerThreads)
   }
   // The block in fragment order -> shared memory in rows (coalesced 16-byte loads, then each
   // pair to its place) -> rows of 16-byte stores: direct 4-byte stores from the fragment order
-  // wrote half-used sectors and took 3.4x flash-attn-4's postprocess time at 1k (docs/perf.md).
+  // wrote half-used sectors and took 3.4x flash-attn-4's postprocess time at 1k.
   // Rows kPostPitch floats apart: a warp's pairs cover 8 rows × 8 floats, which at a pitch of d
   // (512 bytes at d = 128) all fell in the same 8 banks; 8 more floats spread them over all 32.
   extern __shared__ float4 rows[];  // T::kBlockM × kPostPitch<T> floats
@@ -254,7 +252,7 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
   const int64_t tiles = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
   kp.tiles = int(tiles);  // < 2^31 as any grid above: 2^31 tiles of K are 2^38 rows
   // Note [persistent bwd]: at most one CTA per SM (one fits), each walking tiles; num_sms at
-  // least the tile count gives one CTA per tile (the A/B of docs/perf-notes.md).
+  // least the tile count gives one CTA per tile.
   const int64_t blocks = std::min<int64_t>(tiles, dev.num_sms);
   if (blocks > 0) {
     const Status s = launch_kernel("bwd_sm90", bwd_kernel<T>, dim3(unsigned(blocks)), T::kThreads,

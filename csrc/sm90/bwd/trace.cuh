@@ -1,31 +1,16 @@
-// Note [bwd trace]: a measurement build of the SM90 backward (nvcc -DFA4_BWD_TRACE, e.g. through
-// FA4_NVCC_EXTRA) records the SM clock at kTracePoints places of iterations [kTraceFirst,
-// kTraceFirst + kTraceIters) of the d <= 128 main loop, for each consumer warpgroup (its first
-// thread) and the dQ reducer, and writes the words over the first rows of the CTA's dV tile after
-// the epilogue, where tools/trace_bwd.py reads them back: a timeline of where a block's cycles go,
-// which the profiler's per-kernel counters cannot give. Such a build's dV is wrong by design;
-// without the macro every call here compiles to nothing.
+// Note [bwd trace]: in a measurement build (nvcc -DFA4_TRACE, e.g. through FA4_NVCC_EXTRA; the
+// forward records its own marks in the same build, Note [fwd trace]) the SM90 backward records
+// the SM clock at kTracePoints places of iterations [kTraceFirst, kTraceFirst + kTraceIters) of
+// the d <= 128 main loop, for each consumer warpgroup (its first thread) and the dQ reducer, and
+// writes the words over the first rows of the CTA's dV tile after the epilogue, where
+// tools/trace_bwd.py reads them back: a timeline of where a block's cycles go, which the
+// profiler's per-kernel counters cannot give. Such a build's dV is wrong by design; without the
+// macro every call here compiles to nothing.
 #pragma once
 
 #include <stdint.h>
 
 #include <cutlass/arch/barrier.h>
-
-// Note [bwd probes]: FA4_BWD_PROBE=k (trace builds only: each breaks a result on purpose) takes
-// one thing out of the d <= 128 kernel, so that the trace shows what it costs elsewhere:
-//   1  the producer waits until a tile's K and V have landed before issuing its Q/dO loads
-//      (K/V's landing time alone, without the next Q/dO blocks in flight);
-//   2  the epilogue skips the dK/dV global stores (K/V's landing without them);
-//   3  the reducer skips the dQ bulk reduce-adds (the Sᵀ/dPᵀ phase without their shared-memory
-//      reads and L2 atomics; dQ stays zero).
-// (docs/perf-notes.md, backward step 21: K/V take 5.9 us from issue to landing at hd128 1k; the
-// Sᵀ/dPᵀ phase takes ~1650 cycles for 1024 of tensor work.)
-#ifndef FA4_BWD_PROBE
-#define FA4_BWD_PROBE 0
-#endif
-#if FA4_BWD_PROBE != 0 && !defined(FA4_BWD_TRACE)
-#error "FA4_BWD_PROBE breaks dK, dV or dQ: trace builds only (FA4_BWD_TRACE)"
-#endif
 
 namespace fa4::sm90 {
 
@@ -48,20 +33,20 @@ constexpr int kTraceWords = kCtaWord0 + 2 * kCtaMarks + 1;
 constexpr int kTraceThreads = 256 + 32;  // the consumers and the reducer warp meet before the dump
 
 struct BwdTrace {
-#ifdef FA4_BWD_TRACE
+#ifdef FA4_TRACE
   uint32_t t[kTraceRows][kTraceIters][kTracePoints];
   uint64_t cta[kConsumerMarks];
   uint64_t producer[2][kCtaMarks - kConsumerMarks];
 #endif
   __device__ __forceinline__ void mark(bool leader, int row, int i, int p) {
-#ifdef FA4_BWD_TRACE
+#ifdef FA4_TRACE
     uint32_t c;
     asm volatile("mov.u32 %0, %%clock;" : "=r"(c));
     if (leader && i >= kTraceFirst && i < kTraceFirst + kTraceIters) t[row][i - kTraceFirst][p] = c;
 #endif
   }
   __device__ __forceinline__ void cta_mark(bool who, int k) {
-#ifdef FA4_BWD_TRACE
+#ifdef FA4_TRACE
     uint64_t c;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(c));
     if (who) cta[k] = c;
@@ -69,7 +54,7 @@ struct BwdTrace {
   }
   // The producer thread's mark k (8 or 9) for its item `item` (counted per CTA).
   __device__ __forceinline__ void producer_mark(int item, int k) {
-#ifdef FA4_BWD_TRACE
+#ifdef FA4_TRACE
     uint64_t c;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(c));
     producer[item & 1][k - kConsumerMarks] = c;
@@ -77,7 +62,7 @@ struct BwdTrace {
   }
   // The reducer warp's side of dump's barrier, after its last mark.
   __device__ __forceinline__ void reducer_done(uint32_t barrier) {
-#ifdef FA4_BWD_TRACE
+#ifdef FA4_TRACE
     cutlass::arch::NamedBarrier::sync(kTraceThreads, barrier);
 #endif
   }
@@ -88,7 +73,7 @@ struct BwdTrace {
   template <class Element>
   __device__ __forceinline__ void dump(Element* dv_tile, int64_t row_stride, int rows_valid,
                                        int tid, uint32_t barrier, int item) {
-#ifdef FA4_BWD_TRACE
+#ifdef FA4_TRACE
     cutlass::arch::NamedBarrier::sync(kTraceThreads, barrier);
     if (tid != 0 || rows_valid * 64 < kTraceWords) return;
     auto word = [&](int j) -> uint32_t& {

@@ -1,12 +1,12 @@
-// Note [fwd trace]: a measurement build of the SM90 forward (nvcc -DFA4_FWD_TRACE, e.g. through
+// Note [fwd trace]: a measurement build of the SM90 forward (nvcc -DFA4_TRACE, e.g. through
 // FA4_NVCC_EXTRA) records the SM clock at fixed places of each CTA's first kFwdTraceTiles tiles
 // (per consumer warpgroup and for the producer thread) and of iterations [kFwdTraceFirst,
 // kFwdTraceFirst + kFwdTraceIters) of its tile kFwdTraceTile, and writes the words over the first
 // rows of O of the CTA's last tile once its stores have completed, where tools/trace_fwd.py reads
 // them back: where a block's and a tile boundary's cycles go, which the profiler's per-kernel
-// counters cannot give (the backward's counterpart is Note [bwd trace]). Such a build's O is wrong
-// by design and only dense problems are traced (with the register-store epilogue of d_v = 256 the
-// staging marks coincide); without the macro every call here compiles to nothing.
+// counters cannot give (the backward records Note [bwd trace] in the same build). Such a build's O
+// is wrong by design and only dense problems are traced (with the register-store epilogue of d_v =
+// 256 the staging marks coincide); without the macro every call here compiles to nothing.
 #pragma once
 
 #include <stdint.h>
@@ -29,9 +29,9 @@ constexpr int kFwdProdPoints = 3;  // Q load begins (before its slot wait), Q is
 constexpr int kFwdTraceWGs = 3;    // consumer warpgroups (three at hd 64)
 constexpr uint32_t kFwdTraceMagic = 0xFA4C10C0u;
 // Word layout of the dump: magic, SM id (bits 0-23) with the number of consumer warpgroups (bits
-// 24-31: hd64 runs two or three, Note [short causal hd64]), clock and %globaltimer (low, high) at
-// the consumers' start and end (the clock rate), then loop, tile and producer marks in struct
-// order.
+// 24-31: hd64 runs three or, in the three-CTA kernel, one: Note [short causal hd64]), clock and
+// %globaltimer (low, high) at the consumers' start and end (the clock rate), then loop, tile and
+// producer marks in struct order.
 constexpr int kFwdHeaderWords = 8;
 constexpr int kFwdLoopWords = kFwdTraceWGs * kFwdTraceIters * kFwdLoopPoints;
 constexpr int kFwdTileWords = kFwdTraceWGs * kFwdTraceTiles * kFwdTilePoints;
@@ -40,7 +40,7 @@ constexpr int kFwdTraceWords = kFwdHeaderWords + kFwdLoopWords + kFwdTileWords +
 
 // %clock as each warpgroup's leader reads it. Compare marks within a warpgroup: across warpgroups
 // they disagree by more than 100 cycles (a trace had warpgroup 1 past its turn barrier before
-// warpgroup 0, by its own clock, had arrived there; docs/perf-notes.md, forward step 14).
+// warpgroup 0, by its own clock, had arrived there).
 __device__ __forceinline__ uint32_t trace_clock() {
   uint32_t c;
   asm volatile("mov.u32 %0, %%clock;" : "=r"(c));
@@ -54,7 +54,7 @@ __device__ __forceinline__ uint64_t trace_globaltimer() {
 }
 
 struct FwdTrace {
-#ifdef FA4_FWD_TRACE
+#ifdef FA4_TRACE
   uint32_t header[kFwdHeaderWords];
   uint32_t loop[kFwdTraceWGs][kFwdTraceIters][kFwdLoopPoints];
   uint32_t tile[kFwdTraceWGs][kFwdTraceTiles][kFwdTilePoints];
@@ -63,7 +63,7 @@ struct FwdTrace {
   int last_rows;
 #endif
   __device__ __forceinline__ void loop_mark(bool leader, int wg, int tile, int i, int p) {
-#ifdef FA4_FWD_TRACE
+#ifdef FA4_TRACE
     const uint32_t c = trace_clock();
     if (leader && tile == kFwdTraceTile && i >= kFwdTraceFirst &&
         i < kFwdTraceFirst + kFwdTraceIters)
@@ -71,20 +71,20 @@ struct FwdTrace {
 #endif
   }
   __device__ __forceinline__ void tile_mark(bool leader, int wg, int tile, int p) {
-#ifdef FA4_FWD_TRACE
+#ifdef FA4_TRACE
     const uint32_t c = trace_clock();
     if (leader && tile < kFwdTraceTiles) this->tile[wg][tile][p] = c;
 #endif
   }
   __device__ __forceinline__ void prod_mark(int tile, int p) {
-#ifdef FA4_FWD_TRACE
+#ifdef FA4_TRACE
     const uint32_t c = trace_clock();
     if (tile < kFwdTraceTiles) prod[tile][p] = c;
 #endif
   }
   // Consumer thread 0 at the consumers' start (k = 0) and end (k = 1).
   __device__ __forceinline__ void clock_mark(bool who, int k) {
-#ifdef FA4_FWD_TRACE
+#ifdef FA4_TRACE
     const uint32_t c = trace_clock();
     const uint64_t g = trace_globaltimer();
     if (!who) return;
@@ -95,13 +95,13 @@ struct FwdTrace {
   }
   // Before the kernel's first __syncthreads, by one thread.
   __device__ __forceinline__ void init() {
-#ifdef FA4_FWD_TRACE
+#ifdef FA4_TRACE
     last_o = nullptr;
 #endif
   }
   // Consumer thread 0 after each dense tile it stored.
   __device__ __forceinline__ void set_last_tile(bool who, void* o_tile, int rows_valid) {
-#ifdef FA4_FWD_TRACE
+#ifdef FA4_TRACE
     if (who) {
       last_o = o_tile;
       last_rows = rows_valid;
@@ -113,7 +113,7 @@ struct FwdTrace {
   // words_per_row = d_v / 2: 16-bit elements).
   __device__ __forceinline__ void dump(int64_t row_stride, int words_per_row, int tid,
                                        int consumer_threads, uint32_t barrier) {
-#ifdef FA4_FWD_TRACE
+#ifdef FA4_TRACE
     static_assert(sizeof(uint32_t) * kFwdTraceWords ==
                       sizeof(header) + sizeof(loop) + sizeof(tile) + sizeof(prod),
                   "the dump reads the mark arrays as one");
