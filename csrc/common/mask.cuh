@@ -166,7 +166,7 @@ __host__ __device__ int slice_block_end(const BlockRange& br, const Mask& mask, 
 // of the sequence (0 <= m kBlockM < seqlen_q) and any KV block n >= 0, in three compares
 // instead of a whole block_range. The backward asks it once per Q block, and block_range there
 // was ~70 dependent uniform instructions per warp and block right after the Sᵀ wait (SASS of the
-// hd128 loop, docs/perf-notes.md). With first / last the block's first and last rows' bounds,
+// hd128 loop). With first / last the block's first and last rows' bounds,
 // block_range's full range holds n iff fb <= n < fe (none when fb >= fe), where
 //   n < fe = min(max(first.hi, 0) / kBlockN, n_end) iff first.hi >= (n + 1) kBlockN (> 0), i.e.
 //     seqlen_k and row0 + diag_hi are both >= (n + 1) kBlockN (then n_end > n as well);
@@ -204,7 +204,7 @@ __host__ __device__ int64_t keys_computed(const Mask& mask) {
 // the rows seeing one are (col0 - diag_hi, col1 - diag_lo] ∩ [0, seqlen_q): for such a row both
 // inequalities hold at some key of the block, since diag_lo < diag_hi. The Q blocks follow by two
 // divisions by kBlockM. Two binary searches over block_range did this before: ~400 dependent
-// uniform instructions per consumer warp and tile (ncu at hd128 causal 2k, docs/perf-notes.md),
+// uniform instructions per consumer warp and tile (ncu at hd128 causal 2k),
 // and a scan of every Q block before them ~20 us per CTA at 16k rows. tests/test_shared_headers.py
 // checks the result against the scan of block_range. Overflow: |diag| <= seqlen_q + seqlen_k
 // (Note [mask clamping]).
@@ -248,9 +248,8 @@ __host__ __device__ __forceinline__ void apply_mask(float (&s)[Frag::kSize], con
 // computes the column and tests both ends (SM90 hd128: 237 instructions per thread and masked
 // block). The bound is made opaque to the compiler, which otherwise folded it back into
 // base + offset(e) < hi(r): an add per column pair. The SM90 forward takes it at every head dim
-// but 96 (FwdTraits::kRightEdgeMask has the measurements); the SM100 forward
-// keeps apply_mask (an opaque bound there raised its spills at hd192, 36 -> 108 bytes, in the
-// eleventh session's version).
+// but 96 (default_right_edge_mask in sm90/fwd/heuristics.cuh has the measurements); the SM100
+// forward keeps apply_mask (an opaque bound there raised its spills at hd192, 36 -> 108 bytes).
 __host__ __device__ __forceinline__ int opaque_int(int x) {
 #if defined(__CUDA_ARCH__)
   asm("" : "+r"(x));

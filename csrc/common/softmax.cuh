@@ -1,6 +1,6 @@
 // Online softmax with conditional rescaling, per row, on the scores a thread holds in registers
-// (a fragment, common/fragment.cuh). Shared by the SM90 forward (wgmma accumulators: QuadFrag, a row
-// over 4 lanes) and the SM100 forward (TMEM loads: RowMajorFrag, a row per thread), and run on
+// (a fragment, common/fragment.cuh). Shared by the SM90 forward (wgmma accumulators: QuadFrag, a
+// row over 4 lanes) and the SM100 forward (TMEM loads: RowMajorFrag, a row per thread), and run on
 // the host by tests/cpp/shared_headers_harness.cpp, which reproduces
 // fa4.reference.attention_fa4_model with it (tests/test_shared_headers.py).
 //
@@ -81,15 +81,14 @@ struct ScoreScale {
 };
 
 // Note [softcap tanh]: tanh.approx.f32 (MUFU.TANH), absolute error up to ~2^-11, which a softcap
-// of 30 turns into 0.015 in the score, 1.5 % in P (four bf16 steps). Chosen by measurement, not
-// by default: an accurate tanh from ex2.approx and a reciprocal (error ~2^-23) measured on the
-// H200 (docs/perf-notes.md, 2026-12-01) at softcap 30: forward hd128 16k 481 -> 380 TFLOP/s
-// (-21 %), hd64 -30 %, forward + backward hd128 -13 %, because it adds two MUFU operations per
-// score where the softmax's exp2 already loads the unit (and SM90 has no FMA-pipe slack for a
-// polynomial, perf-notes forward step 4); FA2, FA3 and flash-attn-4 use tanh.approx too. Written
-// as PTX so that it does not depend on --use_fast_math (under which tanhf compiled to the same
-// instruction, while this comment claimed tanhf's accuracy until 2026-12-01). The host (g++
-// harnesses) uses tanhf; tests/test_softcap_tanh.py measures the device error.
+// of 30 turns into 0.015 in the score, 1.5 % in P (four bf16 steps). Chosen by measurement: an
+// accurate tanh from ex2.approx and a reciprocal (error ~2^-23) at softcap 30 cost the H200
+// forward 21 % at hd128 16k (481 -> 380 TFLOP/s), 30 % at hd64 and forward + backward 13 % at
+// hd128, because it adds two MUFU operations per score where the softmax's exp2 already loads
+// the unit (and SM90 has no FMA-pipe slack for a polynomial, Note [SM90 exp2 split]); FA2, FA3
+// and flash-attn-4 use tanh.approx too. Written as PTX so that it does not depend on
+// --use_fast_math (under which tanhf compiles to the same instruction). The host (g++ harnesses)
+// uses tanhf; tests/test_softcap_tanh.py measures the device error.
 __host__ __device__ __forceinline__ float softcap_tanh(float y) {
 #ifdef __CUDA_ARCH__
   float t;
@@ -109,8 +108,8 @@ __host__ __device__ __forceinline__ void apply_softcap(float (&s)[Frag::kSize], 
 }
 
 namespace detail {
-// v combined over the kThreads adjacent lanes sharing a row (common/fragment.cuh). All 32 lanes of the
-// warp must call it together (the kernels call the softmax warp-uniformly).
+// v combined over the kThreads adjacent lanes sharing a row (common/fragment.cuh). All 32 lanes of
+// the warp must call it together (the kernels call the softmax warp-uniformly).
 template <int kThreads, bool kMax>
 __host__ __device__ __forceinline__ float row_allreduce(float v) {
   static_assert(kThreads == 1 || kThreads == 2 || kThreads == 4, "kThreadsPerRow: 1, 2 or 4");
@@ -170,10 +169,10 @@ struct OnlineSoftmax {
   // Note [branch-free max]: max is exact and associative, so the row max is taken as kMaxPart
   // independent chains per row with the rows interleaved, and the decision is made with selects;
   // only the rare rescale (one exp2 and l *= factor) stays conditional, which the compiler
-  // predicates. Bit for bit the previous sequential version. The SM90 profile (docs/perf-notes.md,
-  // forward step 8) had two dependent 32-deep FMNMX chains and two branch regions per block on
-  // the softmax's critical path. On SM100 (128 columns per thread) 8 chains spill no more than
-  // one did; computing the factor unconditionally (exp2 of 0) added 28 bytes of spills there.
+  // predicates. Bit for bit a sequential max, which had put two dependent 32-deep FMNMX chains
+  // and two branch regions per block on the SM90 softmax's critical path. On SM100 (128 columns per
+  // thread) 8 chains spill no more than one did; computing the factor unconditionally (exp2 of 0)
+  // added 28 bytes of spills there.
   __host__ __device__ RowDecisions update_max(const float (&s)[Frag::kSize], float scale_log2,
                                               float tau, float (&o_scale)[kRows]) {
     float m_loc[kRows];

@@ -18,9 +18,10 @@
 //   empty[i]  every reader -> producer, the same slot for its next use (one arrival per
 //             reading thread)
 // The producer publishes an end marker after its last item. Without a counter the items are the
-// static stride, through the same ring. What a slot carries is the kernel's choice: the SM90
-// kernel passes the item index, the SM100 kernel the decoded tile (TileCoord), so that only the
-// load thread runs the scheduler's int64 divisions.
+// static stride, through the same ring. What a slot carries is the kernel's choice: the forward
+// kernels of both architectures pass the decoded tile (TileCoord), so that only the load thread
+// runs the scheduler's int64 divisions; the SM90 backward passes the item index, which each
+// reader decodes (BwdTile::of).
 #pragma once
 
 #include <stdint.h>
