@@ -1,7 +1,7 @@
 """The SM100 forward (csrc/fwd_sm100.cu) as compiled for sm_100a: its instructions and ptxas budget.
 
 Compiled, not executed: no Blackwell GPU is available to this project. These tests hold the
-kernel's SASS to the design of issue 5 (docs/sm100.md): both tcgen05.mma operand forms, TMEM
+kernel's SASS to its design (docs/sm100.md): both tcgen05.mma operand forms, TMEM
 loads and stores, TMEM allocation, tcgen05.commit, TMA, setmaxnreg with the source's register
 table, and the exp2 split between MUFU.EX2 and the polynomial.
 

@@ -1,7 +1,7 @@
 """The SM100 backward (csrc/bwd_sm100.cu) as compiled for sm_100a: its instructions and budget.
 
 Compiled, not executed: no Blackwell GPU is available to this project. These tests hold the
-1-CTA kernel's SASS (hd 64 and 96) to the design of issue 6 (docs/sm100.md, "Backward"): the
+1-CTA kernel's SASS (hd 64 and 96) to its design (docs/sm100.md, "Backward"): the
 five MMAs in their operand forms (S, dP, dQ from shared-memory descriptors; dV, dK with P / dS
 from TMEM), TMEM loads and stores, TMEM allocation, tcgen05.commit, TMA loads, bulk copies of the
 row statistics, the dQ TMA reduce-adds, setmaxnreg with the source's register table. hd 128 runs
