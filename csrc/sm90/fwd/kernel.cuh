@@ -552,11 +552,4 @@ Status launch_element(const FwdParams& p, const DeviceInfo& dev, cudaStream_t st
   return launch<FwdTraits<D, DV, Element>>(p, dev, stream);
 }
 
-template <int D, int DV>
-Status launch_dtype(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
-  if (p.dtype == DType::kBFloat16)
-    return launch_element<D, DV, cutlass::bfloat16_t>(p, dev, stream);
-  return launch_element<D, DV, cutlass::half_t>(p, dev, stream);
-}
-
 }  // namespace fa4::sm90
