@@ -511,9 +511,9 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
 // Note [three CTAs at short causal hd64]: so causal and local problems of at most
 // kShortBandedRows query rows per sequence run the three-CTA kernel (Note [several CTAs per SM]:
 // causal 512 +6.8 %, causal 1k +3.1 % against two warpgroups), bf16 and fp16 alike; non-causal
-// ones keep the three-consumer kernel, which the three-CTA one trails by 1-9 % there. The limit:
-// up to 2048 rows the three-CTA kernel lost 3 % at causal 2k. With the skip of Note [slice block
-// end] the three-consumer kernel still ran causal 512 / 1k at 0.906 / 0.952 of it.
+// ones keep the three-consumer kernel (the three-CTA one: -4.7 % at 512, -0.5..-8.6 % at 1k). The
+// limit: up to 2048 rows the three-CTA kernel lost 3 % at causal 2k. With the skip of Note [slice
+// block end] the three-consumer kernel still ran causal 512 / 1k at 0.906 / 0.952 of it.
 inline bool short_banded(const FwdParams& p) {
   const bool banded = p.causal || p.window_left >= 0 || p.window_right >= 0;
   return banded && p.seqlen_q <= kShortBandedRows;
