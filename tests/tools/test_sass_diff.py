@@ -277,7 +277,7 @@ def test_cache_key_depends_on_commit_archs_hdims_and_flags(tmp_path):
     assert key.startswith("2" * 12)
     assert key != sd.cache_key(p, ["100a"], ["96", "128"], "nvcc 13.0")
     assert key != sd.cache_key(p, ["90a", "100a"], ["96"], "nvcc 13.0")
-    p.flags = [*p.flags, "-DFA4_SM90_PINGPONG=0"]
+    p.flags = [*p.flags, "-DFA4_TRACE"]
     assert key != sd.cache_key(p, ["100a"], ["96"], "nvcc 13.0")
 
 
