@@ -1,4 +1,7 @@
-"""Markers gpu / sm100 skip (with the reason) where the hardware is missing; DESIGN.md §5."""
+"""Markers gpu / sm100 skip (with the reason) where the hardware is missing; DESIGN.md §5. The
+SASS tests' compiles start in the background at the first test (sass_helpers.compile_ahead)."""
+
+import sys
 
 import pytest
 import torch
@@ -20,3 +23,16 @@ def pytest_collection_modifyitems(config, items):
         reason = _skip_reason(item)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sass_compiles_in_background(request, tmp_path_factory):
+    """The kernels the selected SASS tests read compile while the tests before them run (each is
+    10-20 s of nvcc); sass_helpers is imported only where a SASS test module was collected."""
+    helpers = sys.modules.get("sass_helpers")
+    if helpers is not None:
+        modules = {getattr(item.module, "__name__", None) for item in request.session.items}
+        helpers.compile_in_background(tmp_path_factory, modules)
+    yield
+    if helpers is not None:
+        helpers.stop_background()

@@ -1,8 +1,12 @@
-"""Shared test helpers: the tolerance rule of DESIGN.md §5, input makers, script loading."""
+"""Shared test helpers: the tolerance rule of DESIGN.md §5, input makers, script loading, the
+CUDA tools. Importable from every test folder (pyproject.toml: pythonpath = ["tests"]); the SASS
+tests' compile helpers and thresholds are in tests/sass_helpers.py, the GPU tests' shared cases in
+tests/gpu_helpers.py."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -56,16 +60,51 @@ def build_gxx(src: Path, exe: Path) -> Path:
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip(f"g++ not found: cannot build {src.name}")
-    cmd = [gxx, "-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'csrc'}", "-o", str(exe), str(src)]
+    cmd = [gxx, "-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'csrc'}",
+           "-o", str(exe), str(src)]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         pytest.fail(f"g++ failed on {src}:\n{res.stderr}")
     return exe
 
 
+def find_tool(name: str) -> str | None:
+    """A CUDA tool (nvcc, cuobjdump, nvdisasm): on PATH, in an nvidia-* wheel's bin/ (the
+    nvidia-cuda-cuobjdump / -nvdisasm wheels of requirements.txt), or under CUDA_HOME
+    (default /usr/local/cuda); None where it is nowhere."""
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        import nvidia
+
+        for base in nvidia.__path__:
+            hits = sorted(Path(base).glob(f"*/bin/{name}"))
+            if hits:
+                return str(hits[0])
+    except ImportError:
+        pass
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    path = Path(home) / "bin" / name
+    return str(path) if path.is_file() else None
+
+
+def need_tool(name: str, why: str) -> str:
+    """find_tool(name), or skips the calling test with the reason."""
+    found = find_tool(name)
+    if found is None:
+        pytest.skip(f"{name} not found (PATH, nvidia-* wheels, CUDA_HOME): cannot {why}")
+    return found
+
+
 def load_script(path: Path, name: str):
     """A script outside any package (tools/) imported as module `name`; registered in
-    sys.modules first, which dataclasses need to resolve the module of their fields."""
+    sys.modules first, which dataclasses need to resolve the module of their fields. Loaded once:
+    a second call (another test file, or a tool that imports it) gets the same module."""
+    loaded = sys.modules.get(name)
+    where = getattr(loaded, "__file__", None)
+    if where is not None and Path(where).resolve() == Path(path).resolve():
+        return loaded
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod

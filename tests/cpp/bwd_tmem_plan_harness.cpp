@@ -2,8 +2,9 @@
 // g++) for every head-dim pair the SM100 backward instantiates, one line per plan:
 //   d d_v block_m slice_d slice_dv S DP DQ DK DV end alloc slice_column(S, 0..block_m/16-1)
 // (slice_d = d, slice_dv = d_v unless the head dim is split over two CTAs, Note [bwd head-dim
-// split]). tests/test_tmem_plan.py checks the regions and where each compute warpgroup's P / dS
-// slices land; tests/test_sm100_bwd_dataflow.py replays the kernel's sequence on them.
+// split]). tests/models/test_tmem_plan.py checks the regions and where each compute warpgroup's
+// P / dS slices land; tests/models/test_sm100_bwd_dataflow.py replays the kernel's sequence on
+// them.
 #include <cstdio>
 
 #include "tmem.cuh"

@@ -1,8 +1,8 @@
-// Checks csrc/common/bwd_workspace.h (compiled by g++) over a grid of problems: every float the kernels
-// address for a row of a sequence (dq's d floats, lse2, dpsum, and with deterministic the turn
-// counter of its 64-row block) lies inside bytes(), the regions of different heads and buffers
-// never overlap, and the turn counters exist only in the deterministic size. Prints "ok N" (N
-// problems) or the first failure; tests/test_bwd_workspace.py runs it.
+// Checks csrc/common/bwd_workspace.h (compiled by g++) over a grid of problems: every float the
+// kernels address for a row of a sequence (dq's d floats, lse2, dpsum, and with deterministic the
+// turn counter of its 64-row block) lies inside bytes(), the regions of different heads and
+// buffers never overlap, and the turn counters exist only in the deterministic size. Prints
+// "ok N" (N problems) or the first failure; tests/api/test_bwd_workspace.py runs it.
 #include <cstdint>
 #include <cstdio>
 #include <vector>

@@ -1,5 +1,5 @@
 // Test harness for csrc/exp2_poly.cuh: evaluates fa4::exp2_poly<2..5> on given inputs so that
-// tests/test_exp2_poly.py can compare with float64 exp2 and with the torch model, bit for bit.
+// tests/api/test_exp2_poly.py can compare with float64 exp2 and with the torch model, bit for bit.
 //
 //   exp2_harness IN OUT       IN: raw float32 values (native byte order); OUT: the results of
 //                             degrees 2, 3, 4, 5 one after the other (4 x n float32)

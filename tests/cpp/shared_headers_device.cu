@@ -1,6 +1,7 @@
-// Compile check for tests/test_shared_headers.py: the shared headers (common/mask.cuh, common/softmax.cuh,
-// common/tile_scheduler.cuh) in __global__ functions shaped like the kernels' use of them, built for
-// sm_90a and sm_100a (nvcc -c; nothing runs). ptxas must keep every fragment in registers.
+// Compile check for tests/api/test_shared_headers.py: the shared headers (common/mask.cuh,
+// common/softmax.cuh, common/tile_scheduler.cuh) in __global__ functions shaped like the kernels'
+// use of them, built for sm_90a and sm_100a (nvcc -c; nothing runs). ptxas must keep every
+// fragment in registers.
 #include <stdint.h>
 
 #include "common/mask.cuh"

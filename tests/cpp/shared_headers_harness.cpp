@@ -1,5 +1,6 @@
-// Host harness for the kernels' shared headers (csrc/common/mask.cuh, common/softmax.cuh, common/tile_scheduler.cuh,
-// exp2_poly.cuh), driven by tests/test_shared_headers.py. Built with g++ -std=c++17.
+// Host harness for the kernels' shared headers (csrc/common/mask.cuh, common/softmax.cuh,
+// common/tile_scheduler.cuh, exp2_poly.cuh), driven by tests/api/test_shared_headers.py. Built
+// with g++ -std=c++17.
 //
 //   harness mask IN OUT    IN: lines "s_q s_k window_left window_right causal". For each case,
 //                          OUT gets (uint8) the s_q x s_k visibility by Mask::is_visible, (int32)

@@ -1,6 +1,7 @@
-// Evaluates the kernels' softcap_tanh (csrc/common/softmax.cuh, Note [softcap tanh]) and plain tanhf on
-// the GPU, for tests/test_softcap_tanh.py: reads n float32 from argv[1], writes 2n float32 to
-// argv[2] (softcap_tanh of each, then tanhf of each). Built with the kernels' --use_fast_math.
+// Evaluates the kernels' softcap_tanh (csrc/common/softmax.cuh, Note [softcap tanh]) and plain
+// tanhf on the GPU, for tests/gpu/test_softcap_tanh.py: reads n float32 from argv[1], writes 2n
+// float32 to argv[2] (softcap_tanh of each, then tanhf of each). Built with the kernels'
+// --use_fast_math. tests/sass/test_sass_softcap_tanh.py reads its SASS.
 #include <cstdio>
 #include <vector>
 

@@ -359,7 +359,7 @@ void test_tile_order_options() {
   CHECK(fa4::run_bwd(b, fake<void>(13), ws, nullptr, ob) == fa4::Status::kUnsupported);
 }
 
-// `test_api env-defaults`, run by tests/test_cpp_api.py in a process of its own with
+// `test_api env-defaults`, run by tests/api/test_cpp_api.py in a process of its own with
 // FA4_TILE_ORDER=first,bogus and FA4_BWD_TILE_ORDER=l2, in its environment: a null RunOptions
 // tile order is the variable's, as the process's first run_fwd / run_bwd read it; validate()
 // reads none.

@@ -1,6 +1,6 @@
 // Prints the SM100 forward's TMEM plan for every head dim (csrc/tmem.cuh compiled by g++), one
-// line per plan: d_v block_n q_tiles S0 S1 O0 O1 P_columns end alloc. tests/test_tmem_plan.py
-// checks the regions for overlaps and the 512-column limit.
+// line per plan: d_v block_n q_tiles S0 S1 O0 O1 P_columns end alloc.
+// tests/models/test_tmem_plan.py checks the regions for overlaps and the 512-column limit.
 #include <cstdio>
 
 #include "tmem.cuh"

@@ -1,6 +1,7 @@
-// Compile-only probe of csrc/tmem.cuh for sm_100a (tests/test_tmem_plan.py reads its SASS): one
-// warpgroup allocates the forward's TMEM plan, stores a P row chunk, loads an S chunk back,
-// rescales and stores an O chunk, and frees the allocation, in the order fwd_sm100.cu will.
+// Compile-only probe of csrc/tmem.cuh for sm_100a (tests/sass/test_sass_tmem_probe.py reads its
+// SASS): one warpgroup allocates the forward's TMEM plan, stores a P row chunk, loads an S chunk
+// back, rescales and stores an O chunk, and frees the allocation, in the order the SM100 forward
+// does.
 // Never launched: no Blackwell GPU is available ("compiled, not executed").
 #include "tmem.cuh"
 

@@ -1,7 +1,7 @@
 """Note [stream tile counter] (csrc/api/bindings.cpp) and Note [self-resetting tile counter]
-(csrc/common/tile_ring.cuh): every forward and backward run leaves its stream's tile counter at zero,
-so one counter per stream serves every call without a memset; streams that run at the same time
-and CUDA-graph replays do not share one. Each check compares the run-time schedule with the
+(csrc/common/tile_ring.cuh): every forward and backward run leaves its stream's tile counter at
+zero, so one counter per stream serves every call without a memset; streams that run at the same
+time and CUDA-graph replays do not share one. Each check compares the run-time schedule with the
 static stride (FA4_STATIC_SCHEDULE=1), which must give the same bits: a counter left non-zero
 would make the next run skip tiles and leave its output unwritten."""
 

@@ -1,15 +1,15 @@
 """tools/tile_order_model.py, the model behind the FA4_TILE_ORDER predictions (Note [tile order
 options]): its order and its section choice agree with the scheduler's documented ones (the
-cases of test_shared_headers.py::test_tile_order_options with GQA group 1), and its simulation
-reduces to plain sums where it must. Plain CPU test."""
+cases of tests/api/test_shared_headers.py::test_tile_order_options with GQA group 1), and its
+simulation reduces to plain sums where it must. Plain CPU test."""
 
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_script
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import tile_order_model as tom  # noqa: E402  (tools/ is not a package)
+ROOT = Path(__file__).resolve().parents[2]
+tom = load_script(ROOT / "tools" / "tile_order_model.py", "tile_order_model")
 
 
 def test_order_sections_and_lpt():

@@ -1,64 +1,47 @@
-"""The SM100 backward (csrc/bwd_sm100.cu) as compiled for sm_100a: its instructions and budget.
+"""The SM100 backward's 1-CTA kernel (csrc/sm100/bwd/kernel.cuh) at hd 64 and 96 as the build
+compiles it for sm_100a: its instructions and budget.
 
 Compiled, not executed: no Blackwell GPU is available to this project. These tests hold the
 1-CTA kernel's SASS (hd 64 and 96) to its design (docs/sm100.md, "Backward"): the
 five MMAs in their operand forms (S, dP, dQ from shared-memory descriptors; dV, dK with P / dS
 from TMEM), TMEM loads and stores, TMEM allocation, tcgen05.commit, TMA loads, bulk copies of the
 row statistics, the dQ TMA reduce-adds, setmaxnreg with the source's register table. hd 128 runs
-the 2-CTA kernel: tests/test_sass_sm100_bwd_2cta.py.
+the 2-CTA kernel (test_sass_sm100_bwd_2cta.py), hd 192, (192, 128) and 256 the head-dim split
+(test_sass_sm100_bwd_split.py).
 
-Runs in CI (CPU machine) with nvcc and cuobjdump, like tests/test_sass_sm100.py.
+Each instance is the manifest's (sass_helpers.compile_instance: its generated translation unit,
+the build's flags): bf16 at hd 64 and 96, fp16 at hd 96. Runs in CI (CPU machine) with nvcc,
+cuobjdump and nvdisasm.
 """
 
 import re
 from pathlib import Path
 
 import pytest
-from test_sass_sm90 import _compile
+from sass_helpers import compile_ahead, compile_instance, entries, sm100_bwd_kernels, threshold
 
-ROOT = Path(__file__).resolve().parents[1]
+from fa4 import manifest
+
+ROOT = Path(__file__).resolve().parents[2]
 KERNEL = ROOT / "csrc/sm100/bwd/kernel.cuh"
 pytestmark = pytest.mark.build
 
-HEAD_DIMS = (64, 96)  # the 1-CTA kernel's (hd 128: the 2-CTA kernel)
-DEFINES = tuple(f"-DFA4_HDIM_{d}" for d in HEAD_DIMS)
+HDIMS = ("64", "96")  # the 1-CTA kernel's unsplit head dims
+INSTANCES = [(h, "bf16") for h in HDIMS] + [("96", "fp16")]
+ELEMENT = {"bf16": "bfloat16", "fp16": "half"}  # in the mangled names (cutlass::bfloat16_t, ...)
+compile_ahead(
+    __name__,
+    [("sm100", "bwd", h, t) for h, t in INSTANCES] + [("sm100", "bwd", "64", "bf16", "90a")],
+)
+
+
+def compiled(tmp_path_factory, hdim, dtype="bf16"):
+    return compile_instance(tmp_path_factory, "sm100", "bwd", hdim, dtype)
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    return _compile(tmp_path_factory, "csrc/bwd_sm100.cu", *DEFINES, arch="100a")
-
-
-def kernels_by_dims(sass):
-    """SASS text of each 1-CTA main kernel, keyed by (d, d_v, dtype) from the mangled name."""
-    out = {}
-    for block in sass.split("Function : ")[1:]:
-        m = re.match(r"\S*bwd_kernelINS1_9BwdTraitsILi(\d+)ELi(\d+)EN7cutlass(\d+)(\w+?)_tE", block)
-        if m:
-            out[(int(m.group(1)), int(m.group(2)), m.group(4))] = block
-    return out
-
-
-def spill_stores(ptxas, kernel=r"bwd_kernel\w*"):
-    """Bytes of spill stores ptxas reports for each entry function whose name matches."""
-    return [
-        int(n)
-        for n in re.findall(
-            rf"Compiling entry function '\w*{kernel}'.*?\n.*?\n\s*\d+ bytes stack frame, "
-            r"(\d+) bytes spill stores",
-            ptxas,
-        )
-    ]
-
-
-def _functions(sass):
-    """Keyed by (d, dtype): the kernels here have d = d_v."""
-    return {(d, t): block for (d, _, t), block in kernels_by_dims(sass).items()}
-
-
-@pytest.fixture(scope="module")
-def hd96(compiled):
-    return _functions(compiled[1])[(96, "bfloat16")]
+def hd96(tmp_path_factory):
+    return sm100_bwd_kernels(compiled(tmp_path_factory, "96")[1])[(96, 96, "bfloat16")]
 
 
 def _source_int(name):
@@ -67,23 +50,25 @@ def _source_int(name):
     return int(m.group(1))
 
 
-def test_one_kernel_per_head_dim_and_dtype(compiled):
-    _, sass = compiled
-    assert sorted(_functions(sass)) == sorted(
-        (d, t) for d in HEAD_DIMS for t in ("bfloat16", "half")
-    )
+@pytest.mark.parametrize("hdim, dtype", INSTANCES)
+def test_one_main_kernel_per_instance(tmp_path_factory, hdim, dtype):
+    d, dv = manifest.HEAD_DIMS[hdim]
+    assert list(sm100_bwd_kernels(compiled(tmp_path_factory, hdim, dtype)[1])) == [
+        (d, dv, ELEMENT[dtype])
+    ]
 
 
-def test_spills_bounded(compiled):
-    """≤ 8 bytes of spill stores per main kernel (two scalars saved at entry). Before Note
-    [single-thread MMA issue] the MMA role ran on lane 0 alone: 40 bytes at d = 96 (the
-    compute warpgroups' dK/dV row addresses), and 124 with single-lane issue helpers, whose
-    descriptors left the uniform registers. Run by the whole warp, with one elected lane issuing,
-    the role's values stay uniform."""
-    ptxas, _ = compiled
-    main = spill_stores(ptxas)
-    assert len(main) == 2 * len(HEAD_DIMS), ptxas
-    assert max(main) <= 8, ptxas
+@pytest.mark.parametrize("hdim, dtype", INSTANCES)
+def test_spills_bounded(tmp_path_factory, hdim, dtype):
+    """At most sm100_bwd_spill_bytes_max bytes of spill stores in the main kernel (8: two
+    scalars saved at entry). Before Note [single-thread MMA issue] the MMA role ran on lane 0
+    alone: 40 bytes at d = 96 (the compute warpgroups' dK/dV row addresses), and 124 with
+    single-lane issue helpers, whose descriptors left the uniform registers. Run by the whole
+    warp, with one elected lane issuing, the role's values stay uniform."""
+    ptxas, _ = compiled(tmp_path_factory, hdim, dtype)
+    main = [e for name, e in entries(ptxas, "100a").items() if "bwd_kernel" in name]
+    assert len(main) == 1, ptxas
+    assert main[0]["spill_stores"] <= threshold("sm100_bwd_spill_bytes_max"), ptxas
 
 
 def test_mma_role_run_by_the_whole_warp():
@@ -147,22 +132,23 @@ def test_setmaxnreg_follows_the_register_table(hd96):
 
 
 def test_head_dim_dispatch():
-    """hd 64 and 96 run the 1-CTA kernel, hd 128 the 2-CTA kernel, hd 192, (192, 128) and 256 the
-    1-CTA kernel with the head dim split over two CTAs (Note [bwd head-dim split]:
-    tests/test_sass_sm100_bwd_split.py)."""
-    src = (ROOT / "csrc/bwd_sm100.cu").read_text()
-    assert re.findall(r"bwd::launch_bwd_dtype<(\d+, \d+)>", src) == [
-        "64, 64",
-        "96, 96",
-        "192, 192",
-        "192, 128",
-        "256, 256",
+    """hd 64 and 96 run the 1-CTA kernel, hd 128 the 2-CTA kernel (test_sass_sm100_bwd_2cta.py),
+    hd 192, (192, 128) and 256 the 1-CTA kernel with the head dim split over two CTAs (Note [bwd
+    head-dim split]: test_sass_sm100_bwd_split.py): those are the manifest's SM100 backward head
+    dims, and the family's instance header takes the 2-CTA kernel at d = d_v = 128 only."""
+    assert sorted(manifest.head_dims_of("sm100", "bwd")) == [
+        (64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256)
+    ]  # fmt: skip
+    src = (ROOT / "csrc/sm100/bwd/instance.cuh").read_text()
+    body = src[src.index("Status bwd_instance(") :]
+    assert re.findall(r"if constexpr \((.*)\) \{\s*return (\w+)::launch_bwd<", body) == [
+        ("D == 128 && DV == 128", "bwd2")
     ]
-    assert re.findall(r"bwd2::launch_bwd_dtype<(\d+), \d+>", src) == ["128"]
+    assert re.search(r"\} else \{\s*return bwd::launch_bwd<bwd::BwdTraits<D, DV, ", body)
 
 
 def test_sm90a_pass_compiles_an_empty_body(tmp_path_factory):
-    """A multi-arch build also compiles bwd_sm100.cu for sm_90a: the main kernel's body is guarded
-    by __CUDA_ARCH_FEAT_SM100_ALL, so that pass has no tcgen05 code."""
-    _, sass = _compile(tmp_path_factory, "csrc/bwd_sm100.cu", "-DFA4_HDIM_64", arch="90a")
+    """The default build (90a and 100a) also compiles each SM100 instance for sm_90a: the main
+    kernel's body is guarded by __CUDA_ARCH_FEAT_SM100_ALL, so that pass has no tcgen05 code."""
+    _, sass = compile_instance(tmp_path_factory, "sm100", "bwd", "64", "bf16", arch="90a")
     assert "UTCHMMA" not in sass and "LDTM" not in sass

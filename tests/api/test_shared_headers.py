@@ -1,6 +1,6 @@
-"""The kernels' shared headers on the host: csrc/common/mask.cuh, common/softmax.cuh and common/tile_scheduler.cuh,
-run by tests/cpp/shared_headers_harness.cpp (g++) exactly as the SM90 and SM100 kernels will
-include them.
+"""The kernels' shared headers on the host: csrc/common/mask.cuh, common/softmax.cuh and
+common/tile_scheduler.cuh, run by tests/cpp/shared_headers_harness.cpp (g++) exactly as the SM90
+and SM100 kernels include them.
 
 - masks: the element predicate and what a kernel would produce (block range, element mask only
   on the blocks needs_mask names, RowMajorFrag and QuadFrag fragments) equal
@@ -9,8 +9,8 @@ include them.
   backward's Q-block range of each KV block (q_blocks_seeing) is the scan of those block ranges,
   and its per-block mask test (block_needs_mask) is block_range's needs_mask; the blocks a
   warpgroup's 64-row slice of a tile sees end where slice_block_end says.
-- softmax: whole attention problems through common/mask.cuh + common/softmax.cuh + exp2_poly.cuh against
-  fa4.reference.attention_fa4_model: decision counts identical, out and lse close.
+- softmax: whole attention problems through common/mask.cuh + common/softmax.cuh + exp2_poly.cuh
+  against fa4.reference.attention_fa4_model: decision counts identical, out and lse close.
 - scheduler: every tile once, the documented orders.
 - the same headers compile as device code for sm_90a and sm_100a, without local memory.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 import struct
 import subprocess
 import zlib
@@ -28,14 +27,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import assert_tolerance, build_gxx
+from helpers import assert_tolerance, build_gxx, need_tool
 
 from fa4 import reference
 from fa4.reference import allowed_keys, attention_fa4_model, attention_ref
 
 pytestmark = pytest.mark.build
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HARNESS_SRC = ROOT / "tests" / "cpp" / "shared_headers_harness.cpp"
 DEVICE_SRC = ROOT / "tests" / "cpp" / "shared_headers_device.cu"
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -679,10 +678,9 @@ def test_compiles_as_device_code(tmp_path):
     """common/mask.cuh, common/softmax.cuh (QuadFrag, kThreadsPerRow = 4, and RowMajorFrag, 1) and
     common/tile_scheduler.cuh in __global__ functions for sm_90a and sm_100a; no local memory (an
     array indexed at run time, or spills, would show as a stack frame)."""
-    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    if not Path(nvcc).exists():
-        pytest.skip("nvcc not found: cannot compile the shared headers as device code")
-    cmd = [nvcc, "-x", "cu", "-std=c++17", "-O3", f"-I{ROOT / 'csrc'}", "-c", "-o", str(tmp_path / "d.o")]
+    nvcc = need_tool("nvcc", "compile the shared headers as device code")
+    cmd = [nvcc, "-x", "cu", "-std=c++17", "-O3", f"-I{ROOT / 'csrc'}", "-c", "-o",
+           str(tmp_path / "d.o")]  # fmt: skip
     cmd += ["-Xptxas", "-v", "-Werror", "all-warnings"]
     cmd += [
         "-gencode",

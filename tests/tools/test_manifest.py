@@ -12,7 +12,7 @@ from helpers import load_script
 
 from fa4 import manifest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_manifest_names_existing_files_and_known_values():

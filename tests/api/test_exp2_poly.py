@@ -6,9 +6,7 @@ within them, and the torch model must equal the C++ bit for bit.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import shutil
 import subprocess
 import sys
 from fractions import Fraction
@@ -17,26 +15,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import build_gxx
+from helpers import build_gxx, load_script, need_tool
 
 from fa4._exp2 import _fma_f32, exp2_poly
 from fa4._exp2_coeffs import COEFFS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HEADER = ROOT / "csrc" / "exp2_poly.cuh"
 HARNESS_SRC = ROOT / "tests" / "cpp" / "exp2_harness.cpp"
 FIT_SCRIPT = ROOT / "tools" / "fit_exp2.py"
 DEGREES = (2, 3, 4, 5)
 
 
-def _load_fit_script():
-    spec = importlib.util.spec_from_file_location("fit_exp2", FIT_SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-fit = _load_fit_script()
+fit = load_script(FIT_SCRIPT, "fit_exp2")
 
 
 def documented_bounds() -> dict[int, float]:
@@ -278,18 +269,14 @@ def test_fit_script_check_passes():
 
 
 def _nvcc() -> str:
-    nvcc = shutil.which("nvcc")
-    if nvcc is None and Path("/usr/local/cuda/bin/nvcc").exists():
-        nvcc = "/usr/local/cuda/bin/nvcc"
-    if nvcc is None:
-        pytest.skip("nvcc not found: cannot compile exp2_poly.cuh as device code")
-    return nvcc
+    return need_tool("nvcc", "compile exp2_poly.cuh as device code")
 
 
 @pytest.mark.build
 def test_compiles_as_device_code(tmp_path):
     """The header is valid CUDA for both kernel targets (compile only, no GPU needed)."""
-    cmd = [_nvcc(), "-x", "cu", "-std=c++17", f"-I{ROOT / 'csrc'}", "-c", "-o", str(tmp_path / "h.o")]
+    cmd = [_nvcc(), "-x", "cu", "-std=c++17", f"-I{ROOT / 'csrc'}", "-c", "-o",
+           str(tmp_path / "h.o")]  # fmt: skip
     cmd += [
         "-gencode",
         "arch=compute_90a,code=sm_90a",
@@ -307,7 +294,8 @@ def test_device_bit_identical_to_host(harness, tmp_path, fast_math):
     """The device path (floor by __fadd_rd) gives the host path's bits on a real GPU; with
     --use_fast_math (ftz) too, except that a denormal x is read as 0 and gives exactly 1."""
     exe = tmp_path / "exp2_harness_cuda"
-    cmd = [_nvcc(), "-x", "cu", "-std=c++17", "-O2", "-arch=native", f"-I{ROOT / 'csrc'}", "-o", str(exe)]
+    cmd = [_nvcc(), "-x", "cu", "-std=c++17", "-O2", "-arch=native", f"-I{ROOT / 'csrc'}",
+           "-o", str(exe)]  # fmt: skip
     cmd += ["--use_fast_math"] if fast_math else []
     res = subprocess.run([*cmd, str(HARNESS_SRC)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

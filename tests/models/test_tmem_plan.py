@@ -1,30 +1,21 @@
-"""SM100 TMEM plan (csrc/tmem.cuh): checked on the host and in sm_100a SASS.
-
-Compiled, not executed: no Blackwell GPU is available. The plan is checked for overlapping
-regions and the 512-column limit for every head dim; the tcgen05 helpers must compile to the
-TMEM instructions (alloc, ld, st) with no local memory.
+"""SM100 TMEM plans (csrc/tmem.cuh, csrc/sm100/bwd/): the column plans of the forward and the
+backward, printed on the host by tests/cpp/tmem_plan_harness.cpp and bwd_tmem_plan_harness.cpp
+(models.tmem_model reads them), checked for overlapping regions and the 512-column limit at every
+head dim. The tcgen05 helpers' SASS: tests/sass/test_sass_tmem_probe.py.
 """
 
 import itertools
-import os
-import re
-import subprocess
-from pathlib import Path
 
 import pytest
-from helpers import build_gxx
-from test_sass_sm90 import _tool
+from models.tmem_model import bwd_plans as read_bwd_plans
+from models.tmem_model import fwd_plans
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.build
 
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
-    exe = build_gxx(ROOT / "tests/cpp/tmem_plan_harness.cpp", tmp_path_factory.mktemp("tm") / "p")
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    keys = "d_v block_n q_tiles s0 s1 o0 o1 p_cols end alloc".split()
-    return [dict(zip(keys, map(int, line.split()), strict=True)) for line in out.splitlines()]
+    return fwd_plans(tmp_path_factory)
 
 
 def regions(p):
@@ -57,60 +48,12 @@ def test_ping_pong_wherever_two_tiles_fit(plans):
     assert by_dv[128]["end"] == 512
 
 
-@pytest.fixture(scope="module")
-def probe_sass(tmp_path_factory):
-    nvcc, cuobjdump, nvdisasm = _tool("nvcc"), _tool("cuobjdump"), _tool("nvdisasm")
-    if None in (nvcc, cuobjdump, nvdisasm):
-        pytest.skip(f"needs nvcc, cuobjdump, nvdisasm (found {nvcc}, {cuobjdump}, {nvdisasm})")
-    cubin = tmp_path_factory.mktemp("tmem") / "probe.cubin"
-    cmd = [nvcc, "-cubin", str(ROOT / "tests/cpp/tmem_probe_sm100.cu"), "-o", str(cubin),
-           "-std=c++17", "-O3", "-gencode=arch=compute_100a,code=sm_100a",
-           f"-I{ROOT / 'csrc'}", "-Xptxas=-v"]  # fmt: skip
-    build = subprocess.run(cmd, capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr[-4000:]
-    env = {**os.environ, "NVDISASM_PATH": str(Path(nvdisasm).parent)}
-    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, env=env)
-    assert sass.returncode == 0, sass.stderr
-    return build.stderr, sass.stdout
-
-
-@pytest.mark.parametrize(
-    "op, why",
-    [
-        ("UTCATOMSWS", "tcgen05.alloc / dealloc"),
-        ("LDTM.x32", "tcgen05.ld of 32 columns (S and O chunks)"),
-        ("STTM.x16", "tcgen05.st of a 16-bit P chunk"),
-        ("STTM.x32", "tcgen05.st of a rescaled O chunk"),
-    ],
-)
-def test_probe_sass_has(probe_sass, op, why):
-    assert op in probe_sass[1], f"{op} missing: {why}"
-
-
-def test_probe_uses_no_local_memory(probe_sass):
-    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", probe_sass[0])
-    assert len(frames) == 4 and all(f == ("0", "0") for f in frames), probe_sass[0]
-
-
 # ---- Backward (Note [bwd TMEM plan], Note [bwd head-dim split]) -------------------------------
-BWD_KEYS = "d hdv block_m slice_d slice_dv s dp dq dk dv end alloc".split()
-
-
-def parse_bwd_plans(out):
-    plans = []
-    for line in out.splitlines():
-        v = list(map(int, line.split()))
-        n = len(BWD_KEYS)
-        plans.append({**dict(zip(BWD_KEYS, v[:n], strict=True)), "slices": v[n:]})
-    return plans
 
 
 @pytest.fixture(scope="module")
 def bwd_plans(tmp_path_factory):
-    src = ROOT / "tests/cpp/bwd_tmem_plan_harness.cpp"
-    exe = build_gxx(src, tmp_path_factory.mktemp("tmb") / "p")
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    return parse_bwd_plans(out)
+    return read_bwd_plans(tmp_path_factory)
 
 
 def test_bwd_plan_head_dims_and_regions(bwd_plans):

@@ -1,4 +1,5 @@
-"""The 2-CTA SM100 backward (csrc/sm100/bwd/kernel_2cta.cuh, hd 128) as compiled for sm_100a.
+"""The 2-CTA SM100 backward (csrc/sm100/bwd/kernel_2cta.cuh, hd 128) as the build compiles it for
+sm_100a.
 
 Compiled, not executed: no Blackwell GPU is available to this project. These tests hold the SASS
 to Note [bwd 2-CTA] (docs/sm100.md): cta_group::2 MMAs in both operand forms, the pair's TMEM
@@ -6,43 +7,43 @@ allocation, commits multicast to both CTAs, cluster barriers, the dS exchange th
 shared memory with its cluster-scope fence and remote arrivals, the dQ reduce-adds of 64-row
 sub-tiles, and the barrier table's arrival counts.
 
-Runs in CI (CPU machine) with nvcc and cuobjdump, like tests/test_sass_sm100_bwd.py.
+The instances are the manifest's hd 128 ones (sass_helpers.compile_instance: the generated
+translation unit, the build's flags), bf16 and fp16. Runs in CI (CPU machine) with nvcc,
+cuobjdump and nvdisasm.
 """
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
-from test_sass_sm90 import _compile
-from test_sass_sm100_bwd import spill_stores
+from helpers import load_script
+from sass_helpers import compile_ahead, compile_instance, entries, functions, threshold
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KERNEL = ROOT / "csrc/sm100/bwd/kernel_2cta.cuh"
-sys.path.insert(0, str(ROOT / "tools"))
-from protocol_model import parse_bar_table  # noqa: E402  (tools/ is not a package)
+protocol_model = load_script(ROOT / "tools" / "protocol_model.py", "protocol_model")
 
 pytestmark = pytest.mark.build
+compile_ahead(__name__, [("sm100", "bwd", "128", t) for t in ("bf16", "fp16")])
+
+
+def compiled(tmp_path_factory, dtype="bf16"):
+    return compile_instance(tmp_path_factory, "sm100", "bwd", "128", dtype)
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    return _compile(tmp_path_factory, "csrc/bwd_sm100.cu", "-DFA4_HDIM_128", arch="100a")
-
-
-@pytest.fixture(scope="module")
-def kernel(compiled):
+def kernel(tmp_path_factory):
     """SASS of the bf16 2-CTA kernel."""
-    for block in compiled[1].split("Function : ")[1:]:
-        if re.match(r"\S*bwd_kernel_2ctaI\S*bfloat16", block):
-            return block
+    for name, body in functions(compiled(tmp_path_factory)[1]).items():
+        if re.match(r"\S*bwd_kernel_2ctaI\S*bfloat16", name):
+            return body
     raise AssertionError("no bf16 bwd_kernel_2cta in the SASS")
 
 
-def test_both_dtypes_and_no_1cta_kernel_at_hd128(compiled):
-    ptxas, _ = compiled
-    names = re.findall(r"Compiling entry function '(\w+)' for 'sm_100a'", ptxas)
-    assert len([n for n in names if "bwd_kernel_2cta" in n]) == 2, names
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_2cta_kernel_and_no_1cta_kernel_at_hd128(tmp_path_factory, dtype):
+    names = list(entries(compiled(tmp_path_factory, dtype)[0], "100a"))
+    assert len([n for n in names if "bwd_kernel_2cta" in n]) == 1, names
     assert not [n for n in names if re.search(r"bwd_kernelI", n)], names
 
 
@@ -90,7 +91,8 @@ def test_barrier_table():
     """The arrival counts follow the roles: P and dS from both CTAs' 256 compute threads, dQ
     loaded by both CTAs' 128 reduce threads, everything else one arrival (a TMA transaction, the
     relay, or a commit)."""
-    _, kinds, rows = parse_bar_table(KERNEL.read_text())  # rows in the order of enum Bar
+    # rows in the order of enum Bar
+    _, kinds, rows = protocol_model.parse_bar_table(KERNEL.read_text())
     assert kinds == ["kOnce"]
     assert {name: arrivals for name, _, arrivals in rows if arrivals != 1} == {
         "kPFull": 512,
@@ -99,20 +101,21 @@ def test_barrier_table():
     }
 
 
-def test_spills_bounded(compiled):
-    """60 bytes of spill stores: the MMA warp holds the descriptors of eight operand buffers (the
-    dQ MMA alone walks 16 K slices of two); 144 with the 1-CTA kernel's register table (MMA warp
-    at 40), hence the kernel's own (reduce 128, others 64: a reduce thread holds half a dQ
-    row). None of them S, P, dP, dS or dQ elements."""
-    ptxas, _ = compiled
-    main = spill_stores(ptxas, r"bwd_kernel_2cta\w*")
-    assert len(main) == 2, ptxas
-    assert max(main) <= 60, ptxas
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_spills_bounded(tmp_path_factory, dtype):
+    """At most sm100_bwd_2cta_spill_bytes_max bytes of spill stores (60): the MMA warp holds the
+    descriptors of eight operand buffers (the dQ MMA alone walks 16 K slices of two); 144 with
+    the 1-CTA kernel's register table (MMA warp at 40), hence the kernel's own (reduce 128,
+    others 64: a reduce thread holds half a dQ row). None of them S, P, dP, dS or dQ elements."""
+    ptxas, _ = compiled(tmp_path_factory, dtype)
+    main = [e for name, e in entries(ptxas, "100a").items() if "bwd_kernel_2cta" in name]
+    assert len(main) == 1, ptxas
+    assert main[0]["spill_stores"] <= threshold("sm100_bwd_2cta_spill_bytes_max"), ptxas
 
 
 def test_setmaxnreg_follows_its_register_table(kernel):
     """The 2-CTA kernel's own reduce and MMA/load budgets, the compute warpgroups' shared."""
-    src = (ROOT / "csrc/sm100/bwd/kernel_2cta.cuh").read_text()
+    src = KERNEL.read_text()
     regs = {
         n: int(re.search(rf"constexpr int {n} = (\d+);", src).group(1))
         for n in ("kRegsReduce", "kRegsOther")

@@ -12,7 +12,7 @@ import torch
 
 from fa4 import _ops, dispatch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KNOBS = ("FA4_NUM_SMS", "FA4_STATIC_SCHEDULE", "FA4_FRESH_TILE_COUNTER", "FA4_TILE_ORDER",
          "FA4_BWD_TILE_ORDER")  # fmt: skip
 

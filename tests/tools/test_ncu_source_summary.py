@@ -7,7 +7,7 @@ from pathlib import Path
 from helpers import load_script
 
 ns = load_script(
-    Path(__file__).resolve().parents[1] / "tools" / "ncu_source_summary.py", "ncu_source_summary"
+    Path(__file__).resolve().parents[2] / "tools" / "ncu_source_summary.py", "ncu_source_summary"
 )
 
 PAGE = """\

@@ -7,35 +7,25 @@ KV blocks: two Q tiles, PV0(i), S0(i+1), PV1(i), S1(i+1) (sm100/fwd/kernel.cuh);
 softmax reads S (fp32) from its buffer and writes P (16-bit) over its first kBlockN / 2 columns;
 P·V reads P per 16-element K slice, 8 columns apart; O accumulates in its region. The row
 statistics use the exact row max (the online rescale is the tile model's business,
-tests/test_reference_model.py), so out must equal softmax(Q·Kᵀ)·V in float64: an overlap of S, P
-and O regions, or a buffer reused before its reader, gives NaN or a wrong O.
+tests/models/test_reference_model.py), so out must equal softmax(Q·Kᵀ)·V in float64: an overlap
+of S, P and O regions, or a buffer reused before its reader, gives NaN or a wrong O.
 
 What this does not check: tcgen05's PTX semantics, which only a Blackwell GPU can.
 """
 
 import math
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import build_gxx
-from tmem_model import N_LANES, Tmem
+from models.tmem_model import N_LANES, Tmem, fwd_plans
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.build
 K_SLICE = 16
 
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
-    exe = build_gxx(ROOT / "tests/cpp/tmem_plan_harness.cpp", tmp_path_factory.mktemp("fdf") / "p")
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    keys = "d_v block_n q_tiles s0 s1 o0 o1 p_cols end alloc".split()
-    return {
-        int(r.split()[0]): dict(zip(keys, map(int, r.split()), strict=True))
-        for r in out.splitlines()
-    }
+    return {p["d_v"]: p for p in fwd_plans(tmp_path_factory)}
 
 
 def replay(plan, qs, k, v, scale):

@@ -1,25 +1,18 @@
 """CPU tests of the pure parts of bench/bench.py: FLOPs, the sweep, CSV rows, tables."""
 
 import csv
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_script
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_main", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # puts bench/ on sys.path, so bench_util imports too
-    return mod
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench.py"
 
 
-bench = _load()
-import bench_util as bu  # noqa: E402
+bu = load_script(BENCH.parent / "bench_util.py", "bench_util")  # before bench.py, which imports it
+bench = load_script(BENCH, "bench_main")
 
 
 def test_flops_hand_computed():
@@ -175,10 +168,7 @@ def test_guard_and_seeds():
 
 
 def _load_sweep():
-    spec = importlib.util.spec_from_file_location("env_sweep", BENCH.parent / "env_sweep.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH.parent / "env_sweep.py", "env_sweep")
 
 
 def test_env_sweep_variants_and_rounds():

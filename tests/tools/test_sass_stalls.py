@@ -5,7 +5,7 @@ from pathlib import Path
 
 from helpers import load_script
 
-ss = load_script(Path(__file__).resolve().parents[1] / "tools" / "sass_stalls.py", "sass_stalls")
+ss = load_script(Path(__file__).resolve().parents[2] / "tools" / "sass_stalls.py", "sass_stalls")
 
 LISTING = """
 \t\tFunction : _Z6kernelI6bf16_tEvv

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from helpers import load_script
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "host_overhead.py"
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "host_overhead.py"
 ns = load_script(TOOL, "host_overhead")
 
 

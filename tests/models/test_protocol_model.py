@@ -7,15 +7,14 @@ checks can fail.
 """
 
 import re
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import protocol_model as pm  # noqa: E402  (tools/ is not a package)
+ROOT = Path(__file__).resolve().parents[2]
+pm = load_script(ROOT / "tools" / "protocol_model.py", "protocol_model")
 
 TABLE = pm.parse_kernel()
 

@@ -10,14 +10,13 @@ completes after dQ(i - 1)); dropping it is not caught, and the full exploration 
 is not run here.
 """
 
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import protocol_model_bwd2 as pb2  # noqa: E402  (tools/ is not a package)
+ROOT = Path(__file__).resolve().parents[2]
+pb2 = load_script(ROOT / "tools" / "protocol_model_bwd2.py", "protocol_model_bwd2")
 
 SPECS = pb2.parse_kernel()
 

@@ -18,28 +18,19 @@ only a Blackwell GPU can; docs/sm100.md says so.
 """
 
 import math
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import build_gxx
-from test_tmem_plan import parse_bwd_plans
-from tmem_model import N_LANES as N_KV
-from tmem_model import Tmem
+from models.tmem_model import N_LANES as N_KV
+from models.tmem_model import Tmem, bwd_plans
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.build
 K_SLICE = 16
 
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
-    exe = build_gxx(
-        ROOT / "tests/cpp/bwd_tmem_plan_harness.cpp", tmp_path_factory.mktemp("df") / "p"
-    )
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    return {(p["d"], p["hdv"]): p for p in parse_bwd_plans(out)}
+    return {(p["d"], p["hdv"]): p for p in bwd_plans(tmp_path_factory)}
 
 
 def dq_lanes(block_m):

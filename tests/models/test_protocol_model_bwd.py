@@ -7,15 +7,14 @@ kind, which shows the checks can fail. Waits that the model shows to be implied 
 listed too (dropping them alone is not caught).
 """
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import protocol_model_bwd as pb  # noqa: E402  (tools/ is not a package)
+ROOT = Path(__file__).resolve().parents[2]
+pb = load_script(ROOT / "tools" / "protocol_model_bwd.py", "protocol_model_bwd")
 
 TABLE = pb.parse_kernel()
 

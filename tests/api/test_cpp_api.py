@@ -14,21 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import find_tool
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _find_nvcc() -> str | None:
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-    candidate = Path(cuda_home) / "bin" / "nvcc"
-    return str(candidate) if candidate.is_file() else None
+ROOT = Path(__file__).resolve().parents[2]
 
 
 CMAKE = shutil.which("cmake")
-NVCC = _find_nvcc()
+NVCC = find_tool("nvcc")
 
 
 def _run(label: str, cmd: list, **kwargs) -> subprocess.CompletedProcess:

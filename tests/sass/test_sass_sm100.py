@@ -1,56 +1,83 @@
-"""The SM100 forward (csrc/fwd_sm100.cu) as compiled for sm_100a: its instructions and ptxas budget.
+"""The SM100 forward (csrc/sm100/fwd/kernel.cuh) as the build compiles it for sm_100a: its
+instructions and ptxas budget.
 
 Compiled, not executed: no Blackwell GPU is available to this project. These tests hold the
 kernel's SASS to its design (docs/sm100.md): both tcgen05.mma operand forms, TMEM
 loads and stores, TMEM allocation, tcgen05.commit, TMA, setmaxnreg with the source's register
 table, and the exp2 split between MUFU.EX2 and the polynomial.
 
-Runs in CI (CPU machine) with nvcc, cuobjdump and nvdisasm, like tests/test_sass_sm90.py.
+Each instance is the manifest's (sass_helpers.compile_instance: its generated translation unit,
+the build's flags): bf16 at every head dim, fp16 at hd 128. Runs in CI (CPU machine) with nvcc,
+cuobjdump and nvdisasm.
 """
 
 import re
 from pathlib import Path
 
 import pytest
-from test_sass_sm90 import _compile
+from sass_helpers import (
+    compile_ahead,
+    compile_instance,
+    entries,
+    functions,
+    hdim_names,
+    threshold,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
+from fa4 import manifest
+
+ROOT = Path(__file__).resolve().parents[2]
 KERNEL = ROOT / "csrc/sm100/fwd/kernel.cuh"
 pytestmark = pytest.mark.build
 
-HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
-# as setup.py passes for FA4_HDIMS=64,96,128,192,256,192x128
-DEFINES = tuple(f"-DFA4_HDIM_{d}" if d == dv else f"-DFA4_HDIM_{d}X{dv}" for d, dv in HEAD_DIMS)
+HDIMS = hdim_names("sm100", "fwd")
+INSTANCES = [(h, "bf16") for h in HDIMS] + [("128", "fp16")]
+ELEMENT = {"bf16": "bfloat16", "fp16": "half"}  # in the mangled names (cutlass::bfloat16_t, ...)
+compile_ahead(
+    __name__,
+    [("sm100", "fwd", h, t) for h, t in INSTANCES] + [("sm100", "fwd", "128", "bf16", "90a")],
+)
+
+
+def compiled(tmp_path_factory, hdim="128", dtype="bf16"):
+    return compile_instance(tmp_path_factory, "sm100", "fwd", hdim, dtype)
+
+
+def traits(name):
+    """((d, d_v), element) of a forward kernel's mangled name."""
+    m = re.search(r"FwdTraitsILi(\d+)ELi(\d+)EN7cutlass\d+(\w+?)_tE", name)
+    assert m, name
+    return (int(m.group(1)), int(m.group(2))), m.group(3)
+
+
+def kernel(tmp_path_factory, hdim, dtype="bf16"):
+    """SASS of the instance's one kernel."""
+    (body,) = functions(compiled(tmp_path_factory, hdim, dtype)[1]).values()
+    return body
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    return _compile(tmp_path_factory, "csrc/fwd_sm100.cu", *DEFINES, arch="100a")
+def hd128(tmp_path_factory):
+    return kernel(tmp_path_factory, "128")
 
 
-def _functions(sass):
-    """SASS text per kernel, keyed by ((d, d_v), dtype) from the mangled name."""
-    out = {}
-    for block in sass.split("Function : ")[1:]:
-        m = re.match(r"\S*FwdTraitsILi(\d+)ELi(\d+)EN7cutlass(\d+)(\w+?)_tE", block)
-        assert m, block[:200]
-        out[((int(m.group(1)), int(m.group(2))), m.group(4))] = block
-    return out
+@pytest.mark.parametrize("hdim, dtype", INSTANCES)
+def test_one_kernel_per_instance(tmp_path_factory, hdim, dtype):
+    ptxas, sass = compiled(tmp_path_factory, hdim, dtype)
+    names = list(entries(ptxas, "100a"))
+    assert len(names) == 1, names
+    assert traits(names[0]) == (manifest.HEAD_DIMS[hdim], ELEMENT[dtype]), names[0]
+    assert list(functions(sass)) == names
 
 
-@pytest.fixture(scope="module")
-def hd128(compiled):
-    return _functions(compiled[1])[((128, 128), "bfloat16")]
-
-
-def test_no_warp_collective_in_lone_lane_roles(compiled):
+@pytest.mark.parametrize("hdim", HDIMS)
+def test_no_warp_collective_in_lone_lane_roles(tmp_path_factory, hdim):
     """Note [single-thread MMA issue]: the MMA, load and epilogue roles run on lane 0 of their
     warp alone. CuTe's MMA atoms issue under elect.sync over the full warp, which ptxas lowers to
     WARPSYNC.COLLECTIVE with mask 0xffffffff where it cannot prove the warp converged: from a lone
     lane it waits for 31 lanes that never come. 96 such sites per kernel before the kernel issued
     tcgen05.mma itself (umma_ss / umma_ts)."""
-    for key, fn in _functions(compiled[1]).items():
-        assert "WARPSYNC.COLLECTIVE" not in fn, key
+    assert "WARPSYNC.COLLECTIVE" not in kernel(tmp_path_factory, hdim)
 
 
 def _source_int(name):
@@ -59,37 +86,28 @@ def _source_int(name):
     return int(m.group(1))
 
 
-def test_one_kernel_per_head_dim_and_dtype(compiled):
-    ptxas, sass = compiled
-    kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_100a'", ptxas)
-    assert len(kernels) == 2 * len(HEAD_DIMS), kernels
-    assert sorted(_functions(sass)) == sorted(
-        (d, t) for d in HEAD_DIMS for t in ("bfloat16", "half")
-    )
-
-
-def test_spills_bounded(compiled):
-    """Not yet spill-free: ≤ 124 bytes of spill stores per kernel (108 / 124 / 124 at hd 64 / 96
-    / 128, 36 at hd 192 and (192, 128), 52 at hd 256) since Note [packed exp2] (FFMA2 / FADD2
-    pairs: 62 instead of 84 STL at hd 128); 172 / 184 / 180 before it, since the tile ring of
-    Note [dynamic tiles],
-    which took the int64 divisions out of every role but load: the spill instructions went down
-    (hd 96: 90 → 86 STL, 126 → 108 LDL; 17408 → 15104 instructions), the spill slots up by a few
-    words; 140 / 180 / 168 / 28 / 28 / 40 before it, 132 / 128 / 120 / 12 / 12 / 24 before the
-    TMA-store epilogue, whose staging adds ~18 spill instructions to the correction warpgroup
-    (80 registers) at tile granularity, none in its per-block rescale loop, and a few in the
-    48-register warpgroup that now also runs the epilogue warp's tile loop),
-    all of them scalars (barrier addresses, ring counters, tile bounds, the registers the int64
-    division subroutine of TileScheduler::at saves), none of the S/P/O element arrays. At
-    kBlockN = 128 the softmax warpgroups (192 registers) have ~60 spill instructions, ~30 of
-    them in the per-KV-block loop next to ~3700 instructions of softmax; with the exp2
-    polynomial off (kEmuSixteenths = 0) they drop to 2, and at kBlockN = 64 (hd 192) they are 2:
-    the polynomial's temporaries beside a row of 128 scores exceed the budget, and more
-    registers (208) do not remove them (docs/sm100.md, "Registers")."""
-    ptxas, _ = compiled
-    stores = [int(s) for s in re.findall(r"(\d+) bytes spill stores", ptxas)]
-    assert len(stores) == 2 * len(HEAD_DIMS), ptxas
-    assert max(stores) <= 124, ptxas
+@pytest.mark.parametrize("hdim, dtype", INSTANCES)
+def test_spills_bounded(tmp_path_factory, hdim, dtype):
+    """Not yet spill-free: at most sm100_fwd_spill_bytes_max bytes of spill stores per kernel
+    (tests/sass_helpers.py's THRESHOLDS; 108 / 124 / 124 at hd 64 / 96 / 128, 36 at hd 192 and
+    (192, 128), 52 at hd 256) since Note [packed exp2] (FFMA2 / FADD2 pairs: 62 instead of 84 STL
+    at hd 128); 172 / 184 / 180 before it, since the tile ring of Note [dynamic tiles], which
+    took the int64 divisions out of every role but load: the spill instructions went down (hd 96:
+    90 → 86 STL, 126 → 108 LDL; 17408 → 15104 instructions), the spill slots up by a few words;
+    140 / 180 / 168 / 28 / 28 / 40 before it, 132 / 128 / 120 / 12 / 12 / 24 before the TMA-store
+    epilogue, whose staging adds ~18 spill instructions to the correction warpgroup (80
+    registers) at tile granularity, none in its per-block rescale loop, and a few in the
+    48-register warpgroup that now also runs the epilogue warp's tile loop), all of them scalars
+    (barrier addresses, ring counters, tile bounds, the registers the int64 division subroutine
+    of TileScheduler::at saves), none of the S/P/O element arrays. At kBlockN = 128 the softmax
+    warpgroups (192 registers) have ~60 spill instructions, ~30 of them in the per-KV-block loop
+    next to ~3700 instructions of softmax; with the exp2 polynomial off (kEmuSixteenths = 0) they
+    drop to 2, and at kBlockN = 64 (hd 192) they are 2: the polynomial's temporaries beside a row
+    of 128 scores exceed the budget, and more registers (208) do not remove them (docs/sm100.md,
+    "Registers")."""
+    ptxas, _ = compiled(tmp_path_factory, hdim, dtype)
+    (report,) = entries(ptxas, "100a").values()
+    assert report["spill_stores"] <= threshold("sm100_fwd_spill_bytes_max"), ptxas
 
 
 def test_s_is_shared_memory_by_shared_memory(hd128):
@@ -160,23 +178,21 @@ def test_exp2_split_between_mufu_and_polynomial(hd128):
     assert len(re.findall(r"MUFU\.EX2", hd128)) == 128 * 12 // 16 + 1
 
 
-def test_hd256_runs_one_q_tile_with_double_buffered_s(compiled):
+def test_hd256_runs_one_q_tile_with_double_buffered_s(tmp_path_factory):
     """hd 256 (Note [one-tile order]): one Q tile per CTA, kBlockN 64, S double-buffered in TMEM,
-    instantiated; both tcgen05.mma forms, and no exp2 polynomial (kEmuSixteenths 0 at hd 256,
-    EMU_SIXTEENTHS)."""
-    fns = _functions(compiled[1])
-    hd256 = fns[((256, 256), "bfloat16")]
+    an instance of the manifest; both tcgen05.mma forms, and no exp2 polynomial (kEmuSixteenths 0
+    at hd 256, EMU_SIXTEENTHS)."""
+    assert (256, 256) in manifest.head_dims_of("sm100", "fwd")
+    hd256 = kernel(tmp_path_factory, "256")
     assert re.search(r"UTCHMMA tmem\[UR\d+\], gdesc\[UR\d+\], tmem\[UR\d+\]", hd256)
     assert re.search(r"UTCHMMA gdesc\[UR\d+\], gdesc\[UR\d+\], tmem\[UR\d+\]", hd256)
     assert not re.search(r"FADD2?\.FTZ\.RM R\d+, R\d+\S*, 12582912", hd256)
-    src = (ROOT / "csrc/fwd_sm100.cu").read_text()
-    assert "launch_dtype<256, 256>" in src
 
 
 def test_sm90a_pass_compiles_an_empty_body(tmp_path_factory):
-    """A multi-arch build also compiles fwd_sm100.cu for sm_90a: the kernel body is guarded by
-    __CUDA_ARCH_FEAT_SM100_ALL, so that pass has the entry points and no tcgen05 code."""
-    ptxas, sass = _compile(tmp_path_factory, "csrc/fwd_sm100.cu", *DEFINES, arch="90a")
-    kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", ptxas)
-    assert len(kernels) == 2 * len(HEAD_DIMS), kernels
+    """The default build (90a and 100a) also compiles each SM100 instance for sm_90a: the kernel
+    body is guarded by __CUDA_ARCH_FEAT_SM100_ALL, so that pass has the entry point and no
+    tcgen05 code."""
+    ptxas, sass = compile_instance(tmp_path_factory, "sm100", "fwd", "128", "bf16", arch="90a")
+    assert len(entries(ptxas, "90a")) == 1, ptxas
     assert "UTCHMMA" not in sass and "LDTM" not in sass
