@@ -1,7 +1,7 @@
 #!/bin/bash
 # A/B of two builds of the SM90 forward (or, with DIR=bwd, backward) in one device call: two
 # trees (BASE_TREE) or two sets of nvcc flags; docs/decisions.md records what each A/B decided.
-# Builds "base" and "var" (sm_90a; forward only unless DIR=bwd), runs tests/test_<DIR>_sm90.py
+# Builds "base" and "var" (sm_90a; forward only unless DIR=bwd), runs tests/gpu/test_<DIR>_sm90.py
 # on var, then benches base, var with the peers at the peer head dims, base and var again (the
 # spread of the same build within the call), and both twice at the other head dims (base, var,
 # var, base).
@@ -20,8 +20,8 @@
 # SEQLENS (default 1k,2k,16k), OUT (default /tmp/ab: ab.csv, every run's rows with a "run"
 # column, and ab_table.md, the table printed last; one file each, since a device call brings back
 # at most eight), DIR (fwd, or bwd: builds the backward too, benches it and tests
-# tests/test_bwd_sm90.py), BENCH_DIRS (the directions benched, default DIR; "fwd,bwd" with DIR=bwd
-# measures a forward change and a backward one in one call), TESTS (0 skips the tests),
+# tests/gpu/test_bwd_sm90.py), BENCH_DIRS (the directions benched, default DIR; "fwd,bwd" with
+# DIR=bwd measures a forward change and a backward one in one call), TESTS (0 skips the tests),
 # BASE_TREE (a directory holding another tree of this repository to build base from, e.g. a
 # branch's parent: `git archive main | tar -x -C .base` in the repo root, `/.base/` in
 # .git/info/exclude, carried to the device; var is built from the current tree; both with their
@@ -73,7 +73,7 @@ if [ "${BUILD:-1}" != 0 ]; then
   build var "$var_flags" || exit 1  # last, so that fa4 imports from this tree
 fi
 # The variant's correctness; the timings run either way (a failure is in the log).
-[ "${TESTS:-1}" = 0 ] || { use var && python3 -m pytest "tests/test_${dir}_sm90.py" -q -rs 2>&1 | tail -15; }
+[ "${TESTS:-1}" = 0 ] || { use var && python3 -m pytest "tests/gpu/test_${dir}_sm90.py" -q -rs 2>&1 | tail -15; }
 [ "${BENCH:-1}" = 0 ] && exit 0
 bench base base "$peer_hdims" fa4 || exit 1
 bench var var_peers "$peer_hdims" fa4,sdpa-cudnn,flash-attn-4 || exit 1

@@ -2,21 +2,21 @@
 B200.
 
 Compiled, not executed: no Blackwell GPU is available to this project, so these tests skip here
-with the reason (conftest, marker sm100); they run the SM90 backward's cases (test_bwd_sm90's
+with the reason (conftest, marker sm100); they run the SM90 backward's cases (gpu_helpers'
 *_case functions) through backend="sm100", unchanged, on a CC 10.0 device.
 """
 
 import pytest
 import torch
-from test_bwd_sm90 import (
-    CASES,
-    compiled_bwd_hdims,
+from gpu_helpers import (
+    BWD_CASES,
+    bwd_dense_case,
+    bwd_varlen_case,
+    compiled_hdims,
     default_and_deterministic_case,
-    dense_case,
     deterministic_case,
     many_ctas_case,
     tiny_model_case,
-    varlen_case,
 )
 
 from fa4 import build_info, manifest
@@ -30,7 +30,7 @@ _IDS = lambda p: f"d{p[0]}x{p[1]}"  # noqa: E731
 
 
 def _sm100_hdims():
-    return compiled_bwd_hdims("sm100")
+    return compiled_hdims("bwd", "sm100")
 
 
 @pytest.fixture(autouse=True)
@@ -47,11 +47,11 @@ def _needs(dims):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("case", range(len(BWD_CASES)))
 @pytest.mark.parametrize("dims", HDIMS, ids=_IDS)
 def test_dense(dims, case, dtype):
     _needs(dims)
-    dense_case("sm100", dims, case, dtype)
+    bwd_dense_case("sm100", dims, case, dtype)
 
 
 # The cases below take one head dim (d == d_v): the square pairs ((192, 128) runs the same split
@@ -62,7 +62,7 @@ SQUARE = [p for p in HDIMS if p[0] == p[1]]
 @pytest.mark.parametrize("dims", SQUARE, ids=_IDS)
 def test_varlen(dims):
     _needs(dims)
-    varlen_case("sm100", dims[0])
+    bwd_varlen_case("sm100", dims[0])
 
 
 @pytest.mark.parametrize("dims", SQUARE, ids=_IDS)

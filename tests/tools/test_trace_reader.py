@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import header_constant, load_script
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 tf = load_script(ROOT / "tools" / "trace_fwd.py", "trace_fwd")
 
 

@@ -1,11 +1,26 @@
 """SM90 forward kernel against the fp32 reference (tolerance rule of DESIGN.md §5), on an H100/H200.
 
 Outputs are poisoned: before each call the caching allocator's free blocks are filled with NaN,
-so an element the kernel fails to write shows up as NaN in the comparison.
+so an element the kernel fails to write shows up as NaN in the comparison (gpu_helpers.poison).
+The *_case functions are gpu_helpers', shared with tests/gpu/test_fwd_sm100.py (same cases,
+another backend).
 """
 
 import pytest
 import torch
+from gpu_helpers import (
+    FWD_CASES,
+    check,
+    compiled_hdims,
+    fwd_dense_case,
+    fwd_varlen_case,
+    make,
+    poison,
+    repeatable_case,
+    run,
+    seqused_k_case,
+    strided_many_tiles_case,
+)
 from helpers import assert_tolerance
 
 import fa4
@@ -15,7 +30,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _sm90_hdims():
-    return [tuple(p) for p in build_info.KERNELS.get("fwd", {}).get("sm90", [])]
+    return compiled_hdims("fwd", "sm90")
 
 
 @pytest.fixture(autouse=True)
@@ -26,123 +41,18 @@ def _needs_sm90_kernel():
         pytest.skip(f"no SM90 forward kernel in this build: {build_info.CONFIG.get('reason')}")
 
 
-def poison():
-    """Fill the allocator's free memory with NaN so unwritten outputs are visible."""
-    free, _ = torch.cuda.mem_get_info()
-    n = min(free // 8, 1 << 28)  # up to 1 GiB of fp32
-    torch.empty(n, device="cuda", dtype=torch.float32).fill_(float("nan"))
-
-
-def make(shape_q, shape_k, d_v, dtype, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(*shape_q, device="cuda", generator=g).to(dtype)
-    k = torch.randn(*shape_k, device="cuda", generator=g).to(dtype)
-    v = torch.randn(*shape_k[:-1], d_v, device="cuda", generator=g).to(dtype)
-    return q, k, v
-
-
-def check(q, k, v, out, lse, **kw):
-    ref, ref_lse = reference.attention_ref(q, k, v, **kw)
-    pt, pt_lse = reference.attention_ref(q, k, v, upcast=False, **kw)
-    assert_tolerance("out", out, ref, pt, q.dtype)
-    assert_tolerance("lse", lse, ref_lse, pt_lse, torch.float32)
-
-
-def run(q, k, v, backend="sm90", **kw):
-    poison()
-    return fa4.attention(q, k, v, return_lse=True, backend=backend, **kw)
-
-
-DENSE = [
-    # (b, s_q, s_k, h, h_kv, kwargs)
-    (2, 128, 128, 4, 4, {}),
-    (2, 1024, 1024, 4, 4, {"causal": True}),
-    (1, 1, 1, 2, 2, {}),
-    (3, 17, 17, 4, 2, {"causal": True}),
-    (2, 113, 1013, 4, 1, {}),
-    (2, 1013, 113, 4, 4, {"causal": True}),  # rows that see no key: out 0, lse -inf
-    (1, 4224, 4224, 2, 2, {"causal": True}),
-    (2, 300, 700, 6, 2, {"window_size": (64, 32)}),
-    (2, 500, 500, 4, 4, {"causal": True, "window_size": (100, 0)}),
-    (2, 257, 257, 4, 4, {"softcap": 10.0}),
-    (1, 256, 320, 8, 1, {"causal": True, "softcap": 5.0, "softmax_scale": 0.05}),
-]
-
-
-# The cases below are shared with tests/test_fwd_sm100.py (same cases, another backend).
-def dense_case(backend, hdims, case, dtype):
-    b, s_q, s_k, h, h_kv, kw = DENSE[case]
-    d, d_v = hdims
-    q, k, v = make((b, s_q, h, d), (b, s_k, h_kv, d), d_v, dtype, seed=case * 31 + d)
-    out, lse = run(q, k, v, backend, **kw)
-    check(q, k, v, out, lse, **kw)
-
-
-def varlen_case(backend, hdims, kw):
-    d, d_v = hdims
-    lens_q = [0, 1, 17, 300, 129, 0, 1013]
-    lens_k = [5, 0, 40, 300, 128, 0, 900]
-    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32).cuda()
-    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32).cuda()
-    q, k, v = make((sum(lens_q), 4, d), (sum(lens_k), 2, d), d_v, torch.bfloat16, seed=5)
-    poison()
-    out, lse = fa4.attention_varlen(
-        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True, backend=backend, **kw
-    )
-    ref, ref_lse = reference.attention_varlen_ref(q, k, v, cu_q, cu_k, **kw)
-    pt, pt_lse = reference.attention_varlen_ref(q, k, v, cu_q, cu_k, upcast=False, **kw)
-    assert_tolerance("out", out, ref, pt, q.dtype)
-    assert_tolerance("lse", lse, ref_lse, pt_lse, torch.float32)
-
-
-def seqused_k_case(backend, hdims):
-    d, d_v = hdims
-    lens = [200, 333, 64]
-    cu = torch.tensor([0, 200, 533, 597], dtype=torch.int32).cuda()
-    used = torch.tensor([150, 333, 1], dtype=torch.int32).cuda()
-    q, k, v = make((597, 2, d), (597, 2, d), d_v, torch.bfloat16, seed=6)
-    poison()
-    out, lse = fa4.attention_varlen(
-        q, k, v, cu, cu, max(lens), max(lens), seqused_k=used, causal=True, return_lse=True,
-        backend=backend,
-    )  # fmt: skip
-    kw = {"seqused_k": used, "causal": True}
-    ref, ref_lse = reference.attention_varlen_ref(q, k, v, cu, cu, **kw)
-    pt, pt_lse = reference.attention_varlen_ref(q, k, v, cu, cu, upcast=False, **kw)
-    assert_tolerance("out", out, ref, pt, q.dtype)
-    assert_tolerance("lse", lse, ref_lse, pt_lse, torch.float32)
-
-
-def strided_many_tiles_case(backend, d):
-    """Strided q (a slice of a packed qkv tensor) and more tiles than the grid has CTAs."""
-    qkv = torch.randn(64, 130, 3, 16, d, device="cuda", dtype=torch.bfloat16)
-    q, k, v = qkv.unbind(2)
-    out, lse = run(q, k, v, backend, causal=True)
-    check(q, k, v, out, lse, causal=True)
-
-
-def repeatable_case(backend, hdims):
-    """Same inputs, same bits: a moving result would mean a race."""
-    d, d_v = hdims
-    q, k, v = make((4, 2048, 8, d), (4, 2048, 8, d), d_v, torch.bfloat16, seed=9)
-    first = run(q, k, v, backend, causal=True)
-    for _ in range(3):
-        again = run(q, k, v, backend, causal=True)
-        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("case", range(len(DENSE)))
+@pytest.mark.parametrize("case", range(len(FWD_CASES)))
 @pytest.mark.parametrize("hdims", manifest.head_dims_of("sm90", "fwd"))
 def test_dense(hdims, case, dtype):
     if hdims not in _sm90_hdims():
         pytest.skip(f"head dims {hdims} not compiled (FA4_HDIMS)")
-    dense_case("sm90", hdims, case, dtype)
+    fwd_dense_case("sm90", hdims, case, dtype)
 
 
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (50, 10)}])
 def test_varlen(kw):
-    varlen_case("sm90", _sm90_hdims()[0], kw)
+    fwd_varlen_case("sm90", _sm90_hdims()[0], kw)
 
 
 def test_varlen_seqused_k():
@@ -302,7 +212,7 @@ def test_hd64_short_causal_dispatch_boundary(s, dtype):
 )
 def test_hd256_block_width_dispatch(s, causal, dtype):
     """Note [hd256 narrow blocks]: both key-block widths at hd256 (the dispatch's choice on each
-    side of its limit, by tests/test_shared_headers.py::test_keys_computed's counts), GQA, more
+    side of its limit, by tests/api/test_shared_headers.py::test_keys_computed's counts), GQA, more
     tiles than a few CTAs walk at once; against the reference."""
     if (256, 256) not in _sm90_hdims():
         pytest.skip("hd256 not compiled (FA4_HDIMS)")

@@ -14,7 +14,7 @@ import pytest
 
 from fa4 import perfmodel as pm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CSV = ROOT / "bench" / "results" / "2026-11-29-fa4-fwd-sm90.csv"
 DOC = (ROOT / "docs" / "perfmodel.md").read_text()
 

@@ -1,37 +1,133 @@
-"""SM90 backward kernel against the fp32 reference backward (tolerance rule of DESIGN.md §5), on an
-H100/H200: every feature with awkward sizes, GQA, varlen, deterministic mode (bitwise equal
-runs), and the parameter gradients of a tiny model. Outputs are poisoned as in test_fwd_sm90.
+"""What the GPU tests of the SM90 and SM100 kernels share (tests/gpu): inputs, poisoned outputs,
+the reference checks, and each test's body as a *_case(backend, ...) function, run by the SM90
+tests on an H100 / H200 and by the SM100 tests, unchanged, on a B200 (backend "sm100").
 
-Each test body is a *_case(backend, ...) function, shared with tests/test_bwd_sm100.py (same
-cases, another backend).
+Outputs are poisoned: before each call the caching allocator's free blocks are filled with NaN
+(poison), so an element a kernel fails to write shows up as NaN in the comparison. Importable
+from every folder of tests/ (pyproject.toml: pythonpath = ["tests"]).
 """
 
-import pytest
 import torch
 from helpers import assert_tolerance
-from test_fwd_sm90 import make, poison
 
 import fa4
-from fa4 import build_info, manifest, reference
-
-pytestmark = pytest.mark.gpu
+from fa4 import build_info, reference
 
 
-def compiled_bwd_hdims(backend):
-    """The (d, d_v) pairs this build compiled a backward for, on backend 'sm90' or 'sm100'."""
-    return [tuple(p) for p in build_info.KERNELS.get("bwd", {}).get(backend, [])]
+def compiled_hdims(direction, backend):
+    """The (d, d_v) pairs this build compiled for `direction` ("fwd", "bwd") on backend "sm90"
+    or "sm100"."""
+    return [tuple(p) for p in build_info.KERNELS.get(direction, {}).get(backend, [])]
 
 
-def _bwd_hdims():
-    return compiled_bwd_hdims("sm90")
+# ---- Forward ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def _needs_sm90_bwd():
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("needs an SM90 (H100/H200) device")
-    if not _bwd_hdims():
-        pytest.skip(f"no SM90 backward kernel in this build: {build_info.CONFIG.get('reason')}")
+def poison():
+    """Fill the allocator's free memory with NaN so unwritten outputs are visible."""
+    free, _ = torch.cuda.mem_get_info()
+    n = min(free // 8, 1 << 28)  # up to 1 GiB of fp32
+    torch.empty(n, device="cuda", dtype=torch.float32).fill_(float("nan"))
+
+
+def make(shape_q, shape_k, d_v, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(*shape_q, device="cuda", generator=g).to(dtype)
+    k = torch.randn(*shape_k, device="cuda", generator=g).to(dtype)
+    v = torch.randn(*shape_k[:-1], d_v, device="cuda", generator=g).to(dtype)
+    return q, k, v
+
+
+def check(q, k, v, out, lse, **kw):
+    ref, ref_lse = reference.attention_ref(q, k, v, **kw)
+    pt, pt_lse = reference.attention_ref(q, k, v, upcast=False, **kw)
+    assert_tolerance("out", out, ref, pt, q.dtype)
+    assert_tolerance("lse", lse, ref_lse, pt_lse, torch.float32)
+
+
+def run(q, k, v, backend="sm90", **kw):
+    poison()
+    return fa4.attention(q, k, v, return_lse=True, backend=backend, **kw)
+
+
+FWD_CASES = [
+    # (b, s_q, s_k, h, h_kv, kwargs)
+    (2, 128, 128, 4, 4, {}),
+    (2, 1024, 1024, 4, 4, {"causal": True}),
+    (1, 1, 1, 2, 2, {}),
+    (3, 17, 17, 4, 2, {"causal": True}),
+    (2, 113, 1013, 4, 1, {}),
+    (2, 1013, 113, 4, 4, {"causal": True}),  # rows that see no key: out 0, lse -inf
+    (1, 4224, 4224, 2, 2, {"causal": True}),
+    (2, 300, 700, 6, 2, {"window_size": (64, 32)}),
+    (2, 500, 500, 4, 4, {"causal": True, "window_size": (100, 0)}),
+    (2, 257, 257, 4, 4, {"softcap": 10.0}),
+    (1, 256, 320, 8, 1, {"causal": True, "softcap": 5.0, "softmax_scale": 0.05}),
+]
+
+
+def fwd_dense_case(backend, hdims, case, dtype):
+    b, s_q, s_k, h, h_kv, kw = FWD_CASES[case]
+    d, d_v = hdims
+    q, k, v = make((b, s_q, h, d), (b, s_k, h_kv, d), d_v, dtype, seed=case * 31 + d)
+    out, lse = run(q, k, v, backend, **kw)
+    check(q, k, v, out, lse, **kw)
+
+
+def fwd_varlen_case(backend, hdims, kw):
+    d, d_v = hdims
+    lens_q = [0, 1, 17, 300, 129, 0, 1013]
+    lens_k = [5, 0, 40, 300, 128, 0, 900]
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    q, k, v = make((sum(lens_q), 4, d), (sum(lens_k), 2, d), d_v, torch.bfloat16, seed=5)
+    poison()
+    out, lse = fa4.attention_varlen(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True, backend=backend, **kw
+    )
+    ref, ref_lse = reference.attention_varlen_ref(q, k, v, cu_q, cu_k, **kw)
+    pt, pt_lse = reference.attention_varlen_ref(q, k, v, cu_q, cu_k, upcast=False, **kw)
+    assert_tolerance("out", out, ref, pt, q.dtype)
+    assert_tolerance("lse", lse, ref_lse, pt_lse, torch.float32)
+
+
+def seqused_k_case(backend, hdims):
+    d, d_v = hdims
+    lens = [200, 333, 64]
+    cu = torch.tensor([0, 200, 533, 597], dtype=torch.int32).cuda()
+    used = torch.tensor([150, 333, 1], dtype=torch.int32).cuda()
+    q, k, v = make((597, 2, d), (597, 2, d), d_v, torch.bfloat16, seed=6)
+    poison()
+    out, lse = fa4.attention_varlen(
+        q, k, v, cu, cu, max(lens), max(lens), seqused_k=used, causal=True, return_lse=True,
+        backend=backend,
+    )  # fmt: skip
+    kw = {"seqused_k": used, "causal": True}
+    ref, ref_lse = reference.attention_varlen_ref(q, k, v, cu, cu, **kw)
+    pt, pt_lse = reference.attention_varlen_ref(q, k, v, cu, cu, upcast=False, **kw)
+    assert_tolerance("out", out, ref, pt, q.dtype)
+    assert_tolerance("lse", lse, ref_lse, pt_lse, torch.float32)
+
+
+def strided_many_tiles_case(backend, d):
+    """Strided q (a slice of a packed qkv tensor) and more tiles than the grid has CTAs."""
+    qkv = torch.randn(64, 130, 3, 16, d, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(2)
+    out, lse = run(q, k, v, backend, causal=True)
+    check(q, k, v, out, lse, causal=True)
+
+
+def repeatable_case(backend, hdims):
+    """Same inputs, same bits: a moving result would mean a race."""
+    d, d_v = hdims
+    q, k, v = make((4, 2048, 8, d), (4, 2048, 8, d), d_v, torch.bfloat16, seed=9)
+    first = run(q, k, v, backend, causal=True)
+    for _ in range(3):
+        again = run(q, k, v, backend, causal=True)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
+# ---- Backward -----------------------------------------------------------------------------------
 
 
 def grads(q, k, v, dout, backend, **kw):
@@ -41,16 +137,12 @@ def grads(q, k, v, dout, backend, **kw):
     return [x.grad for x in leaves]
 
 
-def _hdim_pairs():
-    return manifest.head_dims_of("sm90", "bwd")
-
-
 def reference_grads(q, k, v, dout, upcast, **kw):
     out, lse = reference.attention_ref(q, k, v, **kw)
     return reference.attention_ref_bwd(dout, q, k, v, out, lse, upcast=upcast, **kw)
 
 
-CASES = [
+BWD_CASES = [
     # (b, s_q, s_k, h, h_kv, kwargs)
     (2, 128, 128, 4, 4, {}),
     (2, 1024, 1024, 4, 2, {"causal": True}),
@@ -64,10 +156,9 @@ CASES = [
 ]
 
 
-# The cases below are shared with tests/test_bwd_sm100.py (same cases, another backend).
-def dense_case(backend, dims, case, dtype):
+def bwd_dense_case(backend, dims, case, dtype):
     d, d_v = dims
-    b, s_q, s_k, h, h_kv, kw = CASES[case]
+    b, s_q, s_k, h, h_kv, kw = BWD_CASES[case]
     q, k, v = make((b, s_q, h, d), (b, s_k, h_kv, d), d_v, dtype, seed=case * 17 + d + d_v)
     dout = torch.randn(b, s_q, h, d_v, device="cuda").to(dtype)
     got = grads(q, k, v, dout, backend, **kw)
@@ -87,7 +178,7 @@ def dense_case(backend, dims, case, dtype):
         assert_tolerance(name, g, r, lo, dtype)
 
 
-def varlen_case(backend, d):
+def bwd_varlen_case(backend, d):
     lens_q, lens_k = [0, 1, 17, 300, 129], [5, 0, 40, 300, 128]
     cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32).cuda()
     cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32).cuda()
@@ -195,119 +286,3 @@ def many_ctas_case(backend, dims):
         low = reference_grads(q, k, v, dout, False, causal=True)
         for name, g, r, lo in zip(("dq", "dk", "dv"), got, ref, low, strict=True):
             assert_tolerance(f"{name} b={b} s={s}", g, r, lo, torch.bfloat16)
-
-
-def over_2_31_case(backend):
-    """int64 offsets in the backward: q, k, v, dout of 2^31 + 2^21 elements each (batch 8320 x
-    128 x 16 x 128); the gradients of the last batch entries (offsets past 2^31) against the
-    reference on those slices."""
-    if torch.cuda.get_device_properties(0).total_memory < 80 << 30:
-        pytest.skip("needs ~60 GB of device memory")
-    d = 128
-    if (d, d) not in compiled_bwd_hdims(backend):
-        pytest.skip("hd128 backward not compiled (FA4_HDIMS)")
-    b, s, h = 8320, 128, 16
-    assert b * s * h * d > 2**31
-    g = torch.Generator(device="cuda").manual_seed(37)
-    q, k, v, dout = (
-        torch.randn(b, s, h, d, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(4)
-    )
-    got = grads(q, k, v, dout, backend, causal=True)
-    tail = slice(b - 3, b)
-    ref = reference_grads(q[tail], k[tail], v[tail], dout[tail], True, causal=True)
-    low = reference_grads(q[tail], k[tail], v[tail], dout[tail], False, causal=True)
-    for name, gr, r, lo in zip(("dq", "dk", "dv"), got, ref, low, strict=True):
-        assert_tolerance(name, gr[tail], r, lo, torch.bfloat16)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("case", range(len(CASES)))
-@pytest.mark.parametrize("dims", _hdim_pairs(), ids=lambda p: f"d{p[0]}x{p[1]}")
-def test_dense(dims, case, dtype):
-    if dims not in _bwd_hdims():
-        pytest.skip(f"head dims {dims} have no SM90 backward in this build")
-    dense_case("sm90", dims, case, dtype)
-
-
-def test_varlen():
-    varlen_case("sm90", _bwd_hdims()[0][0])
-
-
-def test_deterministic_is_bitwise_reproducible():
-    deterministic_case("sm90", _bwd_hdims()[-1][0])
-
-
-def test_default_and_deterministic_modes_both_match_reference():
-    default_and_deterministic_case("sm90", _bwd_hdims()[0][0])
-
-
-def test_tiny_model_parameter_gradients():
-    tiny_model_case("sm90", _bwd_hdims()[-1][0])
-
-
-def test_many_ctas_and_seqlen_4224():
-    many_ctas_case("sm90", _bwd_hdims()[0])
-
-
-def test_over_2_31_elements():
-    over_2_31_case("sm90")
-
-
-@pytest.mark.parametrize("shape", [(4, 1100, 8, 2), (40, 512, 16, 16)])
-def test_bwd_tile_orders_agree(monkeypatch, shape):
-    """Note [bwd tile order options]: FA4_BWD_TILE_ORDER walks the (batch, kv head) pairs in
-    sections (the wave's, the L2's, of 3 pairs, the partial one first). Deterministic mode adds
-    dQ in a fixed order whatever the walk, so every order's gradients are bit-equal to the pair
-    by pair walk's; the default mode's are checked against the reference. An unknown token is
-    refused before any launch."""
-    dims = _bwd_hdims()
-    d, d_v = dims[0]
-    b, s, h, h_kv = shape
-    q, k, v = make((b, s, h, d), (b, s, h_kv, d), d_v, torch.bfloat16, seed=s + b)
-    dout = torch.randn(b, s, h, d_v, device="cuda").to(torch.bfloat16)
-    monkeypatch.delenv("FA4_BWD_TILE_ORDER", raising=False)
-    base = grads(q, k, v, dout, "sm90", causal=True, deterministic=True)
-    ref = reference_grads(q, k, v, dout, True, causal=True)
-    low = reference_grads(q, k, v, dout, False, causal=True)
-    for order in ("plain", "wave", "l2,first", "3,first", "wave,first"):
-        monkeypatch.setenv("FA4_BWD_TILE_ORDER", order)
-        got = grads(q, k, v, dout, "sm90", causal=True, deterministic=True)
-        for name, a, g in zip(("dq", "dk", "dv"), base, got, strict=True):
-            assert torch.equal(a.view(torch.int16), g.view(torch.int16)), f"{order}: {name}"
-        fast = grads(q, k, v, dout, "sm90", causal=True)
-        for name, g, r, lo in zip(("dq", "dk", "dv"), fast, ref, low, strict=True):
-            assert_tolerance(name, g, r, lo, torch.bfloat16)
-    monkeypatch.setenv("FA4_BWD_TILE_ORDER", "wave,bogus")
-    with pytest.raises(RuntimeError, match="FA4_BWD_TILE_ORDER=wave,bogus"):
-        grads(q, k, v, dout, "sm90", causal=True)
-
-
-@pytest.mark.parametrize("sms", [1, 3])
-def test_persistent_walk_with_few_ctas(monkeypatch, sms):
-    """Note [persistent bwd]: capped at `sms` CTAs (FA4_NUM_SMS), each CTA walks many kv tiles,
-    which the full grid of the other tests rarely does at their sizes: the tile ring, kv_full's
-    and kv_empty's phases, the dQ buffer handed over between tiles, the dK/dV staging reused
-    (d <= 128) and the P/dS stages alternating across tiles with dK/dV stored from registers (the
-    split variant, Note [split epilogue]). Every compiled head dim: dense causal GQA, softcap,
-    rows that see no key, varlen with empty sequences (skipped tiles); deterministic mode bitwise
-    equal to the full grid's result for one head dim of each variant (1100 rows: 9 tiles of 128,
-    18 of 64, so tiles with odd block counts)."""
-    dims = _bwd_hdims()
-    if not dims:
-        pytest.skip("no SM90 backward in this build")
-    reps = [p for p in dims if max(p) <= 128][:1] + [p for p in dims if max(p) > 128][:1]
-    inputs, full = [], []
-    for d, d_v in reps:
-        q, k, v = make((2, 1100, 8, d), (2, 1100, 2, d), d_v, torch.bfloat16, seed=sms)
-        dout = torch.randn(2, 1100, 8, d_v, device="cuda").to(torch.bfloat16)
-        inputs.append((q, k, v, dout))
-        full.append(grads(q, k, v, dout, "sm90", causal=True, deterministic=True))
-    monkeypatch.setenv("FA4_NUM_SMS", str(sms))
-    for dims_i in dims:
-        for case, dtype in ((1, torch.bfloat16), (6, torch.float16), (4, torch.bfloat16)):
-            dense_case("sm90", dims_i, case, dtype)
-        varlen_case("sm90", dims_i[0])
-    for (d, d_v), (q, k, v, dout), ref in zip(reps, inputs, full, strict=True):
-        capped = grads(q, k, v, dout, "sm90", causal=True, deterministic=True)
-        for name, a, b in zip(("dq", "dk", "dv"), ref, capped, strict=True):
-            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"d={d},{d_v}: {name}"

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from helpers import header_constant, load_script
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 tb = load_script(ROOT / "tools" / "trace_bwd.py", "trace_bwd")
 
 
