@@ -23,8 +23,8 @@
 // region after the P·V that reads P: tcgen05 MMAs of one thread execute in issue order, so no
 // barrier separates the two (sm100/fwd/kernel.cuh, mma_role).
 //
-// The plan (FwdTmemPlan) compiles on the host too, so tests/test_tmem_plan.py checks every head
-// dim's plan for overlaps and the 512-column limit, next to the static_asserts here.
+// The plan (FwdTmemPlan) compiles on the host too, so tests/models/test_tmem_plan.py checks every
+// head dim's plan for overlaps and the 512-column limit, next to the static_asserts here.
 #pragma once
 
 #include <stdint.h>

@@ -343,7 +343,7 @@ def format_table(rows: list[Row], diff_lines: int = 16) -> str:
 
 
 def find_tool(name: str) -> str | None:
-    """PATH, then the pip wheels' nvidia/*/bin, then $CUDA_HOME/bin (as tests/test_sass_sm90)."""
+    """PATH, then the pip wheels' nvidia/*/bin, then $CUDA_HOME/bin (as tests/helpers.find_tool)."""
     found = shutil.which(name)
     if found:
         return found

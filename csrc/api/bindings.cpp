@@ -115,7 +115,7 @@ void check_knobs(int64_t num_sms, int64_t tile_schedule) {
 
 // A non-OK status as a Python error. The ops' tile order argument is `env`'s text, so a kInvalid
 // about it (last_error() "<field>=<text>: ...", api/dispatch.cu) names the variable the user set:
-// tests/test_fwd_sm90.py and tests/test_bwd_sm90.py match "FA4_TILE_ORDER=first,last".
+// tests/gpu/test_fwd_sm90.py and tests/gpu/test_bwd_sm90.py match "FA4_TILE_ORDER=first,last".
 void check_ok(fa4::Status s, const char* field, const char* env) {
   if (s == fa4::Status::kOk) return;
   const char* msg = fa4::last_error();

@@ -12,7 +12,8 @@
 #include <cstdlib>
 
 // Both build systems pass -DFA4_VERSION="x.y.z" from fa4/VERSION; the fallback keeps a build that
-// sets nothing honest about what it is. tests/test_cpp_api.py checks that it matches fa4/VERSION.
+// sets nothing honest about what it is. tests/api/test_cpp_api.py checks that it matches
+// fa4/VERSION.
 #ifndef FA4_VERSION
 #define FA4_VERSION "0.1.0"
 #endif

@@ -3,7 +3,8 @@
 // the per-element mask (the rest are fully visible, so the kernel skips the mask there).
 // Element level: the predicate and its application to a register fragment (common/fragment.cuh).
 // Varlen: SeqInfo, one sequence's offsets and lengths. All __host__ __device__; the host tests
-// (tests/test_shared_headers.py) compare them with fa4.reference.allowed_keys element by element.
+// (tests/api/test_shared_headers.py) compare them with fa4.reference.allowed_keys element by
+// element.
 //
 // Note [mask alignment] (as in fa4/reference.py): query row i of a sequence sees key j iff
 //   j >= i + (seqlen_k - seqlen_q) - window_left     (no bound when window_left < 0)
@@ -173,7 +174,7 @@ __host__ __device__ int slice_block_end(const BlockRange& br, const Mask& mask, 
 //   fb = max(ceil(last.lo / kBlockN), n_begin) <= n iff last.lo <= n kBlockN, i.e.
 //     row1 + diag_lo <= n kBlockN (last.lo = max(0, row1 + diag_lo) and n_begin <= fb).
 // Both together contradict an empty block (first.lo >= last.hi), for which block_range says
-// masked too. tests/test_shared_headers.py checks it against block_range over every Q block
+// masked too. tests/api/test_shared_headers.py checks it against block_range over every Q block
 // and every KV block up to two past the last.
 template <int kBlockM, int kBlockN>
 __host__ __device__ __forceinline__ bool block_needs_mask(const Mask& mask, int m, int n) {
@@ -205,9 +206,9 @@ __host__ __device__ int64_t keys_computed(const Mask& mask) {
 // inequalities hold at some key of the block, since diag_lo < diag_hi. The Q blocks follow by two
 // divisions by kBlockM. Two binary searches over block_range did this before: ~400 dependent
 // uniform instructions per consumer warp and tile (ncu at hd128 causal 2k),
-// and a scan of every Q block before them ~20 us per CTA at 16k rows. tests/test_shared_headers.py
-// checks the result against the scan of block_range. Overflow: |diag| <= seqlen_q + seqlen_k
-// (Note [mask clamping]).
+// and a scan of every Q block before them ~20 us per CTA at 16k rows.
+// tests/api/test_shared_headers.py checks the result against the scan of block_range. Overflow:
+// |diag| <= seqlen_q + seqlen_k (Note [mask clamping]).
 template <int kBlockM, int kBlockN>
 __host__ __device__ __forceinline__ void q_blocks_seeing(const Mask& mask, int n, int& m_begin,
                                                          int& m_end) {

@@ -2,7 +2,7 @@
 // (a fragment, common/fragment.cuh). Shared by the SM90 forward (wgmma accumulators: QuadFrag, a
 // row over 4 lanes) and the SM100 forward (TMEM loads: RowMajorFrag, a row per thread), and run on
 // the host by tests/cpp/shared_headers_harness.cpp, which reproduces
-// fa4.reference.attention_fa4_model with it (tests/test_shared_headers.py).
+// fa4.reference.attention_fa4_model with it (tests/api/test_shared_headers.py).
 //
 // Per KV block, in the order of the model (fa4/reference.py, _online_step):
 //   (i)   update_max: block row max of the scores, in log2 units
@@ -88,7 +88,7 @@ struct ScoreScale {
 // the unit (and SM90 has no FMA-pipe slack for a polynomial, Note [SM90 exp2 split]); FA2, FA3
 // and flash-attn-4 use tanh.approx too. Written as PTX so that it does not depend on
 // --use_fast_math (under which tanhf compiles to the same instruction). The host (g++ harnesses)
-// uses tanhf; tests/test_softcap_tanh.py measures the device error.
+// uses tanhf; tests/gpu/test_softcap_tanh.py measures the device error.
 __host__ __device__ __forceinline__ float softcap_tanh(float y) {
 #ifdef __CUDA_ARCH__
   float t;

@@ -1,6 +1,6 @@
 // Persistent static tile scheduling for the forward kernels of every architecture: a grid of
 // min(num_sms, tiles) CTAs, CTA c taking work items c, c + grid, c + 2 grid, ...; each item is
-// one (batch, head, m_block) Q tile. Host-callable, so tests/test_shared_headers.py checks that
+// one (batch, head, m_block) Q tile. Host-callable, so tests/api/test_shared_headers.py checks that
 // every tile is visited exactly once and that the causal order is longest first. The
 // backward's grid of kv tiles (BwdGrid) is at the end.
 //
@@ -159,7 +159,7 @@ struct TileScheduler {
   // first, then the others' from item 0. One add and one compare against the kept item count in
   // at(): the producer decodes there with 32 registers in the three-CTA kernel, and a first
   // section of its own size (a branch, two more live values) or the count recomputed raised its
-  // spills from 72 to 76 and 88 bytes (ptxas; tests/test_sass_sm90.py bounds them).
+  // spills from 72 to 76 and 88 bytes (ptxas; tests/sass/test_sass_sm90.py bounds them).
   __host__ __device__ static TileScheduler make(int num_batch, int num_heads, int num_m_blocks,
                                                 TileOrder order, int section_heads = 1,
                                                 bool partial_first = false) {

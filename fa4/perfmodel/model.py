@@ -524,7 +524,7 @@ def choose_emu_sixteenths(cfg: Config) -> int:
 EMU_HDIMS = (64, 96, 128, 192, 256)
 # The kernels' default emulation fraction, in sixteenths of the exponentials (kEmuSixteenths):
 # chosen by choose_emu_sixteenths for the SM90 kernel as it is (serial policy: the measured
-# one, docs/perfmodel.md) and the SM100 design (pingpong policy). tests/test_perfmodel.py
+# one, docs/perfmodel.md) and the SM100 design (pingpong policy). tests/models/test_perfmodel.py
 # recomputes it, so this literal cannot drift from the model; the kernels read it from here.
 EMU_SIXTEENTHS = {
     ("sm90", 64): 0,

@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int lane = threadIdx.x % 32;
   // Each role derives its tile after its setmaxnreg: derived once before the switch, the TileWork
   // stayed live across it and hd 192 spilled 40 bytes of it once q_blocks_seeing became closed
-  // form (tests/test_sass_sm100_bwd_split.py bounds the spills).
+  // form (tests/sass/test_sass_sm100_bwd_split.py bounds the spills).
   switch (role) {
     case Role::kCompute0:
     case Role::kCompute1: {
