@@ -12,6 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -105,12 +106,21 @@ enum TileSchedule : int64_t {
   kFreshCounter = 2,   // FA4_FRESH_TILE_COUNTER=1: a fresh zeroed counter per call
 };
 
+// The message is formatted here and raised as one string, as check_ok raises: on the H100 device
+// (torch 2.11), TORCH_CHECK with int64_t message arguments crashed (SIGSEGV) at this point, while
+// its const char* form raised.
 void check_knobs(int64_t num_sms, int64_t tile_schedule) {
-  TORCH_CHECK(num_sms >= 0 && num_sms <= std::numeric_limits<int>::max(), "fa4: num_sms=", num_sms,
-              " must be >= 0 and fit an int (0 = every SM)");
-  TORCH_CHECK(tile_schedule >= kStreamCounter && tile_schedule <= kFreshCounter,
-              "fa4: tile_schedule=", tile_schedule,
-              " must be 0 (the stream's counter), 1 (static) or 2 (a fresh counter per call)");
+  char msg[160] = "";
+  if (num_sms < 0 || num_sms > std::numeric_limits<int>::max()) {
+    std::snprintf(msg, sizeof(msg), "fa4: num_sms=%lld must be >= 0 and fit an int (0 = every SM)",
+                  static_cast<long long>(num_sms));
+  } else if (tile_schedule < kStreamCounter || tile_schedule > kFreshCounter) {
+    std::snprintf(msg, sizeof(msg),
+                  "fa4: tile_schedule=%lld must be 0 (the stream's counter), 1 (static) or 2 (a "
+                  "fresh counter per call)",
+                  static_cast<long long>(tile_schedule));
+  }
+  TORCH_CHECK(msg[0] == '\0', static_cast<const char*>(msg));
 }
 
 // A non-OK status as a Python error. The ops' tile order argument is `env`'s text, so a kInvalid
