@@ -6,7 +6,6 @@ tests/gpu_helpers.py."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import shutil
 import subprocess
@@ -68,27 +67,6 @@ def build_gxx(src: Path, exe: Path) -> Path:
     return exe
 
 
-def find_tool(name: str) -> str | None:
-    """A CUDA tool (nvcc, cuobjdump, nvdisasm): on PATH, in an nvidia-* wheel's bin/ (the
-    nvidia-cuda-cuobjdump / -nvdisasm wheels of requirements.txt), or under CUDA_HOME
-    (default /usr/local/cuda); None where it is nowhere."""
-    found = shutil.which(name)
-    if found:
-        return found
-    try:
-        import nvidia
-
-        for base in nvidia.__path__:
-            hits = sorted(Path(base).glob(f"*/bin/{name}"))
-            if hits:
-                return str(hits[0])
-    except ImportError:
-        pass
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-    path = Path(home) / "bin" / name
-    return str(path) if path.is_file() else None
-
-
 def need_tool(name: str, why: str) -> str:
     """find_tool(name), or skips the calling test with the reason."""
     found = find_tool(name)
@@ -119,3 +97,8 @@ def header_constant(header: Path, name: str) -> int:
     )
     assert m, f"{name} not in {header}"
     return int(m.group(1).rstrip("u"), 0)
+
+
+def find_tool(name: str) -> str | None:
+    """A CUDA tool (nvcc, cuobjdump, nvdisasm), found as tools/sass_diff.py finds it."""
+    return load_script(ROOT / "tools" / "sass_diff.py", "sass_diff").find_tool(name)

@@ -343,7 +343,9 @@ def format_table(rows: list[Row], diff_lines: int = 16) -> str:
 
 
 def find_tool(name: str) -> str | None:
-    """PATH, then the pip wheels' nvidia/*/bin, then $CUDA_HOME/bin (as tests/helpers.find_tool)."""
+    """A CUDA tool (nvcc, cuobjdump, nvdisasm): on PATH, in an nvidia-* wheel's bin/ (the
+    nvidia-cuda-cuobjdump / -nvdisasm wheels), or under CUDA_HOME / CUDA_PATH (default
+    /usr/local/cuda); None where it is nowhere. tests/helpers.py uses this one too."""
     found = shutil.which(name)
     if found:
         return found
@@ -356,8 +358,9 @@ def find_tool(name: str) -> str | None:
                 return str(hits[0])
     except ImportError:
         pass
-    cuda = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / name
-    return str(cuda) if cuda.exists() else None
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    path = Path(home) / "bin" / name
+    return str(path) if path.is_file() else None
 
 
 def cutlass_include() -> str:
