@@ -40,7 +40,7 @@ DTYPES: dict[str, str] = M["dtypes"]  # name -> fa4::DType enumerator
 
 @dataclass(frozen=True)
 class Instance:
-    family: str  # sm90, sm100
+    family: str  # sm90, sm100, decode
     direction: str  # fwd, bwd
     hdim: str  # a HEAD_DIMS key
     dtype: str  # a DTYPES key
@@ -73,6 +73,8 @@ def instances(archs=None, hdims=None, bwd: bool = True) -> list[Instance]:
         if bad:
             raise ValueError(f"unknown {name} {bad}; the manifest has {list(known)}")
     families = {ARCHS[a] for a in archs}
+    if families:  # compiled for every arch of the build (kernels.json "portable")
+        families |= set(M.get("portable", []))
     out = []
     for k in M["kernels"]:
         if k["family"] not in families or (k["direction"] == "bwd" and not bwd):

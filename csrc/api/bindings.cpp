@@ -172,13 +172,39 @@ int64_t* tile_counter_for(const Tensor& like, int64_t tile_schedule, Tensor& fre
   return stream_counter(stream, like).data_ptr<int64_t>();
 }
 
-std::tuple<Tensor, Tensor> fwd_kernel(const Tensor& q, const Tensor& k, const Tensor& v,
-                                      const OptTensor& cu_q, const OptTensor& cu_k,
-                                      const OptTensor& seqused_k, int64_t max_q, int64_t max_k,
-                                      bool causal, double scale, int64_t wl, int64_t wr,
-                                      double softcap, bool det, int64_t num_sms,
-                                      int64_t tile_schedule,
-                                      const std::optional<std::string>& tile_order) {
+// The inference arguments (api/fa4.h, "Inference layouts"): paged k/v are (num_pages,
+// page_size, h_kv, d) with page_table (b, max_pages), and max_k is then the longest key count.
+void set_inference(fa4::FwdParams& p, const Tensor& k, const Tensor& v, const OptTensor& seqused_q,
+                   const OptTensor& page_table, const OptTensor& kv_batch_idx,
+                   const OptTensor& leftpad_k, const OptTensor& sink, int64_t max_k,
+                   int64_t num_splits) {
+  p.seqused_q = opt_ptr<int>(seqused_q);
+  p.kv_batch_idx = opt_ptr<int>(kv_batch_idx);
+  p.leftpad_k = opt_ptr<int>(leftpad_k);
+  p.learnable_sink = opt_ptr<float>(sink);
+  p.num_splits = static_cast<int>(num_splits);
+  if (page_table.has_value() && page_table->defined()) {
+    p.page_table = page_table->data_ptr<int>();
+    p.page_table_batch_stride = page_table->stride(0);
+    p.num_pages = static_cast<int>(k.size(0));
+    p.page_size = static_cast<int>(k.size(1));
+    p.k_batch_stride = k.stride(0);
+    p.k_row_stride = k.stride(1);
+    p.k_head_stride = k.stride(2);
+    p.v_batch_stride = v.stride(0);
+    p.v_row_stride = v.stride(1);
+    p.v_head_stride = v.stride(2);
+    p.seqlen_k = static_cast<int>(max_k);
+  }
+}
+
+std::tuple<Tensor, Tensor> fwd_kernel(
+    const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_q,
+    const OptTensor& cu_k, const OptTensor& seqused_k, const OptTensor& seqused_q,
+    const OptTensor& page_table, const OptTensor& kv_batch_idx, const OptTensor& leftpad_k,
+    const OptTensor& sink, int64_t max_q, int64_t max_k, bool causal, double scale, int64_t wl,
+    int64_t wr, double softcap, bool det, int64_t num_splits, int64_t num_sms,
+    int64_t tile_schedule, const std::optional<std::string>& tile_order) {
   check_knobs(num_sms, tile_schedule);
   c10::cuda::CUDAGuard guard(q.device());
   auto out_shape = q.sizes().vec();
@@ -190,7 +216,17 @@ std::tuple<Tensor, Tensor> fwd_kernel(const Tensor& q, const Tensor& k, const Te
   if (q.numel() == 0) return {out, lse};
   auto p = fwd_params(q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr,
                       softcap, det);
+  set_inference(p, k, v, seqused_q, page_table, kv_batch_idx, leftpad_k, sink, max_k, num_splits);
   p.num_sms = static_cast<int>(num_sms);
+  // Split-KV partials (Note [split-KV]): sized from the sizes alone, so a CUDA graph captures a
+  // fixed allocation.
+  const size_t ws_bytes = fa4::fwd_workspace_size(p);
+  Tensor workspace;
+  if (ws_bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(ws_bytes)}, q.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+    p.workspace_bytes = ws_bytes;
+  }
   fa4::RunOptions options;
   options.tile_order = tile_order ? tile_order->c_str() : nullptr;
   Tensor fresh_counter;  // Note [stream tile counter]
@@ -252,9 +288,11 @@ Tensor stream_tile_counter(const Tensor& like) {
 TORCH_LIBRARY(fa4, m) {
   m.def(
       "_fwd_kernel(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
-      "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale, "
-      "int window_left, int window_right, float softcap, bool deterministic, int num_sms, "
-      "int tile_schedule, str? tile_order) -> (Tensor, Tensor)");
+      "Tensor? seqused_k, Tensor? seqused_q, Tensor? page_table, Tensor? cache_batch_idx, "
+      "Tensor? leftpad_k, Tensor? learnable_sink, int max_seqlen_q, int max_seqlen_k, "
+      "bool causal, float softmax_scale, int window_left, int window_right, float softcap, "
+      "bool deterministic, int num_splits, int num_sms, int tile_schedule, str? tile_order) "
+      "-> (Tensor, Tensor)");
   m.def(
       "_bwd_kernel(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? "
       "dlse, "

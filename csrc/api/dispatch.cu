@@ -3,6 +3,7 @@
 #include "common/bwd_workspace.h"
 #include "api/fa4.h"
 #include "common/params.h"
+#include "decode/plan.h"
 #include "fa4_instances.h"
 
 #include <cmath>
@@ -51,6 +52,11 @@ constexpr BwdLaunch kSm100Bwd = &run_bwd_sm100;
 #else
 constexpr BwdLaunch kSm100Bwd = nullptr;
 #endif
+#if defined(FA4_INSTANCES_DECODE_FWD)
+constexpr FwdLaunch kDecodeFwd = &run_fwd_decode;
+#else
+constexpr FwdLaunch kDecodeFwd = nullptr;
+#endif
 
 namespace {
 
@@ -92,7 +98,11 @@ bool is_varlen(const FwdParams& p) {
 int64_t q_rows(const FwdParams& p) {
   return is_varlen(p) ? p.total_q : int64_t{p.batch} * p.seqlen_q;
 }
+bool is_paged(const FwdParams& p) {
+  return p.page_table != nullptr;
+}
 int64_t k_rows(const FwdParams& p) {
+  if (is_paged(p)) return int64_t{p.num_pages} * p.page_size;
   return is_varlen(p) ? p.total_k : int64_t{p.batch} * p.seqlen_k;
 }
 
@@ -185,14 +195,34 @@ void check_sizes(Checker& c, const FwdParams& p) {
   }
   const bool varlen_q = p.cu_seqlens_q != nullptr;
   const bool varlen_k = p.cu_seqlens_k != nullptr;
-  if (varlen_q != varlen_k) {
+  const bool paged = p.page_table != nullptr;
+  if (paged) {
+    if (p.page_size < 1) c.fail("page_size", "=%d must be >= 1 with page_table", p.page_size);
+    if (p.num_pages < 1) c.fail("num_pages", "=%d must be >= 1 with page_table", p.num_pages);
+    if (p.page_table_batch_stride < 0) {
+      c.fail("page_table_batch_stride", "=%lld must be >= 0",
+             static_cast<long long>(p.page_table_batch_stride));
+    }
+    if (varlen_k) c.fail("cu_seqlens_k", " is set with page_table: paged keys take seqused_k");
+    if (p.seqused_k == nullptr) {
+      c.fail("seqused_k", " is null: required with page_table (the key count of each sequence)");
+    }
+    if (p.kv_batch_idx != nullptr) c.fail("kv_batch_idx", " is set with page_table: not both");
+  } else if (varlen_q != varlen_k) {
     c.fail(varlen_q ? "cu_seqlens_k" : "cu_seqlens_q",
            " is null while %s is set: both set (varlen) or both null (dense)",
            varlen_q ? "cu_seqlens_q" : "cu_seqlens_k");
   }
-  if (p.seqused_k != nullptr && !varlen_k) {
-    c.fail("seqused_k", " is set without cu_seqlens_k: only allowed with varlen");
+  if (p.kv_batch_idx != nullptr && varlen_q) {
+    c.fail("kv_batch_idx", " is set with varlen: only allowed with dense q and k/v");
   }
+  if (p.leftpad_k != nullptr && varlen_k) {
+    c.fail("leftpad_k", " is set with cu_seqlens_k: only allowed with dense or paged k/v");
+  }
+  if (p.seqused_q != nullptr && !varlen_q) {
+    c.fail("seqused_q", " is set without cu_seqlens_q: only allowed with varlen");
+  }
+  if (p.num_splits < 0) c.fail("num_splits", "=%d must be >= 0 (0 = heuristic)", p.num_splits);
   if (varlen_q && c.ok()) {
     if (p.total_q < 0) c.fail("total_q", "=%d must be >= 0", p.total_q);
     if (p.total_k < 0) c.fail("total_k", "=%d must be >= 0", p.total_k);
@@ -201,7 +231,7 @@ void check_sizes(Checker& c, const FwdParams& p) {
              p.total_q, p.batch, p.seqlen_q);
     }
     // With seqused_k the packed key rows may exceed what is used, so only bound without it.
-    if (p.seqused_k == nullptr && int64_t{p.total_k} > int64_t{p.batch} * p.seqlen_k) {
+    if (p.seqused_k == nullptr && !paged && int64_t{p.total_k} > int64_t{p.batch} * p.seqlen_k) {
       c.fail("total_k", "=%d exceeds batch * seqlen_k = %d * %d (seqlen_k is the max length)",
              p.total_k, p.batch, p.seqlen_k);
     }
@@ -250,10 +280,14 @@ void check_fwd(Checker& c, const FwdParams& p, bool lse_required) {
   c.require_ptr("lse", p.lse, lse_required && has_q, "by the backward (it is an input there)");
   check_tensor(c, "q", p.q, varlen, p.batch, sq, p.heads_q, p.q_batch_stride, p.q_row_stride,
                p.q_head_stride);
-  check_tensor(c, "k", p.k, varlen, p.batch, sk, p.heads_kv, p.k_batch_stride, p.k_row_stride,
-               p.k_head_stride);
-  check_tensor(c, "v", p.v, varlen, p.batch, sk, p.heads_kv, p.v_batch_stride, p.v_row_stride,
-               p.v_head_stride);
+  // Paged: (num_pages, page_size, heads, d); kv_batch_idx: more batch entries than q has.
+  const bool k_dense = !varlen || is_paged(p);
+  const int k_batch = is_paged(p) ? p.num_pages : p.kv_batch_idx != nullptr ? 2 : p.batch;
+  const int64_t k_len = is_paged(p) ? p.page_size : sk;
+  check_tensor(c, "k", p.k, !k_dense, k_batch, k_len, p.heads_kv, p.k_batch_stride,
+               p.k_row_stride, p.k_head_stride);
+  check_tensor(c, "v", p.v, !k_dense, k_batch, k_len, p.heads_kv, p.v_batch_stride,
+               p.v_row_stride, p.v_head_stride);
   check_tensor(c, "out", p.out, varlen, p.batch, sq, p.heads_q, p.out_batch_stride,
                p.out_row_stride, p.out_head_stride);
   if (p.lse != nullptr) {
@@ -430,6 +464,15 @@ Status validate(const BwdParams& p) noexcept {
 
   const FwdParams& fp = p.fwd;
   Checker c("");
+  // The backward kernels have none of the inference layouts; fa4/_ops.py computes the sink's
+  // gradient and runs seqused_q through lse = +inf rows.
+  if (fp.seqused_q != nullptr || fp.page_table != nullptr || fp.kv_batch_idx != nullptr ||
+      fp.leftpad_k != nullptr || fp.learnable_sink != nullptr ||
+      (fp.seqused_k != nullptr && fp.cu_seqlens_k == nullptr)) {
+    c.fail("fwd", ": seqused_q, page_table, kv_batch_idx, leftpad_k, learnable_sink and dense "
+                  "seqused_k are forward only (api/fa4.h)");
+    return c.status();
+  }
   const bool varlen = is_varlen(fp);
   const int64_t sq = varlen ? fp.total_q : fp.seqlen_q;
   const int64_t sk = varlen ? fp.total_k : fp.seqlen_k;
@@ -466,7 +509,37 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream, const RunOptions& option
   const ArchKernels* arch = nullptr;
   s = select_arch(/*fwd=*/true, p.num_sms, &arch, &info);
   if (s != Status::kOk) return s;
+  if (decode::takes_decode(p)) {
+    if (kDecodeFwd == nullptr) {
+      return fail(Status::kUnsupported, "fa4 %s: the decode kernel is not compiled into this build",
+                  FA4_VERSION);
+    }
+    const size_t needed = fwd_workspace_size(p);
+    if (p.workspace_bytes < needed || (needed > 0 && p.workspace == nullptr)) {
+      return fail(Status::kInvalid, "workspace_bytes=%zu smaller than fwd_workspace_size()=%zu",
+                  p.workspace_bytes, needed);
+    }
+    if (reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0) {
+      return fail(Status::kInvalid, "workspace=%p not 16-byte aligned", p.workspace);
+    }
+    return kDecodeFwd(p, info, stream);
+  }
   return arch->fwd(p, info, stream);
+}
+
+size_t fwd_workspace_size(const FwdParams& p) noexcept {
+  Checker c("");
+  check_sizes(c, p);
+  if (!c.ok() || q_rows(p) == 0 || !decode::takes_decode(p)) return 0;
+  int num_sms = p.num_sms;
+  if (num_sms == 0) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      num_sms = 1;
+    }
+  }
+  return decode::make_plan(p, num_sms).workspace_bytes();
 }
 
 Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept {

@@ -51,6 +51,22 @@
 //   lse (heads_q, total_q) fp32:        lse[h][t] at lse + h*lse_head_stride + t, for the
 //       packed row t = cu_seqlens_q[b] + i. lse_batch_stride is ignored.
 //
+// Inference layouts (the decode kernel; forward only: run_bwd rejects them):
+//   Paged K/V (page_table set): k (num_pages, page_size, heads_kv, head_dim) with k_batch_stride
+//               the stride between pages (likewise v); key j of sequence b is row j % page_size of
+//               page page_table[b * page_table_batch_stride + j / page_size]. Dense q needs
+//               seqused_k (the key count per sequence, <= max_pages * page_size); varlen q needs
+//               seqused_k and cu_seqlens_k = null. Page entries are not checked on the device:
+//               the caller keeps them in [0, num_pages).
+//   seqused_k with dense q: the key counts of a KV cache (k is (b_k, seqlen_k, heads_kv, d)).
+//   kv_batch_idx (dense): sequence b reads k/v batch entry kv_batch_idx[b] instead of b.
+//   leftpad_k: sequence b's keys are rows [leftpad_k[b], seqused_k[b]) (or to seqlen_k), so it
+//               has seqused_k[b] - leftpad_k[b] keys, and the mask aligns on that count.
+//   seqused_q (varlen): rows past seqused_q[b] are not computed: out = 0 and lse = -inf; the mask
+//               aligns on seqused_q[b] rows.
+//   learnable_sink: lse = log(sum_j exp(s_j) + exp(sink[h])) and out = sum_j exp(s_j - lse) v_j;
+//               a row that sees no key gets out = 0 and lse = sink[h].
+//
 // Masking (causal, window), bottom-right aligned as in flash-attn: with offset = seqlen_k -
 // seqlen_q of the sequence (per sequence for varlen, after seqused_k), query row i sees key j iff
 //   (window_left  < 0 || j >= i + offset - window_left) &&
@@ -145,6 +161,26 @@ struct FwdParams {
   // every run on one stream; runs that may overlap (other streams, graph replays) need one each.
   // Both forward kernels use it (SM100: compiled, not executed), and so does the SM90 backward.
   int64_t* tile_counter = nullptr;
+
+  // Inference (serving): see "Inference layouts" at the top of this file. All optional; any of
+  // them, or a query block small enough to pack (seqlen_q * heads_q / heads_kv <= 64 rows), sends
+  // the forward to the split-KV decode kernel (csrc/decode).
+  const int* seqused_q = nullptr;       // int32 (batch,): sequence b uses its first seqused_q[b]
+                                        // query rows (varlen only)
+  const int* page_table = nullptr;      // int32 (batch, max_pages): paged K/V
+  int64_t page_table_batch_stride = 0;  // elements between two sequences' page lists
+  int page_size = 0;                    // >= 1 with page_table: keys per page
+  int num_pages = 0;                    // >= 1 with page_table: pages in the k/v pools
+  const int* kv_batch_idx = nullptr;    // int32 (batch,): dense k/v batch entry of sequence b
+  const int* leftpad_k = nullptr;       // int32 (batch,): sequence b's keys start at this row
+  const float* learnable_sink = nullptr;  // fp32 (heads_q,): a logit per head in every row's
+                                          // softmax denominator (no value)
+  int num_splits = 0;  // >= 0: key splits of the decode kernel; 0 = heuristic, 1 = none
+  // Device memory for the split-KV partial results: at least fwd_workspace_size(p) bytes,
+  // 16-byte aligned, untouched by others until the stream has run this call. Null when that
+  // size is 0.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 struct BwdParams {
@@ -172,8 +208,8 @@ static_assert(std::is_trivially_copyable_v<BwdParams> && std::is_standard_layout
 // The kernels' parameter structs hold FwdParams / BwdParams by value followed by their own
 // members, so a member added here moves the constant-bank offset of every later kernel parameter
 // and changes the machine code of every kernel. Per-call choices that no kernel reads go in
-// RunOptions instead. With 8-byte pointers (every CUDA host): 256 and 392 bytes.
-static_assert(sizeof(void*) != 8 || (sizeof(FwdParams) == 256 && sizeof(BwdParams) == 392),
+// RunOptions instead. With 8-byte pointers (every CUDA host): 336 and 472 bytes.
+static_assert(sizeof(void*) != 8 || (sizeof(FwdParams) == 336 && sizeof(BwdParams) == 472),
               "FwdParams / BwdParams changed size: every kernel's SASS moves (see above)");
 
 // Per-call options that do not describe the problem (kernels never see this struct).
@@ -202,6 +238,12 @@ struct RunOptions {
 // checking RunOptions' text. They read no environment variable.
 Status validate(const FwdParams& p) noexcept;
 Status validate(const BwdParams& p) noexcept;
+
+// Bytes of device workspace run_fwd needs for this problem (FwdParams::workspace): the split-KV
+// partial outputs and LSEs of the decode kernel, 0 when the problem takes no split. Depends on
+// the size fields, num_splits and the current device's SM count (the split heuristic), so it may
+// be called before the tensors exist. 0 with last_error() set when a size field is invalid.
+size_t fwd_workspace_size(const FwdParams& p) noexcept;
 
 // Runs the forward on `stream` (asynchronously, like a kernel launch), on the calling thread's
 // current device (cudaSetDevice), which must be the device of `stream` and of every pointer.

@@ -26,6 +26,9 @@ Status run_fwd_sm90(const FwdParams&, const DeviceInfo&, cudaStream_t);
 Status run_bwd_sm90(const BwdParams&, const DeviceInfo&, void* workspace, cudaStream_t);
 Status run_fwd_sm100(const FwdParams&, const DeviceInfo&, cudaStream_t);
 Status run_bwd_sm100(const BwdParams&, const DeviceInfo&, void* workspace, cudaStream_t);
+// The decode kernel (csrc/fwd_decode.cu; decode/plan.h says which problems take it), compiled
+// for every arch of the build.
+Status run_fwd_decode(const FwdParams&, const DeviceInfo&, cudaStream_t);
 
 // One kernel instance: a family's kernels for head dims (D, DV) and one dtype, defined in the
 // family's instance header (sm90/fwd/instance.cuh, ...) and instantiated by a generated translation
@@ -36,6 +39,10 @@ Status fwd_instance(const FwdParams&, const DeviceInfo&, cudaStream_t);
 template <int D, int DV, DType E>
 Status bwd_instance(const BwdParams&, const DeviceInfo&, void* workspace, cudaStream_t);
 }  // namespace sm90
+namespace decode {
+template <int D, int DV, DType E>
+Status fwd_instance(const FwdParams&, const DeviceInfo&, cudaStream_t);
+}  // namespace decode
 namespace sm100 {
 template <int D, int DV, DType E>
 Status fwd_instance(const FwdParams&, const DeviceInfo&, cudaStream_t);

@@ -1,0 +1,442 @@
+// The decode kernel: attention of a few query rows per KV head against a long (paged) KV cache,
+// at memory speed. SM90 and SM100 (one source; SM100: compiled, not executed).
+//
+// Grid (m_blocks * num_splits, heads_kv, batch); 5 warps. Warp 4 streams key blocks of 64 rows
+// into a ring of shared-memory stages with one bulk copy per K or V row (cp.async.bulk, 16-byte
+// granular: any page size, the page table read per row; Note [row gather]); warps 0-3 compute.
+// The consumer warps are warps_m x warps_n (decode/plan.h): warp (wm, wn) owns packed rows
+// [16 wm, 16 wm + 16) of the tile (Note [packed GQA]) and keys [wn * 64 / warps_n, ...) of
+// every block. They run S = Q Kᵀ and O += P V with mma.sync m16n8k16 (decode reads each K/V
+// element once for up to 64 rows: ~8 flops per byte, far below what mma.sync sustains), the
+// shared online softmax (common/softmax.cuh, QuadFrag: an m16n8 accumulator is a wgmma
+// accumulator's warp slice) and the shared masks (common/mask.cuh). The epilogue merges the
+// warps_n partial results of each row through shared memory and writes either out and lse
+// (one split; the learnable sink joins here) or the split's fp32 partials (decode/combine.cuh).
+//
+// Note [row gather]: K and V rows are loaded row by row, so paging (any page size), leftpad,
+// kv_batch_idx and varlen keys are all one address computation per row. A 64-row block of hd128
+// is 128 bulk copies of 256 bytes, four per producer lane; the copies of a stage complete one
+// mbarrier transaction count. Rows past the sequence's end are not loaded: their stage rows
+// hold earlier blocks' (finite) data or the zeros written at the start, and the mask sets
+// their scores to -inf, so P = 0 multiplies finite V values.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "common/mask.cuh"
+#include "common/params.h"
+#include "common/softmax.cuh"
+#include "decode/plan.h"
+
+namespace fa4::decode {
+
+// Everything the kernel reads besides FwdParams.
+struct Args {
+  FwdParams p;
+  int group;          // heads_q / heads_kv
+  int num_splits;
+  int64_t partial_rows;
+  float* o_partial;   // [split][row][head][d_v], num_splits > 1 only
+  float* lse_partial;  // [split][row][head]
+  ScoreScale score;
+};
+
+template <int D, int DV, class Element, int kWarpsN>
+struct Traits {
+  static constexpr int kWarpsM = 4 / kWarpsN;
+  static constexpr int kBlockM = 16 * kWarpsM;
+  static constexpr int kWarpN = kBlockN / kWarpsN;  // keys of a block per consumer warp
+  static constexpr int kThreads = 5 * 32;
+  static constexpr int kConsumers = 4 * 32;
+  static constexpr int kPitchK = row_pitch(D);
+  static constexpr int kPitchV = row_pitch(DV);
+  static constexpr int kStages = num_stages(D, DV, kWarpsN);
+  static constexpr int kStageBytes = stage_bytes(D, DV);
+  static constexpr int kRingBytes = ring_bytes(D, DV, kWarpsN);
+  static constexpr int kQOffset = kRingBytes;
+  static constexpr int kBarOffset = kQOffset + q_bytes(D, kWarpsN);
+  static constexpr int kSmemBytes = smem_bytes(D, DV, kWarpsN);
+  static constexpr int kMinBlocks = ctas_per_sm(D, DV, kWarpsN);
+  static constexpr int kEpiPitch = epi_pitch(DV);
+  static constexpr float kTau = 8.0f;  // Note [conditional rescale]
+  using SFrag = QuadFrag<kWarpN>;
+  using OFrag = QuadFrag<DV>;
+  static_assert(kWarpN % 16 == 0 && D % 16 == 0 && DV % 16 == 0, "mma.sync k16 / n16 steps");
+  static_assert(kBarOffset % 16 == 0 && kSmemBytes <= 227 * 1024, "shared memory");
+  static_assert(epi_bytes(DV) <= kRingBytes, "the epilogue reuses the ring");
+};
+
+namespace detail {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// c += a b, m16n8k16, fp32 accumulators; a: 4 registers, b: 2.
+template <class Element>
+__device__ __forceinline__ void mma_16816(float* c, const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <class Element>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+__device__ __forceinline__ void wait_barrier(uint64_t* bar, int phase) {
+  cutlass::arch::ClusterBarrier::wait(bar, static_cast<uint32_t>(phase));
+}
+
+}  // namespace detail
+
+// One sequence's rows and keys, after seqused_q / seqused_k / leftpad_k (api/fa4.h).
+struct SeqRows {
+  int offset_q = 0;  // packed row of the sequence's first query (varlen), else 0
+  int len_q = 0;     // query rows of the sequence (its share of the out / lse tensors)
+  int used_q = 0;    // rows computed (seqused_q), <= len_q
+  int offset_k = 0;  // varlen: first key row; dense / paged: leftpad
+  int len_k = 0;     // keys attended
+  int kv_batch = 0;  // dense k/v batch entry (kv_batch_idx)
+
+  __device__ static SeqRows get(const FwdParams& p, int b) {
+    SeqRows s;
+    if (p.cu_seqlens_q != nullptr) {
+      s.offset_q = p.cu_seqlens_q[b];
+      s.len_q = p.cu_seqlens_q[b + 1] - s.offset_q;
+    } else {
+      s.len_q = p.seqlen_q;
+    }
+    s.used_q = p.seqused_q != nullptr ? min(p.seqused_q[b], s.len_q) : s.len_q;
+    const int leftpad = p.leftpad_k != nullptr ? p.leftpad_k[b] : 0;
+    if (p.cu_seqlens_k != nullptr) {
+      s.offset_k = p.cu_seqlens_k[b] + leftpad;
+      s.len_k = p.seqused_k != nullptr ? p.seqused_k[b] : p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+    } else {
+      s.offset_k = leftpad;
+      s.len_k = p.seqused_k != nullptr ? p.seqused_k[b] : p.seqlen_k;
+    }
+    s.len_k = max(s.len_k - leftpad, 0);
+    s.kv_batch = p.kv_batch_idx != nullptr ? p.kv_batch_idx[b] : b;
+    return s;
+  }
+};
+
+// Address of key row j (0-based within the sequence's attended keys) of K (or V: same scheme).
+__device__ __forceinline__ const char* key_row(const FwdParams& p, const SeqRows& s, int b,
+                                               int kv_head, int j, const void* base,
+                                               int64_t batch_stride, int64_t row_stride,
+                                               int64_t head_stride) {
+  const int row = s.offset_k + j;
+  int64_t off;
+  if (p.page_table != nullptr) {
+    const int page = p.page_table[b * p.page_table_batch_stride + row / p.page_size];
+    off = int64_t{page} * batch_stride + int64_t{row % p.page_size} * row_stride;
+  } else if (p.cu_seqlens_k != nullptr) {
+    off = int64_t{row} * row_stride;
+  } else {
+    off = int64_t{s.kv_batch} * batch_stride + int64_t{row} * row_stride;
+  }
+  return static_cast<const char*>(base) + (off + int64_t{kv_head} * head_stride) * 2;
+}
+
+template <int D, int DV, class Element, int kWarpsN>
+__global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBlocks)
+    decode_kernel(const __grid_constant__ Args args) {
+  using T = Traits<D, DV, Element, kWarpsN>;
+  extern __shared__ __align__(128) char smem[];
+  const FwdParams& p = args.p;
+  const int b = blockIdx.z;
+  const int kv_head = blockIdx.y;
+  const int split = blockIdx.x % args.num_splits;
+  const int m_block = blockIdx.x / args.num_splits;
+  const int group = args.group;
+  const SeqRows seq = SeqRows::get(p, b);
+  const int rows_len = seq.len_q * group;  // packed rows with an output
+  const int row0 = m_block * T::kBlockM;
+  if (row0 >= rows_len) return;
+  const int rows_used = seq.used_q * group;
+
+  // The keys this tile's computed rows see (Note [mask alignment], on the used lengths), as
+  // whole blocks, and this split's share of them.
+  const Mask mask = Mask::from_params(p, seq.used_q, seq.len_k);
+  int n_begin = 0, n_end = 0;
+  if (row0 < rows_used) {
+    const int i_lo = row0 / group;
+    const int i_hi = (min(row0 + T::kBlockM, rows_used) - 1) / group;
+    const int lo = max(0, i_lo + mask.diag_lo);
+    const int hi = min(seq.len_k, i_hi + mask.diag_hi);
+    if (hi > lo) {
+      n_begin = lo / kBlockN;
+      n_end = (hi + kBlockN - 1) / kBlockN;
+    }
+  }
+  {
+    const int per = (n_end - n_begin + args.num_splits - 1) / args.num_splits;
+    const int first = n_begin + split * per;
+    n_end = min(n_end, first + per);
+    n_begin = min(first, n_end);
+  }
+  const int n_blocks = n_end - n_begin;
+
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + T::kBarOffset);
+  uint64_t* empty = full + T::kStages;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+
+  // Zero the ring (Note [row gather]) and load the query tile: packed row r is token
+  // (row0 + r) / group of head kv_head * group + (row0 + r) % group; rows past the computed ones
+  // are zeros.
+  for (int i = threadIdx.x; i < T::kRingBytes / 16; i += T::kThreads) {
+    reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
+  }
+  cutlass::arch::fence_view_async_shared();  // the zeros before the bulk copies' writes
+  constexpr int kQChunks = D / 8;  // 16-byte chunks per row
+  for (int i = threadIdx.x; i < T::kBlockM * kQChunks; i += T::kThreads) {
+    const int r = i / kQChunks, c = i % kQChunks;
+    const int pr = row0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (pr < rows_used) {
+      const int tok = pr / group, h = kv_head * group + pr % group;
+      const int64_t off = (p.cu_seqlens_q != nullptr ? int64_t{seq.offset_q + tok} * p.q_row_stride
+                                                     : int64_t{b} * p.q_batch_stride +
+                                                           int64_t{tok} * p.q_row_stride) +
+                          int64_t{h} * p.q_head_stride + c * 8;
+      v = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.q) + off);
+    }
+    *reinterpret_cast<uint4*>(smem + T::kQOffset + r * T::kPitchK + c * 16) = v;
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < T::kStages; ++s) {
+      cutlass::arch::ClusterBarrier::init(&full[s], 1);
+      cutlass::arch::ClusterBarrier::init(&empty[s], 4);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warp == 4) {
+    // Producer: Note [row gather].
+    for (int it = 0; it < n_blocks; ++it) {
+      const int stage = it % T::kStages;
+      if (it >= T::kStages) detail::wait_barrier(&empty[stage], (it / T::kStages - 1) & 1);
+      const int n = n_begin + it;
+      const int valid = min(kBlockN, seq.len_k - n * kBlockN);
+      if (lane == 0) {
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
+            &full[stage], static_cast<uint32_t>(valid * (D + DV) * 2));
+      }
+      __syncwarp();
+      char* k_smem = smem + stage * T::kStageBytes;
+      char* v_smem = k_smem + kBlockN * T::kPitchK;
+      for (int r = lane; r < valid; r += 32) {
+        const int j = n * kBlockN + r;
+        const char* k_src = key_row(p, seq, b, kv_head, j, p.k, p.k_batch_stride, p.k_row_stride,
+                                    p.k_head_stride);
+        const char* v_src = key_row(p, seq, b, kv_head, j, p.v, p.v_batch_stride, p.v_row_stride,
+                                    p.v_head_stride);
+        cute::SM90_BULK_COPY_G2S::copy(k_src, &full[stage], k_smem + r * T::kPitchK, D * 2);
+        cute::SM90_BULK_COPY_G2S::copy(v_src, &full[stage], v_smem + r * T::kPitchV, DV * 2);
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  const int wm = warp / kWarpsN, wn = warp % kWarpsN;
+  float o[T::OFrag::kSize];
+  FA4_UNROLL
+  for (int i = 0; i < T::OFrag::kSize; ++i) o[i] = 0.0f;
+  OnlineSoftmax<typename T::SFrag> softmax;
+  softmax.init();
+  // This thread's two rows of the warp's 16 (m16n8 accumulator: lane / 4 and lane / 4 + 8) as
+  // query tokens; rows not computed get token -1 (row_bounds: nothing visible).
+  int tok[2];
+  FA4_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int pr = row0 + wm * 16 + lane / 4 + 8 * r;
+    tok[r] = pr < rows_used ? pr / group : -1;
+  }
+  const uint32_t q_base = detail::smem_addr(smem + T::kQOffset);
+  // ldmatrix lane addresses. A (Q, rows x d): matrix lane / 8 holds rows +8 for odd, cols +8 for
+  // >= 2. B of S (K rows = n, d = k): matrices (n0, k0), (n0, k8), (n8, k0), (n8, k8). B of O
+  // (V rows = k, d_v = n), transposed: (k0, n0), (k8, n0), (k0, n8), (k8, n8).
+  const int a_row = wm * 16 + (lane % 8) + ((lane / 8) % 2) * 8, a_col = (lane / 16) * 8;
+  const int kb_row = wn * T::kWarpN + (lane % 8) + (lane / 16) * 8, kb_col = ((lane / 8) % 2) * 8;
+  const int vb_row = wn * T::kWarpN + (lane % 8) + ((lane / 8) % 2) * 8, vb_col = (lane / 16) * 8;
+  const ScoreScale score = args.score;
+
+  for (int it = 0; it < n_blocks; ++it) {
+    const int stage = it % T::kStages;
+    detail::wait_barrier(&full[stage], (it / T::kStages) & 1);
+    const uint32_t k_base = detail::smem_addr(smem + stage * T::kStageBytes);
+    const uint32_t v_base = k_base + kBlockN * T::kPitchK;
+
+    float s[T::SFrag::kSize];
+    FA4_UNROLL
+    for (int i = 0; i < T::SFrag::kSize; ++i) s[i] = 0.0f;
+    FA4_UNROLL
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      detail::ldmatrix_x4(q_base + a_row * T::kPitchK + (kk * 16 + a_col) * 2, a);
+      FA4_UNROLL
+      for (int np = 0; np < T::kWarpN / 16; ++np) {
+        uint32_t bk[4];
+        detail::ldmatrix_x4(k_base + (kb_row + np * 16) * T::kPitchK + (kk * 16 + kb_col) * 2, bk);
+        detail::mma_16816<Element>(&s[(2 * np) * 4], a, bk[0], bk[1]);
+        detail::mma_16816<Element>(&s[(2 * np + 1) * 4], a, bk[2], bk[3]);
+      }
+    }
+    if (score.softcap) apply_softcap<typename T::SFrag>(s, score.pre);
+    const int n = n_begin + it;
+    const int col0 = n * kBlockN + wn * T::kWarpN + 2 * (lane % 4);
+    apply_mask<typename T::SFrag>(
+        s, mask, [&](int r) { return tok[r]; },
+        [&](int e) { return col0 + 8 * (e / 2) + e % 2; });
+    float o_scale[2];
+    const RowDecisions d = softmax.update_max(s, score.scale_log2, T::kTau, o_scale);
+    if (d.any_rescaled()) scale_rows<typename T::OFrag>(o, o_scale);
+    softmax.template exp2_and_sum<0>(s, score.scale_log2);
+
+    FA4_UNROLL
+    for (int kc = 0; kc < T::kWarpN / 16; ++kc) {
+      // P of keys [16 kc, 16 kc + 16): n-tiles 2 kc and 2 kc + 1 of S are the A fragment.
+      uint32_t a[4];
+      a[0] = detail::pack2<Element>(s[8 * kc + 0], s[8 * kc + 1]);
+      a[1] = detail::pack2<Element>(s[8 * kc + 2], s[8 * kc + 3]);
+      a[2] = detail::pack2<Element>(s[8 * kc + 4], s[8 * kc + 5]);
+      a[3] = detail::pack2<Element>(s[8 * kc + 6], s[8 * kc + 7]);
+      FA4_UNROLL
+      for (int dp = 0; dp < DV / 16; ++dp) {
+        uint32_t bv[4];
+        detail::ldmatrix_x4_trans(
+            v_base + (vb_row + kc * 16) * T::kPitchV + (dp * 16 + vb_col) * 2, bv);
+        detail::mma_16816<Element>(&o[(2 * dp) * 4], a, bv[0], bv[1]);
+        detail::mma_16816<Element>(&o[(2 * dp + 1) * 4], a, bv[2], bv[3]);
+      }
+    }
+    __syncwarp();
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&empty[stage]);
+  }
+
+  // Epilogue. Each warp's rows, normalized over its keys, with their LSE (log2 units), into the
+  // ring (every copy has landed: the loop waited for all of them).
+  float inv_l[2], lse[2];
+  softmax.finalize(inv_l, lse);
+  scale_rows<typename T::OFrag>(o, inv_l);
+  asm volatile("bar.sync 1, %0;\n" ::"n"(T::kConsumers));
+  float* epi = reinterpret_cast<float*>(smem);
+  float* epi_lse = epi + 64 * T::kEpiPitch;
+  FA4_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int slot = warp * 16 + lane / 4 + 8 * r;  // (wm, wn) row slot
+    FA4_UNROLL
+    for (int g = 0; g < DV / 8; ++g) {
+      *reinterpret_cast<float2*>(epi + slot * T::kEpiPitch + 8 * g + 2 * (lane % 4)) =
+          make_float2(o[g * 4 + 2 * r], o[g * 4 + 2 * r + 1]);
+    }
+    if (lane % 4 == 0) epi_lse[slot] = lse[r] * kLog2e;  // log2 units
+  }
+  asm volatile("bar.sync 1, %0;\n" ::"n"(T::kConsumers));
+
+  // Merge the kWarpsN partials of each row: row r of the tile is slot (r / 16 * kWarpsN + wn) * 16
+  // + r % 16 of warp (r / 16, wn). 4 floats per thread and step.
+  const bool use_sink = p.learnable_sink != nullptr && args.num_splits == 1;
+  constexpr int kChunks = DV / 4;
+  for (int i = threadIdx.x; i < T::kBlockM * kChunks; i += T::kConsumers) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int pr = row0 + r;
+    if (pr >= rows_len) continue;
+    const int tk = pr / group, h = kv_head * group + pr % group;
+    float part_lse[kWarpsN];
+    float m = -INFINITY;
+    FA4_UNROLL
+    for (int w = 0; w < kWarpsN; ++w) {
+      part_lse[w] = epi_lse[((r / 16) * kWarpsN + w) * 16 + r % 16];
+      m = fmaxf(m, part_lse[w]);
+    }
+    float sink = -INFINITY;
+    if (use_sink && pr < rows_used) sink = p.learnable_sink[h] * kLog2e;
+    const float mt = fmaxf(m, sink);
+    float wsum = 0.0f, weight[kWarpsN];
+    FA4_UNROLL
+    for (int w = 0; w < kWarpsN; ++w) {
+      weight[w] = mt == -INFINITY ? 0.0f : exp2_hw(part_lse[w] - mt);
+      wsum += weight[w];
+    }
+    const float sink_w = mt == -INFINITY ? 0.0f : exp2_hw(sink - mt);
+    const float total = wsum + sink_w;
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    FA4_UNROLL
+    for (int w = 0; w < kWarpsN; ++w) {
+      const float4 v = *reinterpret_cast<const float4*>(
+          epi + (((r / 16) * kWarpsN + w) * 16 + r % 16) * T::kEpiPitch + 4 * c);
+      const float wt = weight[w] * inv;
+      acc.x += wt * v.x;
+      acc.y += wt * v.y;
+      acc.z += wt * v.z;
+      acc.w += wt * v.w;
+    }
+    // Natural-log LSE of the merged row (and the sink): -inf when it saw nothing.
+    const float lse_row = total > 0.0f ? (mt + log2f(total)) * kLn2 : -INFINITY;
+    const int64_t q_row = p.cu_seqlens_q != nullptr ? int64_t{seq.offset_q} + tk
+                                                    : int64_t{b} * p.seqlen_q + tk;
+    if (args.num_splits == 1) {
+      const int64_t off = (p.cu_seqlens_q != nullptr
+                               ? int64_t{seq.offset_q + tk} * p.out_row_stride
+                               : int64_t{b} * p.out_batch_stride + int64_t{tk} * p.out_row_stride) +
+                          int64_t{h} * p.out_head_stride + 4 * c;
+      uint2 packed;
+      packed.x = detail::pack2<Element>(acc.x, acc.y);
+      packed.y = detail::pack2<Element>(acc.z, acc.w);
+      *reinterpret_cast<uint2*>(static_cast<Element*>(p.out) + off) = packed;
+      if (c == 0 && p.lse != nullptr) {
+        const int64_t lo = p.cu_seqlens_q != nullptr
+                               ? int64_t{h} * p.lse_head_stride + seq.offset_q + tk
+                               : int64_t{b} * p.lse_batch_stride + int64_t{h} * p.lse_head_stride +
+                                     tk;
+        p.lse[lo] = lse_row;
+      }
+    } else {
+      const int64_t slot = (int64_t{split} * args.partial_rows + q_row) * p.heads_q + h;
+      *reinterpret_cast<float4*>(args.o_partial + slot * DV + 4 * c) = acc;
+      if (c == 0) args.lse_partial[slot] = lse_row;
+    }
+  }
+}
+
+}  // namespace fa4::decode

@@ -1,0 +1,142 @@
+// The decode kernel's launch plan, computed on the host from FwdParams alone (no device memory
+// is read): which problems take the kernel, its tile shape, the number of key splits and the
+// workspace of the split results. Plain C++ (g++ compiles it for tests/cpp), shared by
+// api/dispatch.cu (fwd_workspace_size, the routing) and decode/kernel.cuh (the launch).
+//
+// Note [packed GQA]: the heads_q / heads_kv query heads that share a KV head are one tile's rows:
+// packed row r of a sequence is query token r / group of q head kv_head * group + r % group. One
+// CTA then reads each K/V byte once for the whole group, where a CTA per q head would read it
+// group times (from L2 at best). Decode (1 token, GQA 4:1) fills 4 of a tile's 16 rows.
+//
+// Note [split-KV]: a decode problem has batch * heads_kv tiles, fewer than the SMs can run at once
+// (batch 4, 8 KV heads: 32 CTAs on 132 SMs), and each streams a long KV sequence. The keys of a
+// tile are cut into num_splits ranges of whole blocks, one CTA each; each writes its rows'
+// fp32 output, normalized over its range, and that range's LSE to the workspace, and the combine
+// kernel (decode/combine.cuh) weighs them by exp(lse_s - lse) into out and lse.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "api/fa4.h"
+
+namespace fa4::decode {
+
+constexpr int kBlockN = 64;     // keys per pipeline stage
+constexpr int kMaxRows = 64;    // packed rows of one tile (4 consumer warps x 16)
+constexpr int kMaxSplits = 256;  // num_splits cap (a 128k-key sequence has 2048 blocks)
+
+// The tile shape: rows per CTA = 16 * (4 / warps_n). A tile of 16 rows gives each of the 4
+// consumer warps a quarter of every key block (warps_n = 4); 64 rows give each warp its own 16
+// rows of the whole block (warps_n = 1).
+inline int warps_n_for(int packed_rows) {
+  return packed_rows <= 16 ? 4 : packed_rows <= 32 ? 2 : 1;
+}
+
+// Shared memory of one CTA (decode/kernel.cuh): a ring of key blocks, each K and V row padded
+// by 16 bytes so that ldmatrix's 8 rows of a matrix start in 8 different bank groups; the query
+// tile (same padding); the pipeline barriers. The epilogue's fp32 rows reuse the ring. Stages:
+// as many as keep the CTA within half an SM's 228 KB (two CTAs per SM overlap one's prologue and
+// epilogue with the other's stream), between 2 and 4. hd128: 2 stages of 34,816 bytes.
+constexpr int row_pitch(int d) { return d * 2 + 16; }
+constexpr int stage_bytes(int d, int dv) { return kBlockN * (row_pitch(d) + row_pitch(dv)); }
+constexpr int q_bytes(int d, int warps_n) { return 16 * (4 / warps_n) * row_pitch(d); }
+constexpr int epi_pitch(int dv) { return dv + 4; }  // floats
+constexpr int epi_bytes(int dv) { return 64 * epi_pitch(dv) * 4 + 64 * 4; }
+constexpr int num_stages(int d, int dv, int warps_n) {
+  const int s = (113 * 1024 - q_bytes(d, warps_n) - 64) / stage_bytes(d, dv);
+  return s < 2 ? 2 : s > 4 ? 4 : s;
+}
+constexpr int ring_bytes(int d, int dv, int warps_n) {
+  const int ring = num_stages(d, dv, warps_n) * stage_bytes(d, dv);
+  return ring > epi_bytes(dv) ? ring : epi_bytes(dv);
+}
+constexpr int smem_bytes(int d, int dv, int warps_n) {
+  return ring_bytes(d, dv, warps_n) + q_bytes(d, warps_n) + 2 * 4 * 8;
+}
+constexpr int ctas_per_sm(int d, int dv, int warps_n) {
+  const int n = (228 * 1024) / (smem_bytes(d, dv, warps_n) + 1024);
+  return n < 1 ? 1 : n > 4 ? 4 : n;
+}
+
+inline bool uses_inference_features(const FwdParams& p) {
+  return p.seqused_q != nullptr || p.page_table != nullptr || p.kv_batch_idx != nullptr ||
+         p.leftpad_k != nullptr || p.learnable_sink != nullptr ||
+         (p.seqused_k != nullptr && p.cu_seqlens_k == nullptr) || p.num_splits > 1;
+}
+
+// Whether the forward takes the decode kernel: every inference feature is its alone, and a query
+// block that packs into one tile (Note [packed GQA]) runs there at memory speed.
+inline bool takes_decode(const FwdParams& p) {
+  const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
+  return uses_inference_features(p) || int64_t{p.seqlen_q} * group <= kMaxRows;
+}
+
+struct Plan {
+  int group = 1;       // heads_q / heads_kv
+  int warps_n = 4;     // 4, 2 or 1 (warps_n_for)
+  int block_m = 16;    // packed rows per tile
+  int m_blocks = 0;    // tiles per (sequence, KV head), for the longest sequence
+  int n_blocks = 0;    // key blocks of the longest sequence
+  int num_splits = 1;  // key ranges per tile
+  int64_t partial_rows = 0;  // query rows with a partial result per split (dense b*s_q, varlen
+                             // total_q)
+  size_t workspace_bytes() const {
+    if (num_splits <= 1) return 0;
+    // [split][row][head] fp32 LSEs, padded to 16 bytes, then [split][row][head][d_v] fp32
+    // outputs (decode/instance.cuh).
+    const size_t slots = size_t(num_splits) * size_t(partial_rows) * size_t(heads_q_);
+    return ((slots + 3) / 4 * 4 + slots * size_t(dv_)) * 4;
+  }
+  int heads_q_ = 0, dv_ = 0;
+};
+
+// Note [split heuristic]: the CTAs of one wave are num_sms * ctas_per_sm; base = batch * heads_kv
+// * m_blocks tiles. A problem with at least 80 % of a wave already runs unsplit. Otherwise the
+// split count is the smallest s (of at most n_blocks / 4 blocks' worth: a split of fewer than 4
+// blocks spends more on its prologue and the combine than it gains) whose waves are at least
+// 85 % full: base * s / (ceil(base * s / slots) * slots) >= 0.85, preferring one full wave.
+inline int heuristic_splits(int64_t base, int n_blocks, int num_sms, int ctas_per_sm) {
+  const int64_t slots = int64_t{num_sms} * ctas_per_sm;
+  if (base <= 0 || slots <= 0 || base * 5 >= slots * 4) return 1;
+  int max_s = n_blocks / 4;
+  if (max_s > kMaxSplits) max_s = kMaxSplits;
+  if (max_s <= 1) return 1;
+  int best = 1;
+  double best_eff = 0.0;
+  for (int s = 1; s <= max_s; ++s) {
+    const int64_t ctas = base * s;
+    const int64_t waves = (ctas + slots - 1) / slots;
+    const double eff = double(ctas) / double(waves * slots);
+    if (waves == 1 && eff >= 0.85) return s;
+    if (eff > best_eff + 1e-9) {
+      best_eff = eff;
+      best = s;
+    }
+    if (waves > 1 && best_eff >= 0.85) break;
+  }
+  return best;
+}
+
+inline Plan make_plan(const FwdParams& p, int num_sms) {
+  Plan pl;
+  pl.group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
+  const int64_t rows = int64_t{p.seqlen_q} * pl.group;
+  pl.warps_n = warps_n_for(static_cast<int>(rows < kMaxRows ? rows : kMaxRows));
+  pl.block_m = 16 * (4 / pl.warps_n);
+  pl.m_blocks = static_cast<int>((rows + pl.block_m - 1) / pl.block_m);
+  pl.n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  pl.heads_q_ = p.heads_q;
+  pl.dv_ = p.head_dim_v;
+  pl.partial_rows = p.cu_seqlens_q != nullptr ? int64_t{p.total_q} : int64_t{p.batch} * p.seqlen_q;
+  const int64_t base = int64_t{p.batch} * p.heads_kv * pl.m_blocks;
+  const int per_sm = ctas_per_sm(p.head_dim, p.head_dim_v, pl.warps_n);
+  int s = p.num_splits == 0 ? heuristic_splits(base, pl.n_blocks, num_sms, per_sm)
+                            : p.num_splits;
+  if (s > pl.n_blocks) s = pl.n_blocks;
+  if (s > kMaxSplits) s = kMaxSplits;
+  pl.num_splits = s < 1 ? 1 : s;
+  return pl;
+}
+
+}  // namespace fa4::decode
