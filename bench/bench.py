@@ -3,6 +3,8 @@
   python3 bench/bench.py --quick --out /tmp/bench          # seqlen 1k and 16k, every hdim
   python3 bench/bench.py --dirs fwd --hdims 128 --seqlens 2k,16k --impls sdpa-flash,fa4
   python3 bench/bench.py --replot /tmp/bench/results.csv   # table + plots from a CSV, no GPU
+  python3 bench/bench.py --decode --out /tmp/decode        # issue 43's decode sweep, GB/s
+                                                           # (bench_decode.py says what it does)
 
 Implementations: fa4 (ours; fa4.attention(backend="sm90"), skipped with the reason while the
 build has no kernel for the point: the fp32 reference is never timed), torch SDPA with the
@@ -37,6 +39,7 @@ if str(_HERE) not in sys.path:  # the bench_* helpers beside this file
 if str(_HERE.parent) not in sys.path:  # the repo's fa4, unless an installed one comes first
     sys.path.append(str(_HERE.parent))
 
+import bench_decode  # noqa: E402
 import bench_util as bu  # noqa: E402
 
 IMPLS = ("fa4", "sdpa-flash", "sdpa-cudnn", "flash-attn-4")
@@ -62,15 +65,15 @@ def parse_args(argv=None):
     ap.add_argument(
         "--budget-s",
         type=float,
-        default=math.inf,
         help="after this many seconds, no new JIT compiles (flash-attn-4 configs "
-        "not yet compiled are skipped; the others go on)",
+        "not yet compiled are skipped; the others go on); default none, "
+        f"{bench_decode.DEFAULT_BUDGET_S:g} with --decode",
     )
     ap.add_argument(
         "--stop-s",
         type=float,
-        default=math.inf,
-        help="after this many seconds, measure nothing more; report what is done",
+        help="after this many seconds, measure nothing more; report what is done; default "
+        f"none, {bench_decode.DEFAULT_STOP_S:g} with --decode (no new case after it)",
     )
     ap.add_argument(
         "--profile-kernels",
@@ -92,7 +95,41 @@ def parse_args(argv=None):
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--replot", metavar="CSV", help="only print tables and plot from a CSV")
-    return ap.parse_args(argv)
+    dec = ap.add_argument_group("decode sweep (issue 43; bench_decode.py)")
+    dec.add_argument(
+        "--decode",
+        action="store_true",
+        help="the KV-cache decode sweep instead: GB/s of K and V read, fa4 against "
+        "flash-attn-4 and SDPA (--impls from fa4, flash-attn-4, sdpa-cudnn, sdpa-flash; "
+        "--hdims from 128, 64)",
+    )
+    dec.add_argument("--decode-cases", help="comma list of decode, spec, paged (default all)")
+    dec.add_argument(
+        "--decode-splits",
+        help="comma list of fa4 num_splits to time, each its own row (0 = heuristic, named "
+        "fa4; n > 0 named fa4-splits<n>); default 0",
+    )
+    dec.add_argument(
+        "--hbm-gbps",
+        type=float,
+        help="the HBM peak in GB/s (default: from the device name, 3350 H100 SXM, 4800 H200)",
+    )
+    dec.add_argument(
+        "--decode-step-timeout-s",
+        type=float,
+        default=120.0,
+        help="a worker silent this long in one implementation is replaced (a hang)",
+    )
+    dec.add_argument("--decode-worker", metavar="STATE", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    budget, stop = (
+        (bench_decode.DEFAULT_BUDGET_S, bench_decode.DEFAULT_STOP_S)
+        if args.decode
+        else (math.inf, math.inf)
+    )
+    args.budget_s = budget if args.budget_s is None else args.budget_s
+    args.stop_s = stop if args.stop_s is None else args.stop_s
+    return args
 
 
 def config_from(args):
@@ -354,11 +391,19 @@ def _interrupt(signum, frame):
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.replot:
+        if bench_decode.is_decode_csv(Path(args.replot)):
+            rows = bench_decode.read_csv(Path(args.replot))
+            gpu = next((r["gpu"] for r in rows if r["gpu"]), "")
+            bench_decode.report(rows, Path(args.replot).parent, gpu)
+            return 0
         rows = bu.read_csv(Path(args.replot))
         report(rows, bu.DIRECTIONS, Path(args.replot).parent)
         return 0
+    if args.decode:
+        return bench_decode.main(args, argv)
     points, dirs, impl_names = config_from(args)
     import torch
 

@@ -1,4 +1,5 @@
-"""TFLOP/s vs seqlen: one figure per direction, one panel per hdim × causal, one line per impl."""
+"""TFLOP/s vs seqlen: one figure per direction, one panel per hdim × causal, one line per impl;
+and the decode sweep's GB/s per case (plot_decode)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,47 @@ def plot(rows: list[dict], direction: str, path: Path, title: str = "") -> Path 
             if ax.lines:
                 ax.legend(fontsize=8)
     fig.suptitle(f"{direction}, bf16 {title}".strip(), fontsize=11)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
+    return path
+
+
+def plot_decode(rows: list[dict], path: Path, title: str = "") -> Path | None:
+    """The decode sweep (bench_decode.py): GB/s of K and V read per case (one bar per impl),
+    with the HBM datasheet peak and 93 % of it as lines; None when no row is ok."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"].startswith("ok") and r["gbps"]]
+    if not ok:
+        return None
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in ok))
+    width = 0.8 / len(impls)
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.75 * len(cases) + 2), 5.2))
+    for j, impl in enumerate(impls):
+        xs, ys = [], []
+        for i, c in enumerate(cases):
+            for r in ok:
+                if r["impl"] == impl and r["case"] == c:
+                    xs.append(i - 0.4 + width * (j + 0.5))
+                    ys.append(float(r["gbps"]))
+        ax.bar(xs, ys, width=width, label=impl)
+    peaks = {float(r["hbm_peak_gbps"]) for r in rows if r.get("hbm_peak_gbps")}
+    if len(peaks) == 1:
+        peak = peaks.pop()
+        ax.axhline(peak, color="k", lw=1.2, label=f"HBM peak {peak:.0f} GB/s")
+        ax.axhline(0.93 * peak, color="k", lw=0.8, ls="--", label="93 % of peak")
+    ax.set_xticks(range(len(cases)))
+    ax.set_xticklabels(cases, rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("GB/s of K and V read")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(", ".join(t for t in ("decode, bf16, 32 q heads", title) if t), fontsize=11)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=72)

@@ -1,0 +1,362 @@
+"""CPU tests of bench.py --decode (bench/bench_decode.py, bench/bench_decode_run.py): the cases,
+the byte formula, the arguments, the CSV / table on fake timings, the reference, the paged pool,
+the worker with stand-in implementations, and the supervisor replacing a crashed worker."""
+
+import contextlib
+import json
+import math
+import sys
+import textwrap
+import time
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import load_script
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench.py"
+if str(BENCH.parent) not in sys.path:
+    sys.path.insert(0, str(BENCH.parent))
+
+bu = load_script(BENCH.parent / "bench_util.py", "bench_util")
+bd = load_script(BENCH.parent / "bench_decode.py", "bench_decode")
+bench = load_script(BENCH, "bench_main")
+run = load_script(BENCH.parent / "bench_decode_run.py", "bench_decode_run")
+
+
+def test_cases_are_issue_43s():
+    cs = bd.cases()
+    assert len(cs) == 12 + 3 + 4 and len({c.name for c in cs}) == len(cs)
+    dec = [c for c in cs if c.kind == "decode"]
+    assert {(c.batch, c.seqlen_k) for c in dec} == {(16, 8192), (64, 32768), (4, 131072)}
+    assert {(c.hdim, c.heads_kv, c.heads_q) for c in dec} == {
+        (d, h, 32) for d in (64, 128) for h in (8, 4)
+    }
+    assert all(c.seqlen_q == 1 and not c.page_size for c in dec)
+    spec = [c for c in cs if c.kind == "spec"]
+    assert sorted(c.seqlen_q for c in spec) == [2, 4, 8]
+    assert all(c.causal and (c.batch, c.seqlen_k, c.hdim, c.group) == (16, 8192, 128, 4)
+               for c in spec)  # fmt: skip
+    paged = [c for c in cs if c.kind == "paged"]
+    assert sorted((c.batch, c.page_size) for c in paged) == [(16, 16), (16, 256), (64, 16),
+                                                             (64, 256)]  # fmt: skip
+    for c in paged:
+        assert (c.hdim, c.group, c.seqlen_q) == (128, 4, 1) and c.twin in cs
+        assert c.twin.name == f"decode b{c.batch} kv{c.seqlen_k // 1024}k hd128 gqa4"
+    # cases that share a cache are adjacent (one allocation per cache)
+    keys = [c.kv_key for c in cs]
+    assert len(set(keys)) == sum(1 for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k)
+    assert max(c.memory_bytes() for c in cs) < 40e9
+    assert [c.name for c in bd.cases(("paged",), (128,))] == [c.name for c in paged]
+    assert all(c.hdim == 64 for c in bd.cases(hdims=(64,)))
+    with pytest.raises(ValueError):
+        bd.cases(("prefill",))
+
+
+def test_byte_formula_and_gbps():
+    # batch · seqlen_k · kv_heads · (d + d_v) · 2 bytes
+    assert bd.kv_bytes(16, 8192, 8, 128) == 16 * 8192 * 8 * 256 * 2 == 2**29
+    assert bd.kv_bytes(1, 1, 1, 192, 128) == 640
+    c = bd.Case("decode", 64, 32768, 1, 8, 128)
+    assert c.kv_bytes == 64 * 32768 * 8 * 256 * 2
+    row = bd.make_row("fa4", c, ms=c.kv_bytes / 3e12 * 1e3, hbm_peak=3350.0)
+    assert row["gbps"] == "3000.0" and row["peak_frac"] == "0.896"
+    assert bd.hbm_peak_gbps("NVIDIA H100 80GB HBM3") == 3350
+    assert bd.hbm_peak_gbps("NVIDIA H200") == 4800
+    assert bd.hbm_peak_gbps("NVIDIA H100 PCIe") == 2000
+    assert bd.hbm_peak_gbps("Tesla T4") is None
+
+
+def test_arguments():
+    a = bench.parse_args(["--decode"])
+    assert a.decode and a.budget_s == bd.DEFAULT_BUDGET_S and a.stop_s == bd.DEFAULT_STOP_S
+    cfg = bd.config(a)
+    assert len(cfg["cases"]) == 19 and cfg["impls"] == bd.IMPLS and cfg["splits"] == (0,)
+    a = bench.parse_args(
+        "--decode --decode-cases spec,paged --impls fa4,flash-attn-4 --decode-splits 0,4,16 "
+        "--hdims 128 --stop-s 60 --hbm-gbps 3000".split()
+    )
+    cfg = bd.config(a)
+    assert {c.kind for c in cfg["cases"]} == {"spec", "paged"} and len(cfg["cases"]) == 7
+    assert cfg["impls"] == ("fa4", "flash-attn-4") and cfg["splits"] == (0, 4, 16)
+    assert (a.stop_s, a.budget_s, a.hbm_gbps) == (60, bd.DEFAULT_BUDGET_S, 3000)
+    assert bd.splits_names((0, 4)) == [("fa4", 0), ("fa4-splits4", 4)]
+    assert math.isinf(bench.parse_args([]).budget_s), "the standard sweep keeps no default"
+    for bad in (["--impls", "xformers"], ["--decode-cases", "prefill"], ["--hdims", "256"],
+                ["--decode-splits", "-1"], ["--decode-splits", "2,2"]):  # fmt: skip
+        with pytest.raises(ValueError):
+            bd.config(bench.parse_args(["--decode", *bad]))
+    argv = ["--decode", "--out", "x", "--decode-worker", "s.json"]
+    assert bd.worker_argv(argv) == ["--decode", "--out", "x"]
+
+
+def _rows(gbps_by_impl: dict, case, peak=3350.0, status="ok"):
+    rows = []
+    for impl, g in gbps_by_impl.items():
+        if g is None:
+            rows.append(bd.make_row(impl, case, status="skipped: not importable"))
+        else:
+            ms = case.kv_bytes / (g * 1e9) * 1e3
+            rows.append(bd.make_row(impl, case, ms=ms, hbm_peak=peak, status=status,
+                                    max_abs_diff=1e-3, ref_max=0.1))  # fmt: skip
+    return rows
+
+
+def test_csv_table_and_targets_on_fake_timings(tmp_path):
+    dec = bd.Case("decode", 16, 8192, 1, 8, 128)
+    big = bd.Case("decode", 4, 131072, 1, 8, 128)
+    spec = bd.Case("spec", 16, 8192, 2, 8, 128, causal=True)
+    pg = bd.Case("paged", 16, 8192, 1, 8, 128, page_size=16)
+    rows = (
+        _rows({"fa4": 3100, "flash-attn-4": 2900, "sdpa-cudnn": 2920, "sdpa-flash": 2800}, dec)
+        + _rows({"fa4": 3150, "flash-attn-4": 1674, "sdpa-cudnn": 3200, "sdpa-flash": None}, big)
+        + _rows({"fa4": 3000, "flash-attn-4": 2900, "sdpa-cudnn": 3100}, spec)
+        + _rows({"fa4": 2700, "flash-attn-4": 2800}, pg)
+    )
+    path = tmp_path / "results.csv"
+    bd.write_csv(path, [])
+    bd.append_rows(path, rows)
+    back = bd.read_csv(path)
+    assert bd.is_decode_csv(path) and list(back[0]) == bd.CSV_FIELDS and len(back) == 13
+    bd.finalize(back)
+    by = {(r["impl"], r["case"]): r for r in back}
+    r = by[("fa4", dec.name)]
+    assert (r["best_peer"], r["best_peer_gbps"], r["ratio_best_peer"]) == (
+        "sdpa-cudnn", "2920.0", "1.062")  # fmt: skip
+    assert r["target"] == "met" and r["peak_frac"] == "0.925"
+    assert r["kv_bytes"] == str(2**29) and r["rel_diff"] == "1.00e-02"
+    # 1.05 × 3200 = 3360 > 3350: the target is 93 % of the peak (3115.5 GB/s)
+    assert by[("fa4", big.name)]["target"] == "met (93 % of peak)"
+    # spec-decode: against flash-attn-4 only (1.034 < 1.05), though cuDNN is the best peer
+    assert by[("fa4", spec.name)]["target"] == "missed"
+    assert by[("fa4", spec.name)]["best_peer"] == "sdpa-cudnn"
+    # paged: GB/s over the same impl's unpaged row (2700 / 3100 = 0.871 < 0.90)
+    assert by[("fa4", pg.name)]["vs_unpaged"] == "0.871"
+    assert by[("flash-attn-4", pg.name)]["vs_unpaged"] == "0.966"
+    assert by[("fa4", pg.name)]["target"] == "missed"
+    assert by[("sdpa-flash", big.name)]["gbps"] == "" and by[("flash-attn-4", dec.name)][
+        "ratio_best_peer"] == ""  # fmt: skip
+    lines = bd.table(back).splitlines()
+    assert lines[0].startswith("| case | fa4 | flash-attn-4 | sdpa-cudnn | sdpa-flash | best peer")
+    assert lines[2] == (
+        f"| {dec.name} | 3100 | 2900 | 2920 | 2800 | 2920 (sdpa-cudnn) | 1.062 | 92.5 |  | met |"
+    )
+    assert "| skipped |" in lines[3]
+    assert lines[5].endswith("| 0.871 | missed |")
+    summary = bd.target_summary(back)
+    assert summary[0] == "fa4 decode: target met at 2 of 2 points"
+    assert summary[1] == f"fa4 spec: target met at 0 of 1 points; not at: {spec.name}"
+    # a failed fa4 row is no ratio and no target
+    back[0]["status"] = "failed: max_abs_diff 1"
+    assert bd.finalize(back)[0]["target"] == ""
+
+
+def test_replot_of_a_decode_csv(tmp_path, capsys):
+    dec = bd.Case("decode", 16, 8192, 1, 8, 128)
+    path = tmp_path / "results.csv"
+    bd.write_csv(path, _rows({"fa4": 3100, "sdpa-cudnn": 2920}, dec))
+    assert bench.main(["--replot", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| 1.062 |" in out and "fa4 decode: target met at 1 of 1 points" in out
+
+
+def test_reference_matches_sdpa_math_with_gqa_and_bottom_right_causal():
+    g = torch.Generator().manual_seed(0)
+    b, s_q, s_k, h, h_kv, d = 3, 4, 37, 8, 2, 16
+    q = torch.randn(b, s_q, h, d, generator=g).bfloat16()
+    k = torch.randn(b, s_k, h_kv, d, generator=g).bfloat16()
+    v = torch.randn(b, s_k, h_kv, d, generator=g).bfloat16()
+    for causal in (False, True):
+        # one batch row per chunk: the chunking must not change anything
+        got = run.reference(q, k, v, causal, chunk_bytes=1)
+        assert torch.equal(got, run.reference(q, k, v, causal))
+        ke, ve = (x.float().repeat_interleave(h // h_kv, dim=2).transpose(1, 2) for x in (k, v))
+        mask = None
+        if causal:
+            mask = torch.ones(s_q, s_k, dtype=torch.bool).tril(diagonal=s_k - s_q)
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.float().transpose(1, 2), ke, ve, attn_mask=mask
+        ).transpose(1, 2)
+        assert (got - want).abs().max().item() < 1e-5
+    # the last query sees every key, the first all but s_q - 1
+    one = run.reference(q[:, :1], k, v, False)
+    assert torch.allclose(
+        run.reference(q, k, v, True)[:, -1:], run.reference(q[:, -1:], k, v, False)
+    )
+    assert one.shape == (b, 1, h, d)
+
+
+def test_paged_pool_holds_the_dense_cache_in_shuffled_pages():
+    k = torch.randn(3, 64, 2, 8).bfloat16()
+    v = torch.randn(3, 64, 2, 8).bfloat16()
+    table, kp, vp = run.paged(k, v, 16, seed=5)
+    assert table.dtype == torch.int32 and table.shape == (3, 4) and table.is_contiguous()
+    assert sorted(table.flatten().tolist()) == list(range(12))
+    assert table.flatten().tolist() != list(range(12)), "shuffled"
+    for b in range(3):
+        for j in (0, 15, 16, 63):
+            page, row = table[b, j // 16].item(), j % 16
+            assert torch.equal(kp[page, row], k[b, j]) and torch.equal(vp[page, row], v[b, j])
+    with pytest.raises(ValueError):
+        run.paged(k, v, 48, seed=0)
+
+
+def test_sdpa_variants_on_cpu_math_backend():
+    """The SDPA impl's enable_gqa call and causal_lower_right mask give the reference (on CPU
+    with the MATH backend), and the expansion fallback is the second variant."""
+    from torch.nn.attention import SDPBackend
+
+    case = bd.Case("spec", 2, 64, 4, 2, 16, causal=True, heads_q=8)
+    k, v = run.dense_kv(case, 1, device="cpu")
+    t = run.case_inputs(case, k, v, 1, device="cpu")
+    ref = run.reference(t.q, k, v, True)
+    impl = run.Sdpa("sdpa-math", SDPBackend.MATH)
+    with impl.context():
+        vs = list(impl.variants(case, t))
+        assert [("enable_gqa" in x.note, "expanded x4" in x.note) for x in vs] == [
+            (True, False), (False, True)]  # fmt: skip
+        for var in vs:
+            diff, ref_max = run.compare(var.to_bshd(var.fn()), ref)
+            assert bd.agrees(diff, ref_max), var.note
+    assert impl.skip_reason(bd.Case("paged", 2, 64, 1, 2, 16, page_size=16)).startswith("dense")
+
+
+class _Stand(run.Impl):
+    """A stand-in implementation: the reference in bf16, wrong (factor != 1), or raising."""
+
+    def __init__(self, name, factor=1.0, exc=None, fallback=False):
+        self.name, self.factor, self.exc, self.fallback = name, factor, exc, fallback
+        self.calls = 0
+
+    def variants(self, case, t):
+        def fn():
+            self.calls += 1
+            if self.exc:
+                raise self.exc
+            kc = t.k if not case.page_size else t.k  # the stand-in reads the dense cache
+            return (run.reference(t.q, kc, t.v, case.causal) * self.factor).bfloat16()
+
+        if self.fallback:
+            yield run.Variant(lambda: (_ for _ in ()).throw(RuntimeError("No available kernel")),
+                              "first try")  # fmt: skip
+        yield run.Variant(fn, f"{self.name} note")
+
+
+def _fake_bi():
+    def clocked(fn):
+        return fn(), "1980/1970", "0x4"
+
+    return types.SimpleNamespace(
+        environment=lambda: ["stand-in environment"],
+        clocked=clocked,
+        peak_extra_mib=lambda fn: (fn(), 5.0)[1],
+        time_ms=lambda fn, **kw: (fn(), 0.25)[1],
+        host_us=lambda fn: (fn(), 12.0)[1],
+    )
+
+
+def test_worker_end_to_end_with_stand_ins(tmp_path, monkeypatch, capsys):
+    """The worker on CPU tensors: check before timing (a wrong impl is failed, not timed), an
+    exception is an error row, a fallback variant is used, every case's rows are written."""
+    stands = [
+        _Stand("fa4"),
+        _Stand("flash-attn-4", factor=1.5),
+        _Stand("sdpa-cudnn", exc=RuntimeError("No available kernel. Aborting execution.")),
+        _Stand("sdpa-flash", fallback=True),
+    ]
+    small = [bd.Case("decode", 2, 64, 1, 2, 16, heads_q=8),
+             bd.Case("spec", 2, 64, 2, 2, 16, causal=True, heads_q=8),
+             bd.Case("paged", 2, 64, 1, 2, 16, page_size=16, heads_q=8)]  # fmt: skip
+    monkeypatch.setattr(run, "make_impls", lambda names, splits: stands)
+    real_dense = run.dense_kv
+    real_inputs = run.case_inputs
+    monkeypatch.setattr(run, "dense_kv", lambda c, s: real_dense(c, s, device="cpu"))
+    monkeypatch.setattr(run, "case_inputs", lambda c, k, v, s: real_inputs(c, k, v, s, "cpu"))
+    for name, val in [
+        ("is_available", lambda: True),
+        ("synchronize", lambda: None),
+        ("get_device_name", lambda: "NVIDIA H100 80GB HBM3"),
+        ("reset_peak_memory_stats", lambda: None),
+        ("max_memory_allocated", lambda: 0),
+        ("empty_cache", lambda: None),
+    ]:
+        monkeypatch.setattr(torch.cuda, name, val)  # fmt: skip
+    out = tmp_path / "out"
+    out.mkdir()
+    bd.write_csv(out / "results.csv", [])
+    state = out / "state.json"
+    state.write_text(json.dumps({"start": 0, "exclude": [], "t0": time.time()}))
+    args = bench.parse_args(["--decode", "--out", str(out), "--rounds", "2", "--stop-s", "1e12"])
+    cfg = {"cases": small, "impls": bd.IMPLS, "splits": (0,)}
+    assert run.worker(args, cfg, state, bi=_fake_bi()) == 0
+    rows = bd.finalize(bd.read_csv(out / "results.csv"))
+    by = {(r["impl"], r["case"]): r for r in rows}
+    assert len(rows) == 12
+    r = by[("fa4", small[0].name)]
+    assert r["status"] == "ok" and r["ms"] == "0.2500" and r["ms_rounds"] == "0.2500 0.2500"
+    assert r["gpu"] == "NVIDIA H100 80GB HBM3" and r["hbm_peak_gbps"] == "3350"
+    assert r["sm_mhz"] == "1980/1970 1980/1970" and r["clock_reasons"] == "0x4"
+    assert (r["peak_extra_mib"], r["host_us"], r["note"]) == ("5.0", "12.0", "fa4 note")
+    assert float(r["gbps"]) == pytest.approx(small[0].kv_bytes / 0.25e-3 / 1e9, abs=0.05)
+    assert by[("flash-attn-4", small[0].name)]["status"].startswith("failed: max_abs_diff")
+    assert by[("flash-attn-4", small[0].name)]["ms"] == ""
+    assert by[("sdpa-cudnn", small[1].name)]["status"].startswith("error: [sdpa-cudnn note]")
+    sf = by[("sdpa-flash", small[1].name)]
+    assert sf["status"] == "ok" and sf["note"] == "sdpa-flash note"
+    assert by[("fa4", small[2].name)]["vs_unpaged"] == "1.000"
+    assert stands[1].calls == 3, "the failed impl is called once per case, never timed"
+    assert "| decode b2 kv64 hd16 gqa4 |" in bd.table(rows)
+
+
+def test_sticky_cuda_errors_are_told_apart():
+    assert run._is_sticky(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert run._is_sticky(RuntimeError("CUDA error: unspecified launch failure"))
+    assert not run._is_sticky(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to ..."))
+    assert not run._is_sticky(RuntimeError("No available kernel. Aborting execution."))
+
+
+FAKE_WORKER = """
+import json, os, sys
+sys.path.insert(0, {bench!r})
+import bench_decode as bd
+args = sys.argv[1:]
+state = json.load(open(args[args.index("--decode-worker") + 1]))
+out = args[args.index("--out") + 1]
+cases = bd.cases(("spec",))
+excluded = {{(x["impl"], x["family"]): x for x in state["exclude"]}}
+for idx in range(state["start"], len(cases)):
+    rows = []
+    for impl in ("fa4", "sdpa-cudnn"):
+        with open(os.path.join(out, "decode_progress.json"), "w") as f:
+            json.dump({{"case": idx, "impl": impl}}, f)
+        ex = excluded.get((impl, cases[idx].family))
+        if ex:
+            if ex["case"] != idx:
+                rows.append(bd.make_row(impl, cases[idx], status="skipped: excluded"))
+            continue
+        if impl == "fa4" and idx == 1:
+            os.abort()  # a crash inside fa4 at the second case
+        rows.append(bd.make_row(impl, cases[idx], ms=0.2, hbm_peak=3350.0))
+    bd.append_rows(os.path.join(out, "results.csv"), rows)
+"""
+
+
+def test_supervisor_replaces_a_crashed_worker(tmp_path, capsys):
+    fake = tmp_path / "fake_worker.py"
+    fake.write_text(textwrap.dedent(FAKE_WORKER.format(bench=str(BENCH.parent))))
+    out = tmp_path / "out"
+    args = bench.parse_args(["--decode", "--decode-cases", "spec", "--out", str(out)])
+    argv = ["--decode", "--decode-cases", "spec", "--out", str(out)]
+    sup = bd.Supervisor(args, argv, worker_cmd=[sys.executable, str(fake)])
+    with contextlib.redirect_stderr(sys.stdout):
+        assert sup.run() == 0
+    rows = bd.read_csv(out / "results.csv")
+    got = sorted((r["case"].split()[0], r["impl"], r["status"].split(":")[0]) for r in rows)
+    assert got == [("spec2", "fa4", "ok"), ("spec2", "sdpa-cudnn", "ok"),
+                   ("spec4", "fa4", "error"), ("spec4", "sdpa-cudnn", "ok"),
+                   ("spec8", "fa4", "skipped"), ("spec8", "sdpa-cudnn", "ok")]  # fmt: skip
+    err = next(r for r in rows if r["status"].startswith("error"))
+    assert "died (signal SIGABRT)" in err["status"] and "in fa4 at spec4" in err["status"]
+    assert "new worker from case 1" in capsys.readouterr().out
+    assert len(rows) == 6, "the crashed case is measured once, by the second worker"
