@@ -28,6 +28,9 @@ from fa4 import manifest
 
 # The arch each kernel family is compiled for: its arch among the build's defaults (90a, 100a).
 FAMILY_ARCH = {manifest.ARCHS[a]: a for a in reversed(manifest.M["default_archs"])}
+# Portable families (kernels.json "portable": the decode kernel) compile for every arch; their
+# instances' default arch is the first default one (sm_90a, the one that runs them).
+FAMILY_ARCH |= {f: manifest.M["default_archs"][0] for f in manifest.M.get("portable", [])}
 
 # Pinned SASS numbers per nvcc major.minor: bounds on what ptxas and the SASS of the instances
 # compile_instance builds show (the tests' docstrings say where each comes from). Names:
@@ -237,7 +240,7 @@ def instance(family: str, direction: str, hdim_name: str, dtype: str) -> manifes
     found = [
         i
         for i in manifest.instances([FAMILY_ARCH[family]], [hdim_name])
-        if (i.direction, i.dtype) == (direction, dtype)
+        if (i.family, i.direction, i.dtype) == (family, direction, dtype)
     ]
     assert len(found) == 1, f"the manifest has no {family} {direction} hd{hdim_name} {dtype}"
     return found[0]
