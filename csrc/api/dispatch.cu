@@ -509,7 +509,7 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream, const RunOptions& option
   const ArchKernels* arch = nullptr;
   s = select_arch(/*fwd=*/true, p.num_sms, &arch, &info);
   if (s != Status::kOk) return s;
-  if (decode::takes_decode(p)) {
+  if (decode::takes_decode(p, info.cc_major)) {
     if (kDecodeFwd == nullptr) {
       return fail(Status::kUnsupported, "fa4 %s: the decode kernel is not compiled into this build",
                   FA4_VERSION);
@@ -530,15 +530,14 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream, const RunOptions& option
 size_t fwd_workspace_size(const FwdParams& p) noexcept {
   Checker c("");
   check_sizes(c, p);
-  if (!c.ok() || q_rows(p) == 0 || !decode::takes_decode(p)) return 0;
-  int num_sms = p.num_sms;
-  if (num_sms == 0) {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      num_sms = 1;
-    }
+  if (!c.ok() || q_rows(p) == 0) return 0;
+  int dev = 0, num_sms = 1, cc_major = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess) {
+    cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev);
   }
+  if (p.num_sms > 0) num_sms = p.num_sms;
+  if (!decode::takes_decode(p, cc_major)) return 0;
   return decode::make_plan(p, num_sms).workspace_bytes();
 }
 

@@ -322,14 +322,28 @@ struct OnlineSoftmax {
   // Step (v): inv_l = 1/l (0 where l = 0: the row saw no key, O is 0, and out = 0) and
   // lse = (m + log2 l) · ln 2, natural log, -inf for such rows (Note [empty rows] in
   // fa4/reference.py). The caller scales O by inv_l (scale_rows). row_sum becomes the full l.
-  __host__ __device__ void finalize(float (&inv_l)[kRows], float (&lse)[kRows]) {
+  //
+  // Note [learnable sink]: sink_log2 (the head's sink logit times log2 e; -inf = none) joins the
+  // denominator without a value: with m' = max(m, sink), l' = l 2^(m - m') + 2^(sink - m'),
+  // inv_l = 2^(m - m') / l' scales O (accumulated against m) and lse = (m' + log2 l') ln 2. A row
+  // that saw no key gets inv_l = 0 (O is 0) and lse = the sink.
+  __host__ __device__ void finalize(float (&inv_l)[kRows], float (&lse)[kRows],
+                                    float sink_log2 = -INFINITY) {
     FA4_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float l = detail::row_allreduce<kThreads, false>(row_sum[r]);
       row_sum[r] = l;
       const bool empty = row_max[r] == -INFINITY || !(l > 0.0f);
-      inv_l[r] = empty ? 0.0f : 1.0f / l;
-      lse[r] = empty ? -INFINITY : (row_max[r] + log2f(l)) * kLn2;
+      if (sink_log2 == -INFINITY) {
+        inv_l[r] = empty ? 0.0f : 1.0f / l;
+        lse[r] = empty ? -INFINITY : (row_max[r] + log2f(l)) * kLn2;
+      } else {
+        const float mt = empty ? sink_log2 : fmaxf(row_max[r], sink_log2);
+        const float scale = empty ? 0.0f : exp2_hw(row_max[r] - mt);
+        const float lt = l * scale + exp2_hw(sink_log2 - mt);
+        inv_l[r] = scale / lt;
+        lse[r] = (mt + log2f(lt)) * kLn2;
+      }
     }
   }
 };

@@ -61,15 +61,18 @@ constexpr int ctas_per_sm(int d, int dv, int warps_n) {
 
 inline bool uses_inference_features(const FwdParams& p) {
   return p.seqused_q != nullptr || p.page_table != nullptr || p.kv_batch_idx != nullptr ||
-         p.leftpad_k != nullptr || p.learnable_sink != nullptr ||
-         (p.seqused_k != nullptr && p.cu_seqlens_k == nullptr) || p.num_splits > 1;
+         p.leftpad_k != nullptr || (p.seqused_k != nullptr && p.cu_seqlens_k == nullptr) ||
+         p.num_splits > 1;
 }
 
 // Whether the forward takes the decode kernel: every inference feature is its alone, and a query
-// block that packs into one tile (Note [packed GQA]) runs there at memory speed.
-inline bool takes_decode(const FwdParams& p) {
+// block that packs into one tile (Note [packed GQA]) runs there at memory speed. The learnable
+// sink is also the SM90 forward's (Note [learnable sink] in common/softmax.cuh), not yet the
+// SM100 forward's (cc_major 10), whose sink problems go here.
+inline bool takes_decode(const FwdParams& p, int cc_major) {
   const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
-  return uses_inference_features(p) || int64_t{p.seqlen_q} * group <= kMaxRows;
+  return uses_inference_features(p) || int64_t{p.seqlen_q} * group <= kMaxRows ||
+         (p.learnable_sink != nullptr && cc_major != 9);
 }
 
 struct Plan {

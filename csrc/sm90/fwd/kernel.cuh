@@ -388,7 +388,8 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       ss.trace.tile_mark(leader, wg, tk, 4);
     }
     float inv_l[2], lse[2];
-    softmax.finalize(inv_l, lse);
+    const float* sink = kp.p.learnable_sink;  // Note [learnable sink]
+    softmax.finalize(inv_l, lse, sink != nullptr ? sink[t.tile.head] * kLog2e : -INFINITY);
     scale_rows<OFrag>(o_arr, inv_l);
     ss.trace.tile_mark(leader && !br.empty(), wg, tk, 5);
     const bool dense = kp.p.cu_seqlens_q == nullptr;
