@@ -75,6 +75,9 @@ EXPAND_CAP = 12e9
 DEFAULT_BUDGET_S = 150.0  # no new flash-attn-4 JIT compile after this (decode defaults)
 DEFAULT_STOP_S = 210.0  # no new case after this: the sweep stays under 4 minutes
 MAX_RESTARTS = 6
+# A worker still running this long after --stop-s (a case that started just before it and got
+# slow, or a hang) is stopped: the sweep ends near stop_s + HARD_STOP_GRACE_S whatever happens.
+HARD_STOP_GRACE_S = 30.0
 
 CSV_FIELDS = (
     "impl case kind batch seqlen_q seqlen_k heads_q heads_kv hdim page_size causal num_splits "
@@ -516,6 +519,11 @@ class Supervisor:
             self.proc = None
             if rc == 0:
                 return
+            if hung is None:
+                late = f"--stop-s + {HARD_STOP_GRACE_S:g} s"
+                print(f"decode: the worker ran past {late} and was stopped (its case's rows "
+                      "are kept if it could still write them)")  # fmt: skip
+                return
             prog = self._progress()
             if prog is None or prog.get("case") is None:
                 print(f"decode worker exited with {rc} before measuring anything: stopping")
@@ -547,10 +555,14 @@ class Supervisor:
                 return
             print(f"decode: new worker from case {self.state['start']}", flush=True)
 
-    def _wait(self) -> tuple[int, bool]:
+    def _wait(self) -> tuple[int, bool | None]:
+        """(the worker's exit status, whether it hung); hung None: stopped at the hard stop."""
         last = time.time()
         seen = None
         while True:
+            if self.elapsed() > self.args.stop_s + HARD_STOP_GRACE_S:
+                self._stop_worker()
+                return (self.proc.returncode if self.proc else -9), None
             try:
                 return self.proc.wait(timeout=1.0), False
             except subprocess.TimeoutExpired:

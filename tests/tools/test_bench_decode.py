@@ -317,7 +317,7 @@ def test_sticky_cuda_errors_are_told_apart():
 
 
 FAKE_WORKER = """
-import json, os, sys
+import json, os, sys, time
 sys.path.insert(0, {bench!r})
 import bench_decode as bd
 args = sys.argv[1:]
@@ -335,6 +335,9 @@ for idx in range(state["start"], len(cases)):
             if ex["case"] != idx:
                 rows.append(bd.make_row(impl, cases[idx], status="skipped: excluded"))
             continue
+        mode = os.environ.get("FAKE_MODE", "abort")
+        if mode == "slow" or (impl == "fa4" and idx == 1 and mode == "hang"):
+            time.sleep(60)
         if impl == "fa4" and idx == 1:
             os.abort()  # a crash inside fa4 at the second case
         rows.append(bd.make_row(impl, cases[idx], ms=0.2, hbm_peak=3350.0))
@@ -342,16 +345,20 @@ for idx in range(state["start"], len(cases)):
 """
 
 
-def test_supervisor_replaces_a_crashed_worker(tmp_path, capsys):
+def _supervise(tmp_path, monkeypatch, mode, *extra):
     fake = tmp_path / "fake_worker.py"
     fake.write_text(textwrap.dedent(FAKE_WORKER.format(bench=str(BENCH.parent))))
+    monkeypatch.setenv("FAKE_MODE", mode)
     out = tmp_path / "out"
-    args = bench.parse_args(["--decode", "--decode-cases", "spec", "--out", str(out)])
-    argv = ["--decode", "--decode-cases", "spec", "--out", str(out)]
-    sup = bd.Supervisor(args, argv, worker_cmd=[sys.executable, str(fake)])
+    argv = ["--decode", "--decode-cases", "spec", "--out", str(out), *extra]
+    sup = bd.Supervisor(bench.parse_args(argv), argv, worker_cmd=[sys.executable, str(fake)])
     with contextlib.redirect_stderr(sys.stdout):
         assert sup.run() == 0
-    rows = bd.read_csv(out / "results.csv")
+    return bd.read_csv(out / "results.csv")
+
+
+def test_supervisor_replaces_a_crashed_worker(tmp_path, monkeypatch, capsys):
+    rows = _supervise(tmp_path, monkeypatch, "abort")
     got = sorted((r["case"].split()[0], r["impl"], r["status"].split(":")[0]) for r in rows)
     assert got == [("spec2", "fa4", "ok"), ("spec2", "sdpa-cudnn", "ok"),
                    ("spec4", "fa4", "error"), ("spec4", "sdpa-cudnn", "ok"),
@@ -360,3 +367,20 @@ def test_supervisor_replaces_a_crashed_worker(tmp_path, capsys):
     assert "died (signal SIGABRT)" in err["status"] and "in fa4 at spec4" in err["status"]
     assert "new worker from case 1" in capsys.readouterr().out
     assert len(rows) == 6, "the crashed case is measured once, by the second worker"
+
+
+def test_supervisor_replaces_a_hung_worker(tmp_path, monkeypatch):
+    t0 = time.time()
+    rows = _supervise(tmp_path, monkeypatch, "hang", "--decode-step-timeout-s", "1")
+    assert time.time() - t0 < 20
+    err = [r for r in rows if r["status"].startswith("error")]
+    assert len(err) == 1 and "hung (no progress for 1 s) in fa4 at spec4" in err[0]["status"]
+    assert sum(r["status"] == "ok" for r in rows) == 4
+
+
+def test_supervisor_stops_a_worker_past_the_hard_stop(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bd, "HARD_STOP_GRACE_S", 0.5)
+    t0 = time.time()
+    rows = _supervise(tmp_path, monkeypatch, "slow", "--stop-s", "0")
+    assert time.time() - t0 < 20 and rows == []
+    assert "was stopped" in capsys.readouterr().out
