@@ -120,6 +120,12 @@ def parse_args(argv=None):
         default=120.0,
         help="a worker silent this long in one implementation is replaced (a hang)",
     )
+    dec.add_argument(
+        "--decode-value-checks",
+        action="store_true",
+        help="time fa4 with its value checks on (one host sync a call, as an eager user "
+        "call); by default they run in the checked first call only, as under CUDA-graph capture",
+    )
     dec.add_argument("--decode-worker", metavar="STATE", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     budget, stop = (

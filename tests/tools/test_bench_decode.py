@@ -268,7 +268,7 @@ def test_worker_end_to_end_with_stand_ins(tmp_path, monkeypatch, capsys):
     small = [bd.Case("decode", 2, 64, 1, 2, 16, heads_q=8),
              bd.Case("spec", 2, 64, 2, 2, 16, causal=True, heads_q=8),
              bd.Case("paged", 2, 64, 1, 2, 16, page_size=16, heads_q=8)]  # fmt: skip
-    monkeypatch.setattr(run, "make_impls", lambda names, splits: stands)
+    monkeypatch.setattr(run, "make_impls", lambda names, splits, checks: stands)
     real_dense = run.dense_kv
     real_inputs = run.case_inputs
     monkeypatch.setattr(run, "dense_kv", lambda c, s: real_dense(c, s, device="cpu"))
@@ -384,3 +384,42 @@ def test_supervisor_stops_a_worker_past_the_hard_stop(tmp_path, monkeypatch, cap
     rows = _supervise(tmp_path, monkeypatch, "slow", "--stop-s", "0")
     assert time.time() - t0 < 20 and rows == []
     assert "was stopped" in capsys.readouterr().out
+
+
+def test_fa4_impl_calls_attention_with_kvcache(monkeypatch):
+    """fa4's call: the cache (or the pools and page table), cache_seqlens, causal, num_splits,
+    backend sm90; the checked first call runs the value checks, the timed calls skip them
+    (fa4.dispatch.values_checked), unless --decode-value-checks."""
+    seen = []
+    state = {"skip": False}
+
+    @contextlib.contextmanager
+    def values_checked():
+        state["skip"] = True
+        try:
+            yield
+        finally:
+            state["skip"] = False
+
+    def attention_with_kvcache(q, k, v, seqlens, **kw):
+        seen.append((k, kw["page_table"], kw["causal"], kw["num_splits"], kw["backend"],
+                     state["skip"]))  # fmt: skip
+        return q.clone()
+
+    dispatch = types.SimpleNamespace(values_checked=values_checked)
+    fake = types.SimpleNamespace(attention_with_kvcache=attention_with_kvcache, dispatch=dispatch)
+    monkeypatch.setitem(sys.modules, "fa4", fake)
+    case = bd.Case("paged", 2, 64, 1, 2, 16, page_size=16, heads_q=8)
+    k, v = run.dense_kv(case, 1, device="cpu")
+    t = run.case_inputs(case, k, v, 1, device="cpu")
+    (var,) = run.Fa4("fa4-splits4", 4).variants(case, t)
+    var.check_fn()
+    var.fn()
+    assert [s[1:] for s in seen] == [(t.page_table, False, 4, "sm90", False),
+                                     (t.page_table, False, 4, "sm90", True)]  # fmt: skip
+    assert seen[0][0] is t.k_pool and "skipped while timed" in var.note
+    seen.clear()
+    (var,) = run.Fa4("fa4", 0, value_checks=True).variants(bd.Case("decode", 2, 64, 1, 2, 16), t)
+    var.fn()
+    assert seen[0][0] is t.k and seen[0][1] is None and seen[0][3:] == (0, "sm90", False)
+    assert "value checks on while timed" in var.note
