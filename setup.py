@@ -114,7 +114,8 @@ def _extension(archs, hdims, bwd, config):
     config["kernels"] = manifest.build_kernels(instances)
     families = {(i.family, i.direction) for i in instances}
     entry = [f"csrc/{d}_{f}.cu" for f, d in sorted(families)]
-    sources = ["csrc/api/bindings.cpp", "csrc/api/dispatch.cu", *entry]
+    api = ["bindings.cpp", "dispatch.cu", "kv_append_binding.cpp", "kv_append.cu"]
+    sources = [f"csrc/api/{f}" for f in api] + entry
     sources += [str(u.relative_to(ROOT)) for u in units]
     version = [f'-DFA4_VERSION="{VERSION}"']
     ext = CUDAExtension(
