@@ -198,13 +198,15 @@ void set_inference(fa4::FwdParams& p, const Tensor& k, const Tensor& v, const Op
   }
 }
 
-std::tuple<Tensor, Tensor> fwd_kernel(
-    const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_q,
-    const OptTensor& cu_k, const OptTensor& seqused_k, const OptTensor& seqused_q,
-    const OptTensor& page_table, const OptTensor& kv_batch_idx, const OptTensor& leftpad_k,
-    const OptTensor& sink, int64_t max_q, int64_t max_k, bool causal, double scale, int64_t wl,
-    int64_t wr, double softcap, bool det, int64_t num_splits, int64_t num_sms,
-    int64_t tile_schedule, const std::optional<std::string>& tile_order) {
+std::tuple<Tensor, Tensor> fwd_kernel(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const OptTensor& cu_q, const OptTensor& cu_k,
+                                      const OptTensor& seqused_k, const OptTensor& seqused_q,
+                                      const OptTensor& page_table, const OptTensor& kv_batch_idx,
+                                      const OptTensor& leftpad_k, const OptTensor& sink,
+                                      int64_t max_q, int64_t max_k, bool causal, double scale,
+                                      int64_t wl, int64_t wr, double softcap, bool det,
+                                      int64_t num_splits, int64_t num_sms, int64_t tile_schedule,
+                                      const std::optional<std::string>& tile_order) {
   check_knobs(num_sms, tile_schedule);
   c10::cuda::CUDAGuard guard(q.device());
   auto out_shape = q.sizes().vec();

@@ -207,7 +207,6 @@ void check_sizes(Checker& c, const FwdParams& p) {
     if (p.seqused_k == nullptr) {
       c.fail("seqused_k", " is null: required with page_table (the key count of each sequence)");
     }
-    if (p.kv_batch_idx != nullptr) c.fail("kv_batch_idx", " is set with page_table: not both");
   } else if (varlen_q != varlen_k) {
     c.fail(varlen_q ? "cu_seqlens_k" : "cu_seqlens_q",
            " is null while %s is set: both set (varlen) or both null (dense)",
@@ -284,10 +283,10 @@ void check_fwd(Checker& c, const FwdParams& p, bool lse_required) {
   const bool k_dense = !varlen || is_paged(p);
   const int k_batch = is_paged(p) ? p.num_pages : p.kv_batch_idx != nullptr ? 2 : p.batch;
   const int64_t k_len = is_paged(p) ? p.page_size : sk;
-  check_tensor(c, "k", p.k, !k_dense, k_batch, k_len, p.heads_kv, p.k_batch_stride,
-               p.k_row_stride, p.k_head_stride);
-  check_tensor(c, "v", p.v, !k_dense, k_batch, k_len, p.heads_kv, p.v_batch_stride,
-               p.v_row_stride, p.v_head_stride);
+  check_tensor(c, "k", p.k, !k_dense, k_batch, k_len, p.heads_kv, p.k_batch_stride, p.k_row_stride,
+               p.k_head_stride);
+  check_tensor(c, "v", p.v, !k_dense, k_batch, k_len, p.heads_kv, p.v_batch_stride, p.v_row_stride,
+               p.v_head_stride);
   check_tensor(c, "out", p.out, varlen, p.batch, sq, p.heads_q, p.out_batch_stride,
                p.out_row_stride, p.out_head_stride);
   if (p.lse != nullptr) {
@@ -469,8 +468,9 @@ Status validate(const BwdParams& p) noexcept {
   if (fp.seqused_q != nullptr || fp.page_table != nullptr || fp.kv_batch_idx != nullptr ||
       fp.leftpad_k != nullptr || fp.learnable_sink != nullptr ||
       (fp.seqused_k != nullptr && fp.cu_seqlens_k == nullptr)) {
-    c.fail("fwd", ": seqused_q, page_table, kv_batch_idx, leftpad_k, learnable_sink and dense "
-                  "seqused_k are forward only (api/fa4.h)");
+    c.fail("fwd",
+           ": seqused_q, page_table, kv_batch_idx, leftpad_k, learnable_sink and dense "
+           "seqused_k are forward only (api/fa4.h)");
     return c.status();
   }
   const bool varlen = is_varlen(fp);

@@ -54,12 +54,14 @@
 // Inference layouts (the decode kernel; forward only: run_bwd rejects them):
 //   Paged K/V (page_table set): k (num_pages, page_size, heads_kv, head_dim) with k_batch_stride
 //               the stride between pages (likewise v); key j of sequence b is row j % page_size of
-//               page page_table[b * page_table_batch_stride + j / page_size]. Dense q needs
+//               page page_table[r * page_table_batch_stride + j / page_size], r = b, or
+//               kv_batch_idx[b] when set (FA3's rule: a table row per cache entry). Dense q needs
 //               seqused_k (the key count per sequence, <= max_pages * page_size); varlen q needs
 //               seqused_k and cu_seqlens_k = null. Page entries are not checked on the device:
 //               the caller keeps them in [0, num_pages).
 //   seqused_k with dense q: the key counts of a KV cache (k is (b_k, seqlen_k, heads_kv, d)).
-//   kv_batch_idx (dense): sequence b reads k/v batch entry kv_batch_idx[b] instead of b.
+//   kv_batch_idx (dense q): sequence b reads k/v batch entry (paged: page table row)
+//               kv_batch_idx[b] instead of b.
 //   leftpad_k: sequence b's keys are rows [leftpad_k[b], seqused_k[b]) (or to seqlen_k), so it
 //               has seqused_k[b] - leftpad_k[b] keys, and the mask aligns on that count.
 //   seqused_q (varlen): rows past seqused_q[b] are not computed: out = 0 and lse = -inf; the mask
@@ -165,14 +167,15 @@ struct FwdParams {
   // Inference (serving): see "Inference layouts" at the top of this file. All optional; any of
   // them, or a query block small enough to pack (seqlen_q * heads_q / heads_kv <= 64 rows), sends
   // the forward to the split-KV decode kernel (csrc/decode).
-  const int* seqused_q = nullptr;       // int32 (batch,): sequence b uses its first seqused_q[b]
-                                        // query rows (varlen only)
-  const int* page_table = nullptr;      // int32 (batch, max_pages): paged K/V
-  int64_t page_table_batch_stride = 0;  // elements between two sequences' page lists
-  int page_size = 0;                    // >= 1 with page_table: keys per page
-  int num_pages = 0;                    // >= 1 with page_table: pages in the k/v pools
-  const int* kv_batch_idx = nullptr;    // int32 (batch,): dense k/v batch entry of sequence b
-  const int* leftpad_k = nullptr;       // int32 (batch,): sequence b's keys start at this row
+  const int* seqused_q = nullptr;         // int32 (batch,): sequence b uses its first seqused_q[b]
+                                          // query rows (varlen only)
+  const int* page_table = nullptr;        // int32 (batch, max_pages): paged K/V
+  int64_t page_table_batch_stride = 0;    // elements between two sequences' page lists
+  int page_size = 0;                      // >= 1 with page_table: keys per page
+  int num_pages = 0;                      // >= 1 with page_table: pages in the k/v pools
+  const int* kv_batch_idx = nullptr;      // int32 (batch,): k/v batch entry (or page table row)
+                                          // of sequence b
+  const int* leftpad_k = nullptr;         // int32 (batch,): sequence b's keys start at this row
   const float* learnable_sink = nullptr;  // fp32 (heads_q,): a logit per head in every row's
                                           // softmax denominator (no value)
   int num_splits = 0;  // >= 0: key splits of the decode kernel; 0 = heuristic, 1 = none

@@ -42,19 +42,18 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   const float mt = fmaxf(m, sink);
   float sum = 0.0f;
   for (int s = lane; s < splits && used && mt != -INFINITY; s += 32) {
-    sum += exp2_hw(args.lse_partial[(int64_t{s} * args.partial_rows + q_row) * p.heads_q + h] *
-                       kLog2e -
-                   mt);
+    sum += exp2_hw(
+        args.lse_partial[(int64_t{s} * args.partial_rows + q_row) * p.heads_q + h] * kLog2e - mt);
   }
   FA4_UNROLL
   for (int o = 16; o >= 1; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   if (mt != -INFINITY) sum += exp2_hw(sink - mt);
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
 
-  const int64_t out_off =
-      (p.cu_seqlens_q != nullptr ? int64_t{seq.offset_q + tk} * p.out_row_stride
-                                 : int64_t{b} * p.out_batch_stride + int64_t{tk} * p.out_row_stride) +
-      int64_t{h} * p.out_head_stride;
+  const int64_t out_off = (p.cu_seqlens_q != nullptr
+                               ? int64_t{seq.offset_q + tk} * p.out_row_stride
+                               : int64_t{b} * p.out_batch_stride + int64_t{tk} * p.out_row_stride) +
+                          int64_t{h} * p.out_head_stride;
   Element* out = static_cast<Element*>(p.out) + out_off;
   for (int c = lane; c < dv / 4; c += 32) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);

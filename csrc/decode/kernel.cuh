@@ -36,10 +36,10 @@ namespace fa4::decode {
 // Everything the kernel reads besides FwdParams.
 struct Args {
   FwdParams p;
-  int group;          // heads_q / heads_kv
+  int group;  // heads_q / heads_kv
   int num_splits;
   int64_t partial_rows;
-  float* o_partial;   // [split][row][head][d_v], num_splits > 1 only
+  float* o_partial;    // [split][row][head][d_v], num_splits > 1 only
   float* lse_partial;  // [split][row][head]
   ScoreScale score;
 };
@@ -156,14 +156,14 @@ struct SeqRows {
 };
 
 // Address of key row j (0-based within the sequence's attended keys) of K (or V: same scheme).
-__device__ __forceinline__ const char* key_row(const FwdParams& p, const SeqRows& s, int b,
-                                               int kv_head, int j, const void* base,
-                                               int64_t batch_stride, int64_t row_stride,
-                                               int64_t head_stride) {
+__device__ __forceinline__ const char* key_row(const FwdParams& p, const SeqRows& s, int kv_head,
+                                               int j, const void* base, int64_t batch_stride,
+                                               int64_t row_stride, int64_t head_stride) {
   const int row = s.offset_k + j;
   int64_t off;
   if (p.page_table != nullptr) {
-    const int page = p.page_table[b * p.page_table_batch_stride + row / p.page_size];
+    // FA3's rule: with kv_batch_idx, sequence b reads page table row kv_batch_idx[b].
+    const int page = p.page_table[s.kv_batch * p.page_table_batch_stride + row / p.page_size];
     off = int64_t{page} * batch_stride + int64_t{row % p.page_size} * row_stride;
   } else if (p.cu_seqlens_k != nullptr) {
     off = int64_t{row} * row_stride;
@@ -224,16 +224,16 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
     reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
   }
   cutlass::arch::fence_view_async_shared();  // the zeros before the bulk copies' writes
-  constexpr int kQChunks = D / 8;  // 16-byte chunks per row
+  constexpr int kQChunks = D / 8;            // 16-byte chunks per row
   for (int i = threadIdx.x; i < T::kBlockM * kQChunks; i += T::kThreads) {
     const int r = i / kQChunks, c = i % kQChunks;
     const int pr = row0 + r;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (pr < rows_used) {
       const int tok = pr / group, h = kv_head * group + pr % group;
-      const int64_t off = (p.cu_seqlens_q != nullptr ? int64_t{seq.offset_q + tok} * p.q_row_stride
-                                                     : int64_t{b} * p.q_batch_stride +
-                                                           int64_t{tok} * p.q_row_stride) +
+      const int64_t off = (p.cu_seqlens_q != nullptr
+                               ? int64_t{seq.offset_q + tok} * p.q_row_stride
+                               : int64_t{b} * p.q_batch_stride + int64_t{tok} * p.q_row_stride) +
                           int64_t{h} * p.q_head_stride + c * 8;
       v = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.q) + off);
     }
@@ -264,10 +264,10 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
       char* v_smem = k_smem + kBlockN * T::kPitchK;
       for (int r = lane; r < valid; r += 32) {
         const int j = n * kBlockN + r;
-        const char* k_src = key_row(p, seq, b, kv_head, j, p.k, p.k_batch_stride, p.k_row_stride,
-                                    p.k_head_stride);
-        const char* v_src = key_row(p, seq, b, kv_head, j, p.v, p.v_batch_stride, p.v_row_stride,
-                                    p.v_head_stride);
+        const char* k_src =
+            key_row(p, seq, kv_head, j, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+        const char* v_src =
+            key_row(p, seq, kv_head, j, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
         cute::SM90_BULK_COPY_G2S::copy(k_src, &full[stage], k_smem + r * T::kPitchK, D * 2);
         cute::SM90_BULK_COPY_G2S::copy(v_src, &full[stage], v_smem + r * T::kPitchV, DV * 2);
       }
@@ -324,8 +324,7 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
     const int n = n_begin + it;
     const int col0 = n * kBlockN + wn * T::kWarpN + 2 * (lane % 4);
     apply_mask<typename T::SFrag>(
-        s, mask, [&](int r) { return tok[r]; },
-        [&](int e) { return col0 + 8 * (e / 2) + e % 2; });
+        s, mask, [&](int r) { return tok[r]; }, [&](int e) { return col0 + 8 * (e / 2) + e % 2; });
     float o_scale[2];
     const RowDecisions d = softmax.update_max(s, score.scale_log2, T::kTau, o_scale);
     if (d.any_rescaled()) scale_rows<typename T::OFrag>(o, o_scale);
@@ -342,8 +341,8 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
       FA4_UNROLL
       for (int dp = 0; dp < DV / 16; ++dp) {
         uint32_t bv[4];
-        detail::ldmatrix_x4_trans(
-            v_base + (vb_row + kc * 16) * T::kPitchV + (dp * 16 + vb_col) * 2, bv);
+        detail::ldmatrix_x4_trans(v_base + (vb_row + kc * 16) * T::kPitchV + (dp * 16 + vb_col) * 2,
+                                  bv);
         detail::mma_16816<Element>(&o[(2 * dp) * 4], a, bv[0], bv[1]);
         detail::mma_16816<Element>(&o[(2 * dp + 1) * 4], a, bv[2], bv[3]);
       }
@@ -413,8 +412,8 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
     }
     // Natural-log LSE of the merged row (and the sink): -inf when it saw nothing.
     const float lse_row = total > 0.0f ? (mt + log2f(total)) * kLn2 : -INFINITY;
-    const int64_t q_row = p.cu_seqlens_q != nullptr ? int64_t{seq.offset_q} + tk
-                                                    : int64_t{b} * p.seqlen_q + tk;
+    const int64_t q_row =
+        p.cu_seqlens_q != nullptr ? int64_t{seq.offset_q} + tk : int64_t{b} * p.seqlen_q + tk;
     if (args.num_splits == 1) {
       const int64_t off = (p.cu_seqlens_q != nullptr
                                ? int64_t{seq.offset_q + tk} * p.out_row_stride
@@ -425,10 +424,10 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
       packed.y = detail::pack2<Element>(acc.z, acc.w);
       *reinterpret_cast<uint2*>(static_cast<Element*>(p.out) + off) = packed;
       if (c == 0 && p.lse != nullptr) {
-        const int64_t lo = p.cu_seqlens_q != nullptr
-                               ? int64_t{h} * p.lse_head_stride + seq.offset_q + tk
-                               : int64_t{b} * p.lse_batch_stride + int64_t{h} * p.lse_head_stride +
-                                     tk;
+        const int64_t lo =
+            p.cu_seqlens_q != nullptr
+                ? int64_t{h} * p.lse_head_stride + seq.offset_q + tk
+                : int64_t{b} * p.lse_batch_stride + int64_t{h} * p.lse_head_stride + tk;
         p.lse[lo] = lse_row;
       }
     } else {

@@ -22,8 +22,8 @@
 
 namespace fa4::decode {
 
-constexpr int kBlockN = 64;     // keys per pipeline stage
-constexpr int kMaxRows = 64;    // packed rows of one tile (4 consumer warps x 16)
+constexpr int kBlockN = 64;      // keys per pipeline stage
+constexpr int kMaxRows = 64;     // packed rows of one tile (4 consumer warps x 16)
 constexpr int kMaxSplits = 256;  // num_splits cap (a 128k-key sequence has 2048 blocks)
 
 // The tile shape: rows per CTA = 16 * (4 / warps_n). A tile of 16 rows gives each of the 4
@@ -38,11 +38,21 @@ inline int warps_n_for(int packed_rows) {
 // tile (same padding); the pipeline barriers. The epilogue's fp32 rows reuse the ring. Stages:
 // as many as keep the CTA within half an SM's 228 KB (two CTAs per SM overlap one's prologue and
 // epilogue with the other's stream), between 2 and 4. hd128: 2 stages of 34,816 bytes.
-constexpr int row_pitch(int d) { return d * 2 + 16; }
-constexpr int stage_bytes(int d, int dv) { return kBlockN * (row_pitch(d) + row_pitch(dv)); }
-constexpr int q_bytes(int d, int warps_n) { return 16 * (4 / warps_n) * row_pitch(d); }
-constexpr int epi_pitch(int dv) { return dv + 4; }  // floats
-constexpr int epi_bytes(int dv) { return 64 * epi_pitch(dv) * 4 + 64 * 4; }
+constexpr int row_pitch(int d) {
+  return d * 2 + 16;
+}
+constexpr int stage_bytes(int d, int dv) {
+  return kBlockN * (row_pitch(d) + row_pitch(dv));
+}
+constexpr int q_bytes(int d, int warps_n) {
+  return 16 * (4 / warps_n) * row_pitch(d);
+}
+constexpr int epi_pitch(int dv) {
+  return dv + 4;
+}  // floats
+constexpr int epi_bytes(int dv) {
+  return 64 * epi_pitch(dv) * 4 + 64 * 4;
+}
 constexpr int num_stages(int d, int dv, int warps_n) {
   const int s = (113 * 1024 - q_bytes(d, warps_n) - 64) / stage_bytes(d, dv);
   return s < 2 ? 2 : s > 4 ? 4 : s;
@@ -76,12 +86,12 @@ inline bool takes_decode(const FwdParams& p, int cc_major) {
 }
 
 struct Plan {
-  int group = 1;       // heads_q / heads_kv
-  int warps_n = 4;     // 4, 2 or 1 (warps_n_for)
-  int block_m = 16;    // packed rows per tile
-  int m_blocks = 0;    // tiles per (sequence, KV head), for the longest sequence
-  int n_blocks = 0;    // key blocks of the longest sequence
-  int num_splits = 1;  // key ranges per tile
+  int group = 1;             // heads_q / heads_kv
+  int warps_n = 4;           // 4, 2 or 1 (warps_n_for)
+  int block_m = 16;          // packed rows per tile
+  int m_blocks = 0;          // tiles per (sequence, KV head), for the longest sequence
+  int n_blocks = 0;          // key blocks of the longest sequence
+  int num_splits = 1;        // key ranges per tile
   int64_t partial_rows = 0;  // query rows with a partial result per split (dense b*s_q, varlen
                              // total_q)
   size_t workspace_bytes() const {
@@ -134,8 +144,7 @@ inline Plan make_plan(const FwdParams& p, int num_sms) {
   pl.partial_rows = p.cu_seqlens_q != nullptr ? int64_t{p.total_q} : int64_t{p.batch} * p.seqlen_q;
   const int64_t base = int64_t{p.batch} * p.heads_kv * pl.m_blocks;
   const int per_sm = ctas_per_sm(p.head_dim, p.head_dim_v, pl.warps_n);
-  int s = p.num_splits == 0 ? heuristic_splits(base, pl.n_blocks, num_sms, per_sm)
-                            : p.num_splits;
+  int s = p.num_splits == 0 ? heuristic_splits(base, pl.n_blocks, num_sms, per_sm) : p.num_splits;
   if (s > pl.n_blocks) s = pl.n_blocks;
   if (s > kMaxSplits) s = kMaxSplits;
   pl.num_splits = s < 1 ? 1 : s;
