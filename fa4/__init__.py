@@ -2,6 +2,7 @@
 
 out = fa4.attention(q, k, v, causal=True)            # q, k, v: (batch, seqlen, heads, d)
 out = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k)   # q: (total_q, heads, d)
+out = fa4.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k_new=k, v_new=v)  # decode
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from pathlib import Path
 
 __version__ = (Path(__file__).with_name("VERSION")).read_text().strip()
 
+import torch  # noqa: E402
+
 from . import _ops, dispatch  # noqa: E402
 
-__all__ = ["attention", "attention_varlen", "__version__"]
+__all__ = ["attention", "attention_varlen", "attention_with_kvcache", "__version__"]
 
 
 def attention(
@@ -24,25 +27,31 @@ def attention(
     softmax_scale=None,
     window_size=(-1, -1),
     softcap=0.0,
+    learnable_sink=None,
     return_lse=False,
     deterministic=False,
     backend="auto",
 ):
-    """Scaled dot-product attention, differentiable in q, k, v.
+    """Scaled dot-product attention, differentiable in q, k, v (and learnable_sink).
 
     q (b, s_q, h, d), k (b, s_k, h_kv, d), v (b, s_k, h_kv, d_v) with h % h_kv == 0 (GQA/MQA).
     causal and window_size=(left, right) are aligned to the bottom-right corner when
     s_q != s_k; softcap > 0 applies softcap·tanh(s/softcap) to the scaled scores.
+    learnable_sink: float32 (h,), one logit per q head (in the units of the scaled, softcapped
+    scores) that joins every row's softmax denominator and has no value (gpt-oss); the LSE
+    includes it. Differentiable (docs/inference.md).
     Returns out (b, s_q, h, d_v) in q's dtype, and with return_lse the natural-log LSE, fp32
-    (b, h, s_q); rows that see no key get out 0 and lse -inf.
+    (b, h, s_q); rows that see no key get out 0 and lse -inf (lse = sink with a sink).
     backend: "auto" (the kernel for the device, else the reference with a warning),
     "reference", "sm90", "sm100" (these two raise when they cannot run the problem).
     """
     opts = dispatch.check_dense(
         q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
         softcap=softcap, deterministic=deterministic, backend=backend,
+        learnable_sink=learnable_sink,
     )  # fmt: skip
-    out, lse = _ops.call_fwd(q, k, v, opts)
+    serving = _ops.Serving(learnable_sink=learnable_sink)
+    out, lse = _ops.call_fwd(q, k, v, opts, serving=serving)
     return (out, lse) if return_lse else out
 
 
@@ -55,7 +64,11 @@ def attention_varlen(
     max_seqlen_q,
     max_seqlen_k,
     *,
+    seqused_q=None,
     seqused_k=None,
+    page_table=None,
+    learnable_sink=None,
+    num_splits=0,
     causal=False,
     softmax_scale=None,
     window_size=(-1, -1),
@@ -68,14 +81,100 @@ def attention_varlen(
 
     cu_seqlens_q/k: int32 (batch + 1,), starting at 0, non-decreasing; cu_seqlens_q[-1] must
     equal total_q. seqused_k (int32, (batch,)) optionally uses only the first seqused_k[i] keys
-    of sequence i. Zero-length sequences are allowed. LSE is (h, total_q).
+    of sequence i; seqused_q likewise its first query rows (the others get out 0, lse -inf and
+    zero gradients). Zero-length sequences are allowed. LSE is (h, total_q).
+    page_table (int32 (batch, max_pages)): k/v are a page pool (num_pages, page_size, h_kv, ·),
+    key j of sequence i is row j % page_size of page page_table[i, j // page_size];
+    cu_seqlens_k must be None and seqused_k gives the key counts. Forward only.
+    learnable_sink: as in attention. num_splits: int >= 0 (0 = heuristic, 1 = no split, n = split
+    the keys into up to n parts); it changes only the summation order. docs/inference.md.
     """
     opts = dispatch.check_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-        causal=causal, softmax_scale=softmax_scale, window_size=window_size,
-        softcap=softcap, deterministic=deterministic, backend=backend,
+        seqused_q=seqused_q, page_table=page_table, learnable_sink=learnable_sink,
+        num_splits=num_splits, causal=causal, softmax_scale=softmax_scale,
+        window_size=window_size, softcap=softcap, deterministic=deterministic, backend=backend,
+    )  # fmt: skip
+    serving = _ops.Serving(
+        seqused_q=seqused_q, page_table=page_table, learnable_sink=learnable_sink,
+        num_splits=num_splits,
     )  # fmt: skip
     out, lse = _ops.call_fwd(
-        q, k, v, opts, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k
+        q, k, v, opts, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, serving
     )
+    return (out, lse) if return_lse else out
+
+
+def attention_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    cache_seqlens,
+    *,
+    k_new=None,
+    v_new=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    rotary_interleaved=False,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    page_table=None,
+    causal=False,
+    softmax_scale=None,
+    window_size=(-1, -1),
+    softcap=0.0,
+    learnable_sink=None,
+    num_splits=0,
+    return_lse=False,
+    backend="auto",
+):
+    """Decode / prefill against a KV cache, FA3's flash_attn_with_kvcache (docs/inference.md).
+
+    q (b, s_q, h, d). k_cache/v_cache (b_cache, s_cache, h_kv, d / d_v), or page pools
+    (num_pages, page_size, h_kv, ·) with page_table int32 (b, max_pages) (b_cache rows when
+    cache_batch_idx picks them). cache_seqlens: int or int32 (b,). Sequence b uses cache row
+    cache_batch_idx[b] (or b), whose keys [cache_leftpad[b] (or 0), cache_seqlens[b]) are valid.
+    k_new/v_new (b, s_new, h_kv, ·) are written into the cache in place at positions
+    cache_seqlens[b] + t, rotated first when rotary_cos/rotary_sin (seqlen_ro, rotary_dim / 2)
+    are given (positions in cache coordinates: cache_leftpad does not shift them); q is rotated
+    at cache_seqlens[b] + i when causal or windowed, else at cache_seqlens[b].
+    rotary_interleaved=False pairs dims i and i + rotary_dim / 2 (GPT-NeoX; FA3 defaults to
+    True). The attention then sees cache_seqlens[b] + s_new keys, masks aligned to the
+    bottom-right corner of [cache_leftpad[b], cache_seqlens[b] + s_new). Forward only.
+    Returns out (b, s_q, h, d_v) [, lse (b, h, s_q)].
+    """
+    opts = dispatch.check_kvcache(
+        q, k_cache, v_cache, cache_seqlens, k_new=k_new, v_new=v_new, rotary_cos=rotary_cos,
+        rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
+        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, page_table=page_table,
+        learnable_sink=learnable_sink, num_splits=num_splits, causal=causal,
+        softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+        deterministic=False, backend=backend,
+    )  # fmt: skip
+    s_new = 0 if k_new is None else k_new.shape[1]
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    dispatch.check_cache_append_data(
+        cache_seqlens, s_new, cache_leftpad, cache_batch_idx, page_table, k_cache, rotary_cos,
+        dispatch.rotary_span(q, s_new, opts),
+    )  # fmt: skip
+    if k_new is not None or rotary_cos is not None:
+        from . import kvcache  # helper module of the append (imported where it is needed)
+
+        q = kvcache.append_rotary(
+            q, k_cache, v_cache, k_new, v_new, cache_seqlens, rotary_cos=rotary_cos,
+            rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
+            cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, page_table=page_table,
+            rotate_q_per_row=dispatch.rotate_q_per_row(opts),
+        )  # fmt: skip
+    seqused_k = cache_seqlens + s_new if s_new else cache_seqlens
+    serving = _ops.Serving(
+        page_table=page_table, cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
+        learnable_sink=learnable_sink, num_splits=num_splits,
+    )  # fmt: skip
+    capacity = dispatch.cache_capacity(k_cache, page_table)
+    with dispatch.values_checked():  # check_cache_append_data covered the op's value rules
+        out, lse = _ops.call_fwd(
+            q, k_cache, v_cache, opts, None, None, seqused_k, q.shape[1], capacity, serving
+        )
     return (out, lse) if return_lse else out

@@ -4,9 +4,17 @@ One op pair serves dense and varlen problems: varlen when cu_seqlens_q is given.
 are (b, s, h, d) with LSE (b, h, s_q); varlen tensors are (total, h, d) with LSE (h, total_q).
 The CPU kernels are fa4.reference; the CUDA kernels call the compiled extension (fa4._C) when
 it covers the problem, else the reference with one warning (dispatch.kernel_for).
+
+fa4::fwd's serving arguments (seqused_q, page_table, cache_batch_idx, leftpad_k, learnable_sink,
+num_splits) come last, with defaults, so that earlier positional callers keep working; the
+compiled fa4::_fwd_kernel takes them in its own order (_fwd_cuda maps one to the other).
+fa4::bwd has none of them: Note [serving backward].
 """
 
 from __future__ import annotations
+
+import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -26,12 +34,23 @@ def _ref_kwargs(causal, softmax_scale, window_left, window_right, softcap):
     )
 
 
-def _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, kw):
-    """The reference forward, returned as the op promises: out in q's dtype, contiguous."""
-    if cu_q is None:
-        out, lse = reference.attention_ref(q, k, v, **kw)
+def _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, kw, serving=None):
+    """The reference forward, returned as the op promises: out in q's dtype, contiguous.
+    serving: Serving (the op's serving arguments) or None."""
+    sv = serving or NO_SERVING
+    sink = sv.learnable_sink
+    if cu_q is not None:
+        out, lse = reference.attention_varlen_ref(
+            q, k, v, cu_q, cu_k, seqused_k=seqused_k, seqused_q=sv.seqused_q,
+            page_table=sv.page_table, learnable_sink=sink, **kw,
+        )  # fmt: skip
+    elif not _kv_indexed(seqused_k, sv):
+        out, lse = reference.attention_ref(q, k, v, learnable_sink=sink, **kw)
     else:
-        out, lse = reference.attention_varlen_ref(q, k, v, cu_q, cu_k, seqused_k=seqused_k, **kw)
+        out, lse = reference.attention_kvcache_ref(
+            q, k, v, seqused_k, cache_batch_idx=sv.cache_batch_idx, leftpad_k=sv.leftpad_k,
+            page_table=sv.page_table, learnable_sink=sink, **kw,
+        )  # fmt: skip
     return out.to(q.dtype).contiguous(), lse.to(_lse_dtype(q)).contiguous()
 
 
@@ -50,9 +69,37 @@ def _lse_dtype(q):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k):
+class Serving(NamedTuple):
+    """fa4::fwd's serving arguments, in its schema's order (after backend)."""
+
+    seqused_q: Tensor | None = None
+    page_table: Tensor | None = None
+    cache_batch_idx: Tensor | None = None
+    leftpad_k: Tensor | None = None
+    learnable_sink: Tensor | None = None
+    num_splits: int = 0
+
+
+NO_SERVING = Serving()
+
+
+def _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k, sv=NO_SERVING):
+    """The value rules of dispatch.check_*_data (one host read of the index tensors; skipped
+    while a CUDA graph is captured)."""
     if cu_q is not None:
-        dispatch.check_varlen_data(cu_q, cu_k, seqused_k, q.shape[0], k.shape[0], max_q, max_k)
+        dispatch.check_varlen_data(
+            cu_q, cu_k, seqused_k, q.shape[0], k.shape[0], max_q, max_k,
+            seqused_q=sv.seqused_q, page_table=sv.page_table, page_shape=k.shape[:2],
+        )  # fmt: skip
+    elif _kv_indexed(seqused_k, sv):
+        dispatch.check_kvcache_data(
+            seqused_k, sv.leftpad_k, sv.cache_batch_idx, sv.page_table, k, q.shape[0]
+        )
+
+
+def _kv_indexed(seqused_k, sv: Serving) -> bool:
+    """Whether a dense-q call reads k/v as a KV cache (Note [kv cache keys] in reference.py)."""
+    return any(t is not None for t in (seqused_k, sv.page_table, sv.cache_batch_idx, sv.leftpad_k))
 
 
 @torch.library.custom_op("fa4::fwd", mutates_args=(), device_types="cpu")
@@ -72,27 +119,43 @@ def fwd(
     softcap: float,
     deterministic: bool,
     backend: str,
+    seqused_q: Tensor | None = None,
+    page_table: Tensor | None = None,
+    cache_batch_idx: Tensor | None = None,
+    leftpad_k: Tensor | None = None,
+    learnable_sink: Tensor | None = None,
+    num_splits: int = 0,
 ) -> tuple[Tensor, Tensor]:
-    _check_data(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    sv = Serving(seqused_q, page_table, cache_batch_idx, leftpad_k, learnable_sink, num_splits)
+    _check_data(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, sv)
     kw = _ref_kwargs(causal, softmax_scale, window_left, window_right, softcap)
-    return _ref_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kw)
+    # num_splits changes only the kernels' summation order: the reference ignores it.
+    return _ref_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, kw, sv)
 
 
 @fwd.register_kernel("cuda")
 def _fwd_cuda(
-    q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det, backend
-):
-    _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k)
+    q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det, backend,
+    seqused_q=None, page_table=None, cache_batch_idx=None, leftpad_k=None, learnable_sink=None,
+    num_splits=0,
+):  # fmt: skip
+    sv = Serving(seqused_q, page_table, cache_batch_idx, leftpad_k, learnable_sink, num_splits)
+    _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k, sv)
     arch = dispatch.kernel_for(q, v, backend, "fwd", (q, k, v))
     if arch is not None:
         knobs = dispatch.runtime_knobs("fwd")  # num_sms, tile_schedule, tile_order
-        args = (q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det)
-        return torch.ops.fa4._fwd_kernel(*args, *knobs)
-    return _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, _ref_kwargs(causal, scale, wl, wr, softcap))
+        # fa4::_fwd_kernel's order (csrc/api/bindings.cpp; /tmp/spec/inference_spec.md)
+        return torch.ops.fa4._fwd_kernel(
+            q, k, v, cu_q, cu_k, seqused_k, sv.seqused_q, sv.page_table, sv.cache_batch_idx,
+            sv.leftpad_k, sv.learnable_sink, max_q, max_k, causal, scale, wl, wr, softcap, det,
+            sv.num_splits, *knobs,
+        )  # fmt: skip
+    kw = _ref_kwargs(causal, scale, wl, wr, softcap)
+    return _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, kw, sv)
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, cu_q, *args):
+def _fwd_fake(q, k, v, cu_q, *args, **kwargs):
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
     if cu_q is None:
         b, s_q, h, _ = q.shape
@@ -145,11 +208,14 @@ def _bwd_fake(dout, q, k, v, *args):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, *opts = inputs
+    q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, *rest = inputs
+    opts, sv = rest[: len(_OPTS)], Serving(*rest[len(_OPTS) :])
+    check_differentiable(cu_q, seqused_k, sv)
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, sv.seqused_q, sv.learnable_sink)
     ctx.max_seqlens = (max_q, max_k)
     ctx.opts = opts
+    ctx.n_inputs = len(inputs)
     # An unused LSE's gradient stays None instead of a zero tensor of LSE's size, which autograd
     # would allocate and fill, and the backward's preprocess would read, on every step (1 MiB in
     # the bench's shapes: likely the 1 MiB by which our peak backward memory exceeded
@@ -157,14 +223,72 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
+def check_differentiable(cu_q, seqused_k, sv: Serving) -> None:
+    """Note [serving backward]: the paged and KV-cache forms of fa4::fwd are forward only."""
+    for name in ("page_table", "cache_batch_idx", "leftpad_k"):
+        if getattr(sv, name) is not None:
+            dispatch.fail(
+                name,
+                "the paged / KV-cache forward has no backward: call it under torch.no_grad() "
+                "or torch.inference_mode(), or detach the inputs",
+            )
+    if cu_q is None and seqused_k is not None:
+        dispatch.fail("seqused_k", "the dense KV-cache forward has no backward")
+
+
+def _seqused_q_rows(cu_q, seqused_q, n_rows, align_end):
+    """Note [seqused_q backward]: (src, used) over the packed query rows, device ops only (no
+    host sync). Row r of sequence b (local index t, length L, U = seqused_q[b] used rows) takes
+    row cu_q[b] + (t + U) % L when align_end, a rotation that moves the used rows to the end
+    of their segment; src is None otherwise. used: whether row r (after the rotation) is used."""
+    rows = torch.arange(n_rows, device=cu_q.device, dtype=torch.int64)
+    last = seqused_q.shape[0] - 1
+    seq = torch.searchsorted(cu_q[1:], rows.to(cu_q.dtype), right=True).clamp_(max=last)
+    start = cu_q.long()[seq]
+    t, length, n_used = rows - start, cu_q.long()[seq + 1] - start, seqused_q.long()[seq]
+    if not align_end:
+        return None, t < n_used
+    return start + (t + n_used) % length.clamp(min=1), t >= length - n_used
+
+
+def _seqused_q_inputs(cu_q, seqused_q, opts, q, out, lse, dout, dlse):
+    """Note [seqused_q backward]: the backward's q, out, lse, dout and dlse for a forward with
+    seqused_q. fa4::bwd has no seqused_q: it gets lse = +inf and dout = 0 on the unused rows,
+    so that P = exp(S - lse) = 0 there (zero dq, nothing into dk and dv). Causal and local masks
+    are aligned on the used rows of each sequence (as FA3), but the backward aligns them on the
+    whole segment of cu_seqlens_q; so with such a mask every segment is rotated to put its used
+    rows last, where the bottom-right alignment puts them at the forward's offsets, and dq is
+    rotated back by the caller (src)."""
+    causal, window_left, window_right = opts[0], opts[2], opts[3]
+    align_end = causal or window_left >= 0 or window_right >= 0
+    src, used = _seqused_q_rows(cu_q, seqused_q, lse.shape[-1], align_end)
+    if src is not None:
+        q, out, dout, lse = q[src], out[src], dout[src], lse[:, src]
+        dlse = None if dlse is None else dlse[:, src]
+    lse = torch.where(used, lse, torch.full_like(lse, math.inf))
+    dout = dout * used.view(-1, 1, 1).to(dout.dtype)
+    return src, q, out, lse, dout, dlse
+
+
 def _grads(run_bwd, ctx, dout, dlse):
     """The gradients of fwd's inputs, computed by run_bwd (the op fa4::bwd, or its CUDA function
-    on the eager path of Note [eager autograd path])."""
-    q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
+    on the eager path of Note [eager autograd path]).
+
+    Note [serving backward]: fa4::bwd knows none of the serving arguments. A learnable sink is in
+    the forward's LSE, which is all the backward of q, k, v needs; the sink's own gradient is
+    computed here (reference.learnable_sink_grad: device ops in fp32). seqused_q: Note
+    [seqused_q backward]. The paged and KV-cache forms have no backward (check_differentiable)."""
+    q, k, v, out, lse, cu_q, cu_k, seqused_k, seqused_q, sink = ctx.saved_tensors
+    nones = (None,) * (ctx.n_inputs - 3)
     if dout is None and dlse is None:
-        return (None,) * (3 + 3 + 2 + len(_OPTS))
+        return (None, None, None) + nones
     if dout is None:  # a loss on the LSE alone
         dout = torch.zeros_like(out)
+    src = None
+    if seqused_q is not None:
+        src, q, out, lse, dout, dlse = _seqused_q_inputs(
+            cu_q, seqused_q, ctx.opts, q, out, lse, dout, dlse
+        )
     dq, dk, dv = run_bwd(
         dout.contiguous(),
         q,
@@ -179,7 +303,16 @@ def _grads(run_bwd, ctx, dout, dlse):
         *ctx.max_seqlens,
         *ctx.opts,
     )
-    return (dq, dk, dv) + (None,) * (3 + 2 + len(_OPTS))
+    if src is not None:
+        dq = torch.empty_like(dq).index_copy_(0, src, dq)
+    grads = [dq, dk, dv, *nones]
+    if sink is not None and ctx.needs_input_grad[_SINK_INPUT]:
+        grads[_SINK_INPUT] = reference.learnable_sink_grad(dout, out, lse, sink, dlse=dlse)
+    return tuple(grads)
+
+
+# The position of learnable_sink among fa4::fwd's inputs.
+_SINK_INPUT = 8 + len(_OPTS) + Serving._fields.index("learnable_sink")
 
 
 def _backward(ctx, dout, dlse):
@@ -204,6 +337,7 @@ class _EagerAttention(torch.autograd.Function):
     # arguments through inspect.signature on every call.
     @staticmethod
     def forward(ctx, *args):
+        check_differentiable(args[3], args[5], Serving(*args[8 + len(_OPTS) :]))
         output = _fwd_cuda(*args)
         _setup_context(ctx, args, output)
         return output
@@ -247,17 +381,27 @@ def eager_autograd_ok(*tensors: Tensor) -> bool:
 
 
 def call_fwd(
-    q, k, v, opts: dispatch.Options, cu_q=None, cu_k=None, seqused_k=None, max_q=0, max_k=0
+    q,
+    k,
+    v,
+    opts: dispatch.Options,
+    cu_q=None,
+    cu_k=None,
+    seqused_k=None,
+    max_q=0,
+    max_k=0,
+    serving: Serving = NO_SERVING,
 ):
     args = (
         q, k, v, cu_q, cu_k, seqused_k, max_q, max_k,
         opts.causal, opts.softmax_scale, opts.window_left, opts.window_right,
-        opts.softcap, opts.deterministic, opts.backend,
+        opts.softcap, opts.deterministic, opts.backend, *serving,
     )  # fmt: skip
+    seen = (q, k, v) if serving.learnable_sink is None else (q, k, v, serving.learnable_sink)
     # direct_call_ok and eager_autograd_ok are the switches the tests and
     # tools/host_overhead.py turn off to time and compare the op's path.
-    if q.is_cuda and direct_call_ok(q, k, v):
+    if q.is_cuda and direct_call_ok(*seen):
         return _fwd_cuda(*args)
-    if q.is_cuda and eager_autograd_ok(q, k, v):
+    if q.is_cuda and eager_autograd_ok(*seen):
         return _EagerAttention.apply(*args)
     return fwd(*args)

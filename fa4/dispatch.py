@@ -1,15 +1,20 @@
 """Validation and backend choice: every bad input fails here, before any work is launched.
 
-Two stages. check_dense / check_varlen run in the Python wrappers on shapes, dtypes, devices and
-options only, so they trace cleanly under torch.compile. check_varlen_data reads cu_seqlens
-values and therefore runs inside the op implementation (eager), still before any kernel.
+Two stages. check_dense / check_varlen / check_kvcache run in the Python wrappers on shapes,
+dtypes, devices and options only, so they trace cleanly under torch.compile. check_varlen_data
+and check_kvcache_data read index values (cu_seqlens, seqused, page tables) and therefore run
+inside the op implementation (eager), still before any kernel; check_cache_append_data reads
+cache_seqlens before attention_with_kvcache writes into the cache. The value checks read the
+tensors in one host copy (a device sync on GPU) and are skipped while a CUDA graph is captured.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -43,6 +48,9 @@ class Options:
 
 def _fail(arg: str, rule: str, exc=ValueError):
     raise exc(f"fa4: {arg}: {rule}")
+
+
+fail = _fail  # for fa4._ops and fa4.__init__
 
 
 def _check_tensor(name: str, t, ndim: int) -> None:
@@ -131,32 +139,46 @@ def resolve_backend(q: torch.Tensor, backend: str) -> str:
     return backend
 
 
-def check_dense(q, k, v, **kw) -> Options:
+def check_dense(q, k, v, *, learnable_sink=None, **kw) -> Options:
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t, 4)
     _check_common(q, k, v, "(batch, seqlen, heads, headdim)")
     if k.shape[0] != q.shape[0]:
         _fail("k", f"batch {k.shape[0]} differs from q's {q.shape[0]}")
+    check_sink(learnable_sink, q)
     return _check_options(q, **kw)
 
 
-def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, **kw):
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t, 3)
-    _check_common(q, k, v, "(total_tokens, heads, headdim)")
-    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        _check_index_tensor(name, t, q.device)
-        if t.shape[0] < 2:
-            _fail(name, f"needs batch + 1 >= 2 entries, got {t.shape[0]}")
-    if cu_seqlens_k.shape[0] != cu_seqlens_q.shape[0]:
-        _fail(
-            "cu_seqlens_k",
-            f"length {cu_seqlens_k.shape[0]} != cu_seqlens_q's {cu_seqlens_q.shape[0]}",
-        )
-    if seqused_k is not None:
-        _check_index_tensor("seqused_k", seqused_k, q.device)
-        if seqused_k.shape[0] != cu_seqlens_q.shape[0] - 1:
-            _fail("seqused_k", f"length {seqused_k.shape[0]} != batch {cu_seqlens_q.shape[0] - 1}")
+def check_varlen(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, *,
+    seqused_q=None, page_table=None, learnable_sink=None, num_splits=0, **kw,
+) -> Options:  # fmt: skip
+    paged = page_table is not None
+    _check_tensor("q", q, 3)
+    for name, t in (("k", k), ("v", v)):
+        _check_tensor(name, t, 4 if paged else 3)
+    layout = "(num_pages, page_size, heads, headdim)" if paged else "(total_tokens, heads, headdim)"
+    _check_common(q, k, v, layout)
+    _check_index_tensor("cu_seqlens_q", cu_seqlens_q, q.device)
+    if cu_seqlens_q.shape[0] < 2:
+        _fail("cu_seqlens_q", f"needs batch + 1 >= 2 entries, got {cu_seqlens_q.shape[0]}")
+    batch = cu_seqlens_q.shape[0] - 1
+    if paged:
+        if cu_seqlens_k is not None:
+            _fail("cu_seqlens_k", "must be None with a page_table (seqused_k gives the key counts)")
+        if seqused_k is None:
+            _fail("seqused_k", "is required with a page_table (the key count of each sequence)")
+        check_page_table(page_table, k, batch, q.device)
+    else:
+        _check_index_tensor("cu_seqlens_k", cu_seqlens_k, q.device)
+        if cu_seqlens_k.shape[0] != cu_seqlens_q.shape[0]:
+            _fail(
+                "cu_seqlens_k",
+                f"length {cu_seqlens_k.shape[0]} != cu_seqlens_q's {cu_seqlens_q.shape[0]}",
+            )
+    for name, t in (("seqused_k", seqused_k), ("seqused_q", seqused_q)):
+        if t is not None:
+            _check_per_sequence(name, t, batch, q.device)
     for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(m, int) or isinstance(m, bool) or m < 0:
             _fail(
@@ -164,7 +186,196 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
                 f"expected an int >= 0, got {m!r}",
                 TypeError if not isinstance(m, int) else ValueError,
             )
+    if paged:
+        capacity = page_table.shape[1] * k.shape[1]
+        if max_seqlen_k > capacity:
+            _fail(
+                "max_seqlen_k",
+                f"{max_seqlen_k} exceeds the page table's capacity "
+                f"max_pages * page_size = {page_table.shape[1]} * {k.shape[1]} = {capacity}",
+            )
+        check_forward_only("page_table", "paged attention", q, k, v, learnable_sink)
+    check_sink(learnable_sink, q)
+    check_num_splits(num_splits)
     return _check_options(q, **kw)
+
+
+def check_kvcache(
+    q, k_cache, v_cache, cache_seqlens, *, k_new, v_new, rotary_cos, rotary_sin,
+    rotary_interleaved, cache_batch_idx, cache_leftpad, page_table, learnable_sink, num_splits,
+    **kw,
+) -> Options:  # fmt: skip
+    """attention_with_kvcache's shape rules (FA3's flash_attn_with_kvcache; docs/inference.md)."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_tensor(name, t, 4)
+    _check_common(q, k_cache, v_cache, "(batch, seqlen, heads, headdim)")
+    b = q.shape[0]
+    paged = page_table is not None
+    if paged:
+        check_page_table(page_table, k_cache, None if cache_batch_idx is not None else b, q.device)
+    elif cache_batch_idx is None and k_cache.shape[0] != b:
+        _fail("k_cache", f"batch {k_cache.shape[0]} differs from q's {b} (no cache_batch_idx)")
+    if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, (int, torch.Tensor)):
+        _fail(
+            "cache_seqlens",
+            f"expected an int or an int32 tensor (batch,), got {type(cache_seqlens).__name__}",
+            TypeError,
+        )
+    if isinstance(cache_seqlens, int):
+        if cache_seqlens < 0:
+            _fail("cache_seqlens", f"must be >= 0, got {cache_seqlens}")
+    else:
+        _check_per_sequence("cache_seqlens", cache_seqlens, b, q.device)
+    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if t is not None:
+            _check_per_sequence(name, t, b, q.device)
+    s_new = _check_new_kv(q, k_cache, v_cache, k_new, v_new)
+    capacity = cache_capacity(k_cache, page_table)
+    if isinstance(cache_seqlens, int) and cache_seqlens + s_new > capacity:
+        _fail(
+            "cache_seqlens",
+            f"cache_seqlens + s_new = {cache_seqlens} + {s_new} exceeds the cache's capacity "
+            f"{capacity}",
+        )
+    opts = _check_options(q, **kw)
+    _check_rotary(q, rotary_cos, rotary_sin, rotary_interleaved)
+    if rotary_cos is not None and isinstance(cache_seqlens, int):
+        needed = cache_seqlens + rotary_span(q, s_new, opts)
+        if rotary_cos.shape[0] < needed:
+            _fail(
+                "rotary_cos",
+                f"seqlen_ro = {rotary_cos.shape[0]} rows cover positions < {rotary_cos.shape[0]}, "
+                f"but cache_seqlens + {needed - cache_seqlens} = {needed} are needed",
+            )
+    check_sink(learnable_sink, q)
+    check_num_splits(num_splits)
+    check_forward_only("q", "attention_with_kvcache", q, k_cache, v_cache, k_new, v_new,
+                       learnable_sink)  # fmt: skip
+    return opts
+
+
+def rotate_q_per_row(opts: Options) -> bool:
+    """FA3: q's row i sits at position cache_seqlens + i when causal or local (a window), else
+    every row at cache_seqlens."""
+    return opts.causal or opts.window_left >= 0 or opts.window_right >= 0
+
+
+def rotary_span(q, s_new: int, opts: Options) -> int:
+    """Rotary rows past cache_seqlens[b] that the append and q's rotation read."""
+    return max(s_new, q.shape[1] if rotate_q_per_row(opts) else 1)
+
+
+def cache_capacity(k_cache, page_table) -> int:
+    """Keys a cache row can hold: s_cache, or max_pages * page_size."""
+    return k_cache.shape[1] if page_table is None else page_table.shape[1] * k_cache.shape[1]
+
+
+def _check_new_kv(q, k_cache, v_cache, k_new, v_new) -> int:
+    """k_new/v_new (b, s_new, h_kv, d / d_v) like the cache; returns s_new (0 without)."""
+    if (k_new is None) != (v_new is None):
+        _fail("k_new" if k_new is None else "v_new", "k_new and v_new go together (both or none)")
+    if k_new is None:
+        return 0
+    for name, t, cache in (("k_new", k_new, k_cache), ("v_new", v_new, v_cache)):
+        _check_tensor(name, t, 4)
+        if t.dtype != q.dtype:
+            _fail(name, f"dtype {t.dtype} differs from q.dtype {q.dtype}", TypeError)
+        if t.device != q.device:
+            _fail(name, f"device {t.device} differs from q.device {q.device}")
+        want = (q.shape[0], k_new.shape[1], cache.shape[2], cache.shape[3])
+        if tuple(t.shape) != want:
+            _fail(name, f"shape {tuple(t.shape)} must be (batch, s_new, h_kv, d) = {want}")
+    return k_new.shape[1]
+
+
+def _check_rotary(q, cos, sin, interleaved) -> None:
+    if not isinstance(interleaved, bool):
+        _fail("rotary_interleaved", f"expected bool, got {type(interleaved).__name__}", TypeError)
+    if (cos is None) != (sin is None):
+        _fail(
+            "rotary_cos" if cos is None else "rotary_sin", "rotary_cos and rotary_sin go together"
+        )
+    if cos is None:
+        return
+    for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
+        _check_tensor(name, t, 2)
+        if t.dtype != q.dtype:
+            _fail(name, f"dtype {t.dtype} must equal q.dtype {q.dtype} (as FA3)", TypeError)
+        if t.device != q.device:
+            _fail(name, f"device {t.device} differs from q.device {q.device}")
+        if not t.is_contiguous():
+            _fail(name, "must be contiguous")
+    if sin.shape != cos.shape:
+        _fail(
+            "rotary_sin", f"shape {tuple(sin.shape)} differs from rotary_cos's {tuple(cos.shape)}"
+        )
+    half = cos.shape[1]
+    if half < 1 or 2 * half > q.shape[-1]:
+        _fail(
+            "rotary_cos",
+            f"shape (seqlen_ro, rotary_dim / 2) needs 1 <= rotary_dim <= headdim {q.shape[-1]}, "
+            f"got rotary_dim {2 * half}",
+        )
+
+
+def check_page_table(page_table, k, batch, device) -> None:
+    """page_table: int32 (batch, max_pages), rows contiguous (stride(-1) == 1); k is a page pool
+    (num_pages, page_size >= 1, h_kv, d). batch None: any row count (cache_batch_idx picks)."""
+    if not isinstance(page_table, torch.Tensor):
+        _fail("page_table", f"expected a torch.Tensor, got {type(page_table).__name__}", TypeError)
+    if page_table.dtype != torch.int32:
+        _fail("page_table", f"dtype must be torch.int32, got {page_table.dtype}", TypeError)
+    if page_table.dim() != 2:
+        _fail("page_table", f"expected 2 dims (batch, max_pages), got {tuple(page_table.shape)}")
+    if batch is not None and page_table.shape[0] != batch:
+        _fail("page_table", f"has {page_table.shape[0]} rows, expected batch = {batch}")
+    if page_table.shape[1] and page_table.stride(1) != 1:
+        _fail("page_table", f"rows must be contiguous (stride(-1) == 1), got {page_table.stride()}")
+    if page_table.device != device:
+        _fail("page_table", f"device {page_table.device} differs from q.device {device}")
+    if k.shape[1] < 1:
+        _fail("k", f"page_size (dim 1 of the page pool) must be >= 1, got {tuple(k.shape)}")
+
+
+def check_sink(sink, q) -> None:
+    """learnable_sink: float32 (h_q,) on q's device (float64 with float64 q, for gradcheck)."""
+    if sink is None:
+        return
+    if not isinstance(sink, torch.Tensor):
+        _fail("learnable_sink", f"expected a torch.Tensor, got {type(sink).__name__}", TypeError)
+    allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
+    if sink.dtype not in allowed:
+        _fail("learnable_sink", f"dtype must be torch.float32, got {sink.dtype}", TypeError)
+    if tuple(sink.shape) != (q.shape[-2],):
+        _fail("learnable_sink", f"shape must be (heads of q,) = ({q.shape[-2]},), got "
+              f"{tuple(sink.shape)}")  # fmt: skip
+    if not sink.is_contiguous():
+        _fail("learnable_sink", "must be contiguous")
+    if sink.device != q.device:
+        _fail("learnable_sink", f"device {sink.device} differs from q.device {q.device}")
+
+
+def check_num_splits(num_splits) -> None:
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool):
+        _fail("num_splits", f"expected an int, got {type(num_splits).__name__}", TypeError)
+    if not 0 <= num_splits < 2**31:
+        _fail("num_splits", f"must be >= 0 (0 = heuristic, 1 = no split), got {num_splits}")
+
+
+def check_forward_only(arg: str, what: str, *tensors) -> None:
+    """Raises before any launch when autograd would record a forward that has no backward."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        _fail(
+            arg,
+            f"{what} is forward only (no backward): call it under torch.no_grad() or "
+            f"torch.inference_mode(), or pass tensors that do not require grad",
+        )
+
+
+def _check_per_sequence(name, t, batch, device):
+    _check_index_tensor(name, t, device)
+    if t.shape[0] != batch:
+        _fail(name, f"length {t.shape[0]} != batch {batch}")
 
 
 def _check_index_tensor(name, t, device):
@@ -178,34 +389,188 @@ def _check_index_tensor(name, t, device):
         _fail(name, f"device {t.device} differs from q.device {device}")
 
 
-def check_varlen_data(cu_q, cu_k, seqused_k, total_q, total_k, max_q, max_k) -> None:
+_values = threading.local()  # .checked: this thread's value checks are done (values_checked)
+
+
+@contextlib.contextmanager
+def values_checked():
+    """The calls inside (this thread) skip the value checks: the caller has made them already
+    (attention_with_kvcache, before its append; the op would repeat them, one more device sync
+    on GPU)."""
+    before = getattr(_values, "checked", False)
+    _values.checked = True
+    try:
+        yield
+    finally:
+        _values.checked = before
+
+
+def _host(*tensors):
+    """The index tensors on the host, in one copy (one device sync on GPU); None where the values
+    are not read: while a CUDA graph is captured, under torch.compile's tracing, inside
+    values_checked(), or with FA4_SKIP_VALUE_CHECKS=1 (for callers that guarantee the value
+    rules themselves: on GPU the sync leaves the device idle between a call's launches)."""
+    given = [t for t in tensors if t is not None]
+    if getattr(_values, "checked", False) or _getenv("FA4_SKIP_VALUE_CHECKS") == "1":
+        return None
+    if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in given):
+        return None  # traced: fake tensors and other subclasses have no values to read
+    if any(t.is_cuda for t in given):
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        flat = torch.cat([t.reshape(-1).to(torch.int64) for t in given]).cpu()
+        parts = iter(flat.split([t.numel() for t in given]))
+        given = [p.view(t.shape) for p, t in zip(parts, given, strict=True)]
+    it = iter(given)
+    return [None if t is None else next(it) for t in tensors]
+
+
+def _check_pages(page_table, rows, starts, stops, num_pages, page_size):
+    """Every page_table entry that keys [starts[i], stops[i]) of row rows[i] touch must lie in
+    [0, num_pages) (host tensors; one vectorized pass, no loop over sequences)."""
+    rows, starts, stops = rows.long(), starts.long(), stops.long()
+    cols = torch.arange(page_table.shape[1])
+    first, end = starts // page_size, (stops + page_size - 1) // page_size
+    touched = (cols >= first[:, None]) & (cols < end[:, None]) & (stops > starts)[:, None]
+    entries = page_table.long()[rows]  # (b, max_pages)
+    bad = touched & ((entries < 0) | (entries >= num_pages))
+    if bool(bad.any()):
+        i, j = (int(x) for x in bad.nonzero()[0])
+        r, lo, hi = int(rows[i]), int(starts[i]), int(stops[i])
+        _fail(
+            "page_table",
+            f"entry [{r}, {j}] = {int(entries[i, j])} (used by keys [{lo}, {hi}) of sequence "
+            f"{i}) must lie in [0, num_pages = {num_pages})",
+        )
+
+
+def check_varlen_data(
+    cu_q, cu_k, seqused_k, total_q, total_k, max_q, max_k, *, seqused_q=None, page_table=None,
+    page_shape=None,
+) -> None:  # fmt: skip
     """Checks that read the index tensors (one device sync on GPU); skipped while a CUDA graph is
-    being captured, where reading them is impossible."""
-    if cu_q.is_cuda and torch.cuda.is_current_stream_capturing():
+    being captured, where reading them is impossible. With a page_table, cu_k is None and
+    page_shape is the pool's (num_pages, page_size)."""
+    host = _host(cu_q, cu_k, seqused_k, seqused_q, page_table)
+    if host is None:
         return
-    cq, ck = cu_q.cpu(), cu_k.cpu()
+    cq, ck, used, used_q, pt = host
     for name, c in (("cu_seqlens_q", cq), ("cu_seqlens_k", ck)):
+        if c is None:
+            continue
         if c[0] != 0:
             _fail(name, f"must start at 0, got {int(c[0])}")
         if bool((c[1:] < c[:-1]).any()):
             _fail(name, f"must be non-decreasing, got {c.tolist()}")
     if int(cq[-1]) != total_q:
         _fail("cu_seqlens_q", f"last entry {int(cq[-1])} must equal q.shape[0] = {total_q}")
-    if int(ck[-1]) > total_k:
+    if ck is not None and int(ck[-1]) > total_k:
         _fail("cu_seqlens_k", f"last entry {int(ck[-1])} exceeds k.shape[0] = {total_k}")
-    len_q, len_k = cq.diff(), ck.diff()
-    if seqused_k is not None:
-        used = seqused_k.cpu()
-        if bool((used < 0).any() | (used > len_k).any()):
+    len_q = cq.diff()
+    if pt is not None:
+        num_pages, page_size = page_shape
+        capacity = pt.shape[1] * page_size
+        if bool((used < 0).any() | (used > capacity).any()):
             _fail(
                 "seqused_k",
-                f"entries must lie in [0, length of key sequence i], got {used.tolist()}",
+                f"entries must lie in [0, max_pages * page_size = {capacity}] with a page_table, "
+                f"got {used.tolist()}",
             )
+        rows = torch.arange(len(used))
+        _check_pages(pt, rows, torch.zeros_like(used), used, num_pages, page_size)
         len_k = used
+    else:
+        len_k = ck.diff()
+        if used is not None:
+            if bool((used < 0).any() | (used > len_k).any()):
+                _fail(
+                    "seqused_k",
+                    f"entries must lie in [0, length of key sequence i], got {used.tolist()}",
+                )
+            len_k = used
+    if used_q is not None and bool((used_q < 0).any() | (used_q > len_q).any()):
+        _fail(
+            "seqused_q",
+            f"entries must lie in [0, length of query sequence i], got {used_q.tolist()}",
+        )
     if int(len_q.max()) > max_q:
         _fail("max_seqlen_q", f"{max_q} is less than the longest query sequence {int(len_q.max())}")
     if int(len_k.max()) > max_k:
         _fail("max_seqlen_k", f"{max_k} is less than the longest key sequence {int(len_k.max())}")
+
+
+def check_kvcache_data(seqused_k, leftpad_k, cache_batch_idx, page_table, k, batch) -> None:
+    """The op's KV-cache values for a dense q of `batch` sequences (Note [kv cache keys] in
+    reference.py): rows in range, keys [leftpad_k, seqused_k) inside the cache, their pages in
+    the pool."""
+    if page_table is not None and seqused_k is None:
+        _fail("seqused_k", "is required with a page_table (the key count of each sequence)")
+    for name, t in (("seqused_k", seqused_k), ("leftpad_k", leftpad_k),
+                    ("cache_batch_idx", cache_batch_idx)):  # fmt: skip
+        if t is not None and tuple(t.shape) != (batch,):
+            _fail(name, f"shape {tuple(t.shape)} must be (batch,) = ({batch},)")
+    n_rows = k.shape[0] if page_table is None else page_table.shape[0]
+    if cache_batch_idx is None and n_rows != batch:
+        what = "page_table rows" if page_table is not None else "k's batch"
+        _fail("cache_batch_idx", f"is required when {what} ({n_rows}) differ from q's ({batch})")
+    host = _host(seqused_k, leftpad_k, cache_batch_idx, page_table)
+    if host is None:
+        return
+    used, left, rows, pt = host
+    capacity = cache_capacity(k, pt)
+    b = batch
+    rows = _check_rows("cache_batch_idx", rows, b, n_rows)
+    used = torch.full((b,), capacity) if used is None else used
+    if bool((used < 0).any() | (used > capacity).any()):
+        _fail("seqused_k", f"entries must lie in [0, {capacity}] (the cache's capacity), got "
+              f"{used.tolist()}")  # fmt: skip
+    left = torch.zeros_like(used) if left is None else left
+    if bool((left < 0).any() | (left > used).any()):
+        _fail("leftpad_k", f"entries must lie in [0, seqused_k[i]], got {left.tolist()}")
+    if pt is not None:
+        _check_pages(pt, rows, left, used, k.shape[0], k.shape[1])
+
+
+def _check_rows(name, rows, b, n_rows):
+    """cache_batch_idx values in [0, n_rows); the identity when None."""
+    if rows is None:
+        return torch.arange(b)
+    if bool((rows < 0).any() | (rows >= n_rows).any()):
+        _fail(name, f"entries must lie in [0, {n_rows}) (the cache's rows), got {rows.tolist()}")
+    return rows
+
+
+def check_cache_append_data(
+    cache_seqlens, s_new, cache_leftpad, cache_batch_idx, page_table, k_cache, rotary_cos, span
+) -> None:
+    """attention_with_kvcache's values, read before the append writes into the cache:
+    cache_seqlens[b] + s_new within the capacity, cache_leftpad[b] <= cache_seqlens[b], rows in
+    range, the pages of keys [cache_leftpad, cache_seqlens + s_new) in the pool, and rotary rows
+    for positions cache_seqlens[b] + span - 1."""
+    host = _host(cache_seqlens, cache_leftpad, cache_batch_idx, page_table)
+    if host is None:
+        return
+    seqlens, left, rows, pt = host
+    b = seqlens.shape[0]
+    rows = _check_rows("cache_batch_idx", rows, b, k_cache.shape[0] if pt is None else pt.shape[0])
+    capacity = cache_capacity(k_cache, pt)
+    if bool((seqlens < 0).any() | (seqlens + s_new > capacity).any()):
+        _fail(
+            "cache_seqlens",
+            f"entries + s_new ({s_new}) must lie in [0, {capacity}] (the cache's capacity), got "
+            f"{seqlens.tolist()}",
+        )
+    left = torch.zeros_like(seqlens) if left is None else left
+    if bool((left < 0).any() | (left > seqlens).any()):
+        _fail("cache_leftpad", f"entries must lie in [0, cache_seqlens[i]], got {left.tolist()}")
+    if pt is not None:
+        _check_pages(pt, rows, left, seqlens + s_new, k_cache.shape[0], k_cache.shape[1])
+    if rotary_cos is not None and b and int(seqlens.max()) + span > rotary_cos.shape[0]:
+        _fail(
+            "rotary_cos",
+            f"seqlen_ro = {rotary_cos.shape[0]} rows, but positions up to max(cache_seqlens) + "
+            f"{span - 1} = {int(seqlens.max()) + span - 1} are rotated",
+        )
 
 
 _warned: set[str] = set()

@@ -14,6 +14,24 @@ sliding window, or with a zero-length key sequence) gets out = 0 and lse = -inf,
 empty sum (so merging partial results by their LSE gives such a part weight 0). Internally the
 row's LSE is taken as +inf so that P = exp(S - lse) is exactly 0 there, forward and backward.
 
+Note [learnable sink]: learnable_sink (h,) adds one logit per query head, in the units of the
+scaled (and softcapped) scores, to every row's softmax denominator; it has no value row:
+    lse_i = log(sum_j exp(s_ij) + exp(sink_h)),   out_i = sum_j exp(s_ij - lse_i) v_j.
+The returned LSE includes the sink, so a row that sees no key gets out 0 and lse = sink_h. The
+backward of q, k, v is unchanged given that LSE (dS = P o (dP - D) still holds, D = rowsum(dO o O)
+- dLSE); the sink's own gradient is d_sink[h] = -sum over rows of exp(sink_h - lse_i) * D_i
+(learnable_sink_grad).
+
+Note [paged KV]: with a page_table (int32 (batch, max_pages)), k/v are a pool of pages
+(num_pages, page_size, h_kv, d) and key j of sequence b is row j % page_size of page
+page_table[b, j // page_size]. The key count comes from seqused_k.
+
+Note [kv cache keys] (attention_kvcache_ref, FA3's flash_attn_with_kvcache): sequence b reads
+cache row r = cache_batch_idx[b] (or b; with a page_table, r picks the page_table row) and
+sees its keys [leftpad_k[b] (or 0), seqused_k[b]) in cache coordinates. Masks align to the
+bottom-right corner of that range, i.e. the key count is seqused_k[b] - leftpad_k[b]; keys
+below leftpad_k are never read.
+
 Memory is bounded by processing query blocks: a block holds b·h·block_q·s_k scores, and
 block_q is chosen so that this stays under SCORE_BUDGET elements; seqlen 16k runs on a CPU.
 """
@@ -88,10 +106,11 @@ def attention_ref(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     upcast: bool = True,
+    learnable_sink: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (out, lse). upcast=True: fp32 math (fp64 inputs stay fp64), out in that dtype.
     upcast=False: every step rounded to the input dtype, the naive low-precision baseline of
-    the tolerance rule (DESIGN.md §5)."""
+    the tolerance rule (DESIGN.md §5). learnable_sink: Note [learnable sink]."""
     b, s_q, h, d = q.shape
     s_k = k.shape[1]
     scale = softmax_scale if softmax_scale is not None else d**-0.5
@@ -100,12 +119,15 @@ def attention_ref(
     kh, vh = _expand_kv(k, h).to(cdt), _expand_kv(v, h).to(cdt)
     out = torch.empty(b, h, s_q, v.shape[-1], dtype=cdt, device=q.device)
     lse = torch.empty(b, h, s_q, dtype=_lse_dtype(cdt), device=q.device)
+    sink = None if learnable_sink is None else learnable_sink.to(lse.dtype).view(1, h, 1)
     step = _block_rows(b, h, s_k)
     for r0 in range(0, s_q, step):
         rows = torch.arange(r0, min(s_q, r0 + step), device=q.device)
         keep = allowed_keys(rows, s_q, s_k, causal, window_size)
         s, _ = _scores(qh[:, :, rows], kh, scale, softcap, keep)
         blk_lse = torch.logsumexp(s.to(lse.dtype), dim=-1)
+        if sink is not None:
+            blk_lse = torch.logaddexp(blk_lse, sink)
         p = torch.exp(s - _lse_for_exp(blk_lse).to(cdt).unsqueeze(-1))
         out[:, :, rows] = torch.matmul(p, vh)
         lse[:, :, rows] = blk_lse
@@ -164,40 +186,108 @@ def attention_ref_bwd(
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
-def _segments(cu_q, cu_k, seqused_k):
-    cu_q, cu_k = cu_q.tolist(), cu_k.tolist()
+def paged_rows(page_table_row: torch.Tensor, start: int, stop: int, page_size: int) -> torch.Tensor:
+    """Note [paged KV]: flat row indices, into k.flatten(0, 1), of keys [start, stop) of the
+    sequence whose page_table row this is."""
+    j = torch.arange(start, stop, device=page_table_row.device)
+    return page_table_row.long()[j // page_size] * page_size + j % page_size
+
+
+def _kv_keys(k, v, row, start, stop, page_table):
+    """Keys and values [start, stop) of cache row `row`: k/v dense (rows, s, h_kv, ·), or a page
+    pool with page_table (Note [paged KV]). Returns (s, h_kv, ·) tensors."""
+    if page_table is None:
+        return k[row, start:stop], v[row, start:stop]
+    idx = paged_rows(page_table[row], start, stop, k.shape[1])
+    return k.flatten(0, 1)[idx], v.flatten(0, 1)[idx]
+
+
+def _segments(cu_q, cu_k, seqused_k, seqused_q=None):
+    """Per sequence: (query rows that are computed, key slice or key count)."""
+    cu_q = cu_q.tolist()
+    cu_k = cu_k.tolist() if cu_k is not None else None
     used = seqused_k.tolist() if seqused_k is not None else None
+    used_q = seqused_q.tolist() if seqused_q is not None else None
     for i in range(len(cu_q) - 1):
+        q_len = cu_q[i + 1] - cu_q[i] if used_q is None else used_q[i]
+        k_start = cu_k[i] if cu_k is not None else 0
         k_len = cu_k[i + 1] - cu_k[i] if used is None else used[i]
-        yield slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i] + k_len)
+        yield slice(cu_q[i], cu_q[i] + q_len), slice(k_start, k_start + k_len)
+
+
+def _varlen_kv(k, v, i, ks, page_table):
+    """Keys and values of sequence i: packed rows ks, or pages (ks then counts from 0)."""
+    if page_table is None:
+        return k[ks], v[ks]
+    return _kv_keys(k, v, i, ks.start, ks.stop, page_table)
+
+
+def _empty_lse(lse, learnable_sink):
+    """Note [empty rows], Note [learnable sink]: the LSE of a row that sees no key."""
+    if learnable_sink is None:
+        return lse.new_full(lse.shape, -math.inf)
+    return learnable_sink.to(lse.dtype).view(-1, *([1] * (lse.dim() - 1))).expand_as(lse)
 
 
 def attention_varlen_ref(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, *, seqused_k=None, **kw
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    *,
+    seqused_k=None,
+    seqused_q=None,
+    page_table=None,
+    learnable_sink=None,
+    **kw,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen: q (total_q, h, d), k/v (total_k, h_kv, ·); lse (h, total_q). Rows of q past
-    cu_seqlens_q[-1] do not exist by contract (dispatch checks cu_seqlens_q[-1] == total_q)."""
+    cu_seqlens_q[-1] do not exist by contract (dispatch checks cu_seqlens_q[-1] == total_q).
+
+    seqused_q: sequence i computes only its first seqused_q[i] query rows; the rest get out 0 and
+    lse -inf. page_table: k/v are a page pool (Note [paged KV]), cu_seqlens_k is None and
+    seqused_k gives the key counts. learnable_sink: Note [learnable sink]."""
     cdt = _compute_dtype(q.dtype, kw.get("upcast", True))
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=cdt)
     lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=_lse_dtype(cdt), device=q.device)
-    for qs, ks in _segments(cu_seqlens_q, cu_seqlens_k, seqused_k):
+    segments = _segments(cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
+    for i, (qs, ks) in enumerate(segments):
         if qs.stop == qs.start:
             continue
-        if ks.stop == ks.start:
-            continue  # Note [empty rows]: out 0, lse -inf, already there
-        seg_out, seg_lse = attention_ref(q[None, qs], k[None, ks], v[None, ks], **kw)
+        if ks.stop == ks.start:  # Note [empty rows]: out 0, lse -inf (or the sink)
+            lse[:, qs] = _empty_lse(lse[:, qs], learnable_sink)
+            continue
+        kk, vv = _varlen_kv(k, v, i, ks, page_table)
+        seg_out, seg_lse = attention_ref(
+            q[None, qs], kk[None], vv[None], learnable_sink=learnable_sink, **kw
+        )
         out[qs], lse[:, qs] = seg_out[0], seg_lse[0]
     return out, lse
 
 
 def attention_varlen_ref_bwd(
-    dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *, seqused_k=None, dlse=None, **kw
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    *,
+    seqused_k=None,
+    seqused_q=None,
+    dlse=None,
+    **kw,
 ):
-    """Backward of attention_varlen_ref; keys past seqused_k get zero gradient."""
+    """Backward of attention_varlen_ref; keys past seqused_k and query rows past seqused_q get
+    zero gradient. With a learnable sink, pass the forward's LSE (it includes the sink) and get
+    the sink's gradient from learnable_sink_grad."""
     cdt = _compute_dtype(q.dtype, kw.get("upcast", True))
     dq = q.new_zeros(q.shape, dtype=cdt)
     dk, dv = k.new_zeros(k.shape, dtype=cdt), v.new_zeros(v.shape, dtype=cdt)
-    for qs, ks in _segments(cu_seqlens_q, cu_seqlens_k, seqused_k):
+    for qs, ks in _segments(cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q):
         if qs.stop == qs.start or ks.stop == ks.start:
             continue
         seg_dlse = None if dlse is None else dlse[None, :, qs]
@@ -207,6 +297,61 @@ def attention_varlen_ref_bwd(
         )  # fmt: skip
         dq[qs], dk[ks], dv[ks] = g[0][0], g[1][0], g[2][0]
     return dq, dk, dv
+
+
+def learnable_sink_grad(dout, out, lse, learnable_sink, *, dlse=None) -> torch.Tensor:
+    """Note [learnable sink]: d_sink (h,) in the sink's dtype, from the forward's out and LSE.
+
+    Dense: out/dout (b, s_q, h, d_v), lse (b, h, s_q); varlen: (total_q, h, d_v), (h, total_q).
+    Rows whose LSE is -inf (never computed: seqused_q) or +inf (the backward's marker for
+    them) contribute 0. fp32 math (fp64 for fp64 inputs); device ops only, no host sync."""
+    cdt = torch.float64 if lse.dtype == torch.float64 else torch.float32
+    big_d = (dout.to(cdt) * out.to(cdt)).sum(-1)  # (b, s_q, h) or (total_q, h)
+    big_d = big_d.transpose(-1, -2)  # lse's layout
+    if dlse is not None:
+        big_d = big_d - dlse.to(cdt)
+    dense = lse.dim() == 3
+    sink = learnable_sink.to(cdt).view((1, -1, 1) if dense else (-1, 1))
+    p_sink = torch.exp(sink - _lse_for_exp(lse.to(cdt)))
+    return -(p_sink * big_d).sum((0, 2) if dense else 1).to(learnable_sink.dtype)
+
+
+def attention_kvcache_ref(
+    q,
+    k_cache,
+    v_cache,
+    seqused_k=None,
+    *,
+    cache_batch_idx=None,
+    leftpad_k=None,
+    page_table=None,
+    learnable_sink=None,
+    **kw,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense q (b, s_q, h, d) against a KV cache, Note [kv cache keys]: k_cache/v_cache
+    (b_cache, s_cache, h_kv, ·), or page pools (num_pages, page_size, h_kv, ·) with page_table
+    (b_cache rows, max_pages). seqused_k (b,) is the end of each sequence's keys in cache
+    coordinates (None: s_cache; required with a page_table), leftpad_k (b,) their start.
+    Returns out (b, s_q, h, d_v) and lse (b, h, s_q) as attention_ref."""
+    b, s_q, h, _ = q.shape
+    cdt = _compute_dtype(q.dtype, kw.get("upcast", True))
+    out = q.new_zeros(b, s_q, h, v_cache.shape[-1], dtype=cdt)
+    lse = torch.full((b, h, s_q), -math.inf, dtype=_lse_dtype(cdt), device=q.device)
+    rows = cache_batch_idx.tolist() if cache_batch_idx is not None else list(range(b))
+    stops = seqused_k.tolist() if seqused_k is not None else [k_cache.shape[1]] * b
+    starts = leftpad_k.tolist() if leftpad_k is not None else [0] * b
+    for i in range(b):
+        if s_q == 0:
+            break
+        if stops[i] <= starts[i]:  # Note [empty rows]
+            lse[i] = _empty_lse(lse[i], learnable_sink)
+            continue
+        kk, vv = _kv_keys(k_cache, v_cache, rows[i], starts[i], stops[i], page_table)
+        seg_out, seg_lse = attention_ref(
+            q[i : i + 1], kk[None], vv[None], learnable_sink=learnable_sink, **kw
+        )
+        out[i], lse[i] = seg_out[0], seg_lse[0]
+    return out, lse
 
 
 # ------------------------------------------------------------------------------------------------
