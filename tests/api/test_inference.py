@@ -945,6 +945,59 @@ def _decode_kernel_reason():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kw", [{"causal": True}, {"window_size": (40, 0)}, {}])
+def test_sink_and_seqused_q_on_cuda(kw):
+    """The CUDA path of attention_varlen with a sink and seqused_q, forward and backward (the
+    kernels, Note [seqused_q backward]'s rotation, d_sink from the kernels' LSE) against the fp32
+    reference under the tolerance rule."""
+    from fa4 import build_info
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an SM90 GPU")
+    for direction in ("fwd", "bwd"):
+        why = build_info.missing_kernel("sm90", direction, (128, 128))
+        if why:
+            pytest.skip(why)
+    g = torch.Generator().manual_seed(91)
+    lens_q, lens_k, used_q = [100, 1, 300, 77], [120, 50, 300, 0], [64, 1, 211, 77]
+    q = randn(sum(lens_q), 8, 128, generator=g)
+    k, v = (randn(sum(lens_k), 2, 128, generator=g) for _ in range(2))
+    sink = sink_of(8, g)
+    dout = randn(sum(lens_q), 8, 128, generator=g)
+    w_lse = torch.randn(8, sum(lens_q), generator=g)
+    c_q, c_k, sq = cu(lens_q), cu(lens_k), torch.tensor(used_q, dtype=I32)
+
+    def run(q, k, v, sink, device, **extra):
+        leaves = [x.detach().to(device).requires_grad_() for x in (q, k, v, sink)]
+        c = (c_q.to(device), c_k.to(device))
+        out, lse = fa4.attention_varlen(
+            *leaves[:3], *c, 300, 300, seqused_q=sq.to(device), learnable_sink=leaves[3],
+            return_lse=True, **kw, **extra,
+        )  # fmt: skip
+        fin = torch.isfinite(lse)
+        loss = (out.float() * dout.to(device).float()).sum()
+        loss = loss + (lse[fin] * w_lse.to(device)[fin]).sum()
+        loss.backward()
+        return [t.detach().cpu() for t in (out, lse, *(x.grad for x in leaves))]
+
+    got = run(q, k, v, sink, "cuda")
+    ref = run(*(x.float() for x in (q, k, v)), sink, "cpu")
+    low = [
+        x.detach().requires_grad_() for x in (q, k, v, sink)
+    ]  # the naive low-precision computation (the tolerance rule's baseline)
+    out_pt, lse_pt = reference.attention_varlen_ref(
+        *low[:3], c_q, c_k, seqused_q=sq, learnable_sink=low[3], upcast=False, **kw
+    )
+    fin = torch.isfinite(lse_pt)
+    ((out_pt.float() * dout.float()).sum() + (lse_pt[fin] * w_lse[fin]).sum()).backward()
+    pts = [out_pt, lse_pt, *(x.grad for x in low)]
+    for name, a, r, p in zip(["out", "lse", "dq", "dk", "dv"], got, ref, pts, strict=False):
+        dt = torch.float32 if name == "lse" else BF16
+        assert_tolerance(name, a, r, p.detach(), dt)
+    torch.testing.assert_close(got[5], ref[5], rtol=2e-2, atol=2e-2)  # d_sink
+
+
+@pytest.mark.gpu
 def test_kvcache_decode_step_in_a_cuda_graph():
     """attention_with_kvcache (append, rotary, paged, sink, int32 cache_seqlens) captured once and
     replayed: the same cache and output as eager calls (bitwise), and the eager calls within the
