@@ -18,9 +18,9 @@ Note [learnable sink]: learnable_sink (h,) adds one logit per query head, in the
 scaled (and softcapped) scores, to every row's softmax denominator; it has no value row:
     lse_i = log(sum_j exp(s_ij) + exp(sink_h)),   out_i = sum_j exp(s_ij - lse_i) v_j.
 The returned LSE includes the sink, so a row that sees no key gets out 0 and lse = sink_h. The
-backward of q, k, v is unchanged given that LSE (dS = P o (dP - D) still holds, D = rowsum(dO o O)
-- dLSE); the sink's own gradient is d_sink[h] = -sum over rows of exp(sink_h - lse_i) * D_i
-(learnable_sink_grad).
+backward of q, k, v is unchanged given that LSE: dS = P o (dP - D) still holds, with
+D = rowsum(dO o O) - dLSE. The sink's own gradient is d_sink[h] = -sum over rows of
+exp(sink_h - lse_i) * D_i (learnable_sink_grad).
 
 Note [paged KV]: with a page_table (int32 (batch, max_pages)), k/v are a pool of pages
 (num_pages, page_size, h_kv, d) and key j of sequence b is row j % page_size of page
@@ -245,9 +245,10 @@ def attention_varlen_ref(
     """Varlen: q (total_q, h, d), k/v (total_k, h_kv, ·); lse (h, total_q). Rows of q past
     cu_seqlens_q[-1] do not exist by contract (dispatch checks cu_seqlens_q[-1] == total_q).
 
-    seqused_q: sequence i computes only its first seqused_q[i] query rows; the rest get out 0 and
-    lse -inf. page_table: k/v are a page pool (Note [paged KV]), cu_seqlens_k is None and
-    seqused_k gives the key counts. learnable_sink: Note [learnable sink]."""
+    seqused_q: sequence i computes only its first seqused_q[i] query rows, masks aligned on them
+    (as FA3); the rest get out 0 and lse -inf. page_table: k/v are a page pool (Note [paged
+    KV]), cu_seqlens_k is None and seqused_k gives the key counts. learnable_sink: Note
+    [learnable sink]."""
     cdt = _compute_dtype(q.dtype, kw.get("upcast", True))
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=cdt)
     lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=_lse_dtype(cdt), device=q.device)
