@@ -188,7 +188,29 @@ const FwdCase kInvalidFwd[] = {
     {"lse_head_stride=-1", base, [](P& p) { p.lse_head_stride = -1; }},
     {"cu_seqlens_k is null", varlen, [](P& p) { p.cu_seqlens_k = nullptr; }},
     {"cu_seqlens_q is null", varlen, [](P& p) { p.cu_seqlens_q = nullptr; }},
-    {"seqused_k is set without cu_seqlens_k", base, [](P& p) { p.seqused_k = fake<int>(12); }},
+    {"seqused_q is set without cu_seqlens_q", base, [](P& p) { p.seqused_q = fake<int>(12); }},
+    {"page_size=0 must be >= 1", base,
+     [](P& p) {
+       p.page_table = fake<int>(12);
+       p.seqused_k = fake<int>(12);
+       p.num_pages = 4;
+     }},
+    {"seqused_k is null: required with page_table", base,
+     [](P& p) {
+       p.page_table = fake<int>(12);
+       p.page_size = 16;
+       p.num_pages = 4;
+     }},
+    {"cu_seqlens_k is set with page_table", varlen,
+     [](P& p) {
+       p.page_table = fake<int>(12);
+       p.page_size = 16;
+       p.num_pages = 4;
+       p.seqused_k = fake<int>(12);
+     }},
+    {"kv_batch_idx is set with varlen", varlen, [](P& p) { p.kv_batch_idx = fake<int>(12); }},
+    {"leftpad_k is set with cu_seqlens_k", varlen, [](P& p) { p.leftpad_k = fake<int>(12); }},
+    {"num_splits=-1", base, [](P& p) { p.num_splits = -1; }},
     {"total_q=-1", varlen, [](P& p) { p.total_q = -1; }},
     {"total_k=-1", varlen, [](P& p) { p.total_k = -1; }},
     {"total_q=451 exceeds", varlen, [](P& p) { p.total_q = 451; }},
@@ -234,6 +256,32 @@ const FwdCase kValidFwd[] = {
     // Strides of extent-1 dimensions are never used, so any value >= 0 goes.
     {"extent-1 strides", one_query, [](P& p) { p.q_row_stride = p.k_head_stride = 5; }},
     {"K/V broadcast over the batch", base, [](P& p) { p.k_batch_stride = p.v_batch_stride = 0; }},
+    {"dense KV cache: seqused_k, kv_batch_idx, leftpad_k, sink, splits", base,
+     [](P& p) {
+       p.seqused_k = fake<int>(12);
+       p.kv_batch_idx = fake<int>(12);
+       p.leftpad_k = fake<int>(12);
+       p.learnable_sink = fake<float>(12);
+       p.num_splits = 8;
+     }},
+    {"paged K/V, dense q", base,
+     [](P& p) {
+       p.page_table = fake<int>(12);
+       p.page_size = 16;
+       p.num_pages = 8;
+       p.seqused_k = fake<int>(12);
+     }},
+    {"paged K/V, varlen q with seqused_q", varlen,
+     [](P& p) {
+       p.cu_seqlens_k = nullptr;
+       p.page_table = fake<int>(12);
+       p.page_size = 1;
+       p.num_pages = 9000;
+       p.k_batch_stride = p.k_row_stride;  // page stride
+       p.v_batch_stride = p.v_row_stride;
+       p.seqused_k = fake<int>(12);
+       p.seqused_q = fake<int>(12);
+     }},
 };
 
 void test_status_names() {
@@ -452,6 +500,8 @@ void test_invalid_bwd() {
       {"dq_row_stride=12", [](fa4::BwdParams& b) { b.dq_row_stride = 12; }},
       {"dk_head_stride=100", [](fa4::BwdParams& b) { b.dk_head_stride = 100; }},
       {"dv_batch_stride=-8", [](fa4::BwdParams& b) { b.dv_batch_stride = -8; }},
+      {"are forward only", [](fa4::BwdParams& b) { b.fwd.learnable_sink = fake<float>(12); }},
+      {"are forward only", [](fa4::BwdParams& b) { b.fwd.seqused_k = fake<int>(12); }},
   };
   for (const BwdCase& c : cases) {
     fa4::BwdParams b = bwd_of(base());
