@@ -6,7 +6,10 @@
 3. One causal GQA attention on that device through fa4.attention (the compiled kernel where one
    covers it, else the reference), checked against the fp32 reference with the tolerance rule of
    DESIGN.md §5 and timed against torch's scaled_dot_product_attention on the same inputs.
-Exit status 1 when the check fails.
+4. One decode step of a serving engine through fa4.attention_with_kvcache: a new token appended
+   to a paged KV cache (page 64), then attention over it, checked the same way and timed against
+   SDPA on the dense cache (which cannot read pages).
+Exit status 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import warnings
 
 import torch
 
-from . import attention, build_info, manifest, reference
+from . import attention, attention_with_kvcache, build_info, manifest, reference
 from .dispatch import _ARCH_OF_BACKEND
 
 
@@ -55,6 +58,16 @@ def _time_ms(fn, device: torch.device, reps: int) -> float:
     return (time.perf_counter() - start) * 1e3 / reps
 
 
+def _verdict(out, ref, naive, dtype) -> tuple[float, float, bool]:
+    """max |out - ref| and DESIGN.md §5's bound, 2 max |naive - ref| + 2 rounding noise."""
+    ref64 = ref.double()
+    err = (out.double() - ref64).abs().max().item()
+    base = (naive.double() - ref64).abs().max().item()
+    noise = (ref64.to(dtype).double() - ref64).abs().max().item()
+    bound = 2 * base + 2 * noise
+    return err, bound, err <= bound
+
+
 def _check(device: torch.device, seqlen: int, heads: int, hdim: int) -> bool:
     gen = torch.Generator().manual_seed(0)
     dtype = torch.bfloat16
@@ -70,12 +83,7 @@ def _check(device: torch.device, seqlen: int, heads: int, hdim: int) -> bool:
     used = "the fp32 reference" if device.type == "cpu" or caught else "the compiled kernel"
     ref, _ = reference.attention_ref(q, k, v, causal=True)
     naive, _ = reference.attention_ref(q, k, v, causal=True, upcast=False)
-    ref64 = ref.double()
-    err = (out.double() - ref64).abs().max().item()
-    base = (naive.double() - ref64).abs().max().item()
-    noise = (ref64.to(dtype).double() - ref64).abs().max().item()
-    bound = 2 * base + 2 * noise
-    ok = err <= bound
+    err, bound, ok = _verdict(out, ref, naive, dtype)
     shape = f"bf16, batch {b}, seqlen {seqlen}, heads {heads} (kv {h_kv}), head dim {hdim}, causal"
     print(f"attention ({shape}) ran {used}")
     verdict = "ok" if ok else "FAILED"
@@ -100,6 +108,64 @@ def _check(device: torch.device, seqlen: int, heads: int, hdim: int) -> bool:
     return ok
 
 
+def _check_decode(device: torch.device, cache_len: int, heads: int, hdim: int) -> bool:
+    gen = torch.Generator().manual_seed(1)
+    dtype, b, page = torch.bfloat16, 4, 64
+    h_kv = max(1, heads // 4)
+    per = -(-(cache_len + 1) // page)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype).to(device)
+
+    q, k_new, v_new = rnd(b, 1, heads, hdim), rnd(b, 1, h_kv, hdim), rnd(b, 1, h_kv, hdim)
+    k_pool, v_pool = rnd(b * per, page, h_kv, hdim), rnd(b * per, page, h_kv, hdim)
+    table = torch.randperm(b * per, generator=gen).to(torch.int32).view(b, per).to(device)
+    lens = torch.full((b,), cache_len, dtype=torch.int32, device=device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = attention_with_kvcache(
+            q, k_pool, v_pool, lens, k_new=k_new, v_new=v_new, page_table=table
+        )
+    used = "the fp32 reference" if device.type == "cpu" or caught else "the compiled kernels"
+    kw = {"page_table": table}
+    ref, _ = reference.attention_kvcache_ref(q, k_pool, v_pool, lens + 1, **kw)
+    naive, _ = reference.attention_kvcache_ref(q, k_pool, v_pool, lens + 1, upcast=False, **kw)
+    err, bound, ok = _verdict(out, ref, naive, dtype)
+    shape = f"bf16, batch {b}, cache {cache_len} + 1 tokens, heads {heads} (kv {h_kv}), page {page}"
+    print(f"decode step ({shape}) ran {used}")
+    print(
+        f"  max |out - fp32 reference| = {err:.2e}, bound {bound:.2e}: {'ok' if ok else 'FAILED'}"
+    )
+    for w in caught:
+        print(f"  note: {w.message}")
+    if device.type != "cuda":
+        return ok
+    # Timing: the attention alone (no append) against SDPA on the same keys, gathered dense.
+    rows = table.long().flatten()
+    k_dense = k_pool[rows].view(b, per * page, h_kv, hdim)[:, : cache_len + 1].transpose(1, 2)
+    v_dense = v_pool[rows].view(b, per * page, h_kv, hdim)[:, : cache_len + 1].transpose(1, 2)
+    k_dense = k_dense.repeat_interleave(heads // h_kv, dim=1)
+    v_dense = v_dense.repeat_interleave(heads // h_kv, dim=1)
+    qt = q.transpose(1, 2)
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(qt, k_dense, v_dense)
+
+    used_lens = lens + 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = _time_ms(
+            lambda: attention_with_kvcache(q, k_pool, v_pool, used_lens, page_table=table),
+            device,
+            20,
+        )
+    theirs = _time_ms(sdpa, device, 20)
+    print(
+        f"  time: fa4 {ours:.3f} ms, torch SDPA {theirs:.3f} ms ({theirs / ours:.2f}x SDPA's speed)"
+    )
+    return ok
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fa4", description=__doc__.split("\n")[0])
     ap.add_argument("--seqlen", type=int, default=None, help="default 4096 on a GPU, 256 on CPU")
@@ -112,7 +178,10 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(_device_line(device))
     seqlen = a.seqlen or (4096 if device.type == "cuda" else 256)
-    return 0 if _check(device, seqlen, a.heads, a.hdim) else 1
+    ok = _check(device, seqlen, a.heads, a.hdim)
+    cache_len = 8191 if device.type == "cuda" else 255
+    ok = _check_decode(device, cache_len, a.heads, a.hdim) and ok
+    return 0 if ok else 1
 
 
 sys.exit(main())
