@@ -76,7 +76,6 @@ fa4::FwdParams fwd_params(const Tensor& q, const Tensor& k, const Tensor& v, con
     p.seqlen_k = static_cast<int>(max_k);
     p.cu_seqlens_q = cu_q->data_ptr<int>();
     p.cu_seqlens_k = opt_ptr<int>(cu_k);
-    p.seqused_k = opt_ptr<int>(seqused_k);
     p.total_q = static_cast<int>(q.size(0));
     p.total_k = static_cast<int>(k.size(0));
   } else {
@@ -84,6 +83,7 @@ fa4::FwdParams fwd_params(const Tensor& q, const Tensor& k, const Tensor& v, con
     p.seqlen_q = static_cast<int>(q.size(1));
     p.seqlen_k = static_cast<int>(k.size(1));
   }
+  p.seqused_k = opt_ptr<int>(seqused_k);  // varlen, paged, or a dense KV cache's key counts
   p.softmax_scale = static_cast<float>(scale);
   p.softcap = static_cast<float>(softcap);
   p.window_left = static_cast<int>(wl);

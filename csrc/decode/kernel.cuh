@@ -13,17 +13,19 @@
 // warps_n partial results of each row through shared memory and writes either out and lse
 // (one split; the learnable sink joins here) or the split's fp32 partials (decode/combine.cuh).
 //
-// Note [row gather]: K and V rows are loaded row by row, so paging (any page size), leftpad,
-// kv_batch_idx and varlen keys are all one address computation per row. A 64-row block of hd128
-// is 128 bulk copies of 256 bytes, four per producer lane; the copies of a stage complete one
-// mbarrier transaction count. Rows past the sequence's end are not loaded: their stage rows
-// hold earlier blocks' (finite) data or the zeros written at the start, and the mask sets
-// their scores to -inf, so P = 0 multiplies finite V values.
+// Note [row gather]: K and V are gathered row by row, so paging (any page size), leftpad,
+// kv_batch_idx and varlen keys are all one address computation per row. The producer warp
+// resolves a block's 64 row offsets (two per lane, the page table read there), then copies the
+// rows in 16-byte cp.async chunks (LDGSTS, 1024 per hd128 block) and signals the stage's full
+// barrier with cp.async.mbarrier.arrive (32 arrivals). Rows past the sequence's end are
+// zero-filled by the copy itself (source size 0), and the mask sets their scores to -inf, so
+// P = 0 meets zeros, never stale shared memory. The first version issued one cp.async.bulk per
+// row (a 256-byte TMA request at hd128) and measured 1.85-1.95 TB/s on the H100 at every
+// decode size, as if the TMA unit took ~30 cycles per request (2026-12-06, docs/decisions.md).
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cute/arch/copy_sm90_tma.hpp>
 #include <cutlass/arch/barrier.h>
 
 #include "common/mask.cuh"
@@ -58,6 +60,7 @@ struct Traits {
   static constexpr int kRingBytes = ring_bytes(D, DV, kWarpsN);
   static constexpr int kQOffset = kRingBytes;
   static constexpr int kBarOffset = kQOffset + q_bytes(D, kWarpsN);
+  static constexpr int kRowOffOffset = kBarOffset + 2 * 4 * 8;  // the producer's row offsets
   static constexpr int kSmemBytes = smem_bytes(D, DV, kWarpsN);
   static constexpr int kMinBlocks = ctas_per_sm(D, DV, kWarpsN);
   static constexpr int kEpiPitch = epi_pitch(DV);
@@ -117,6 +120,20 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// 16 bytes global -> shared, bypassing L1; src_bytes = 0 writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+
+// One arrival on bar once all of this thread's earlier cp.async have landed (.noinc: the
+// barrier's count includes it).
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar))
+               : "memory");
+}
+
 __device__ __forceinline__ void wait_barrier(uint64_t* bar, int phase) {
   cutlass::arch::ClusterBarrier::wait(bar, static_cast<uint32_t>(phase));
 }
@@ -155,10 +172,11 @@ struct SeqRows {
   }
 };
 
-// Address of key row j (0-based within the sequence's attended keys) of K (or V: same scheme).
-__device__ __forceinline__ const char* key_row(const FwdParams& p, const SeqRows& s, int kv_head,
-                                               int j, const void* base, int64_t batch_stride,
-                                               int64_t row_stride, int64_t head_stride) {
+// Byte offset of key row j (0-based within the sequence's attended keys) from the base of K (or
+// V, with its strides).
+__device__ __forceinline__ int64_t key_offset(const FwdParams& p, const SeqRows& s, int kv_head,
+                                              int j, int64_t batch_stride, int64_t row_stride,
+                                              int64_t head_stride) {
   const int row = s.offset_k + j;
   int64_t off;
   if (p.page_table != nullptr) {
@@ -170,7 +188,7 @@ __device__ __forceinline__ const char* key_row(const FwdParams& p, const SeqRows
   } else {
     off = int64_t{s.kv_batch} * batch_stride + int64_t{row} * row_stride;
   }
-  return static_cast<const char*>(base) + (off + int64_t{kv_head} * head_stride) * 2;
+  return (off + int64_t{kv_head} * head_stride) * 2;
 }
 
 template <int D, int DV, class Element, int kWarpsN>
@@ -217,14 +235,10 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
 
-  // Zero the ring (Note [row gather]) and load the query tile: packed row r is token
+  // The query tile: packed row r is token
   // (row0 + r) / group of head kv_head * group + (row0 + r) % group; rows past the computed ones
   // are zeros.
-  for (int i = threadIdx.x; i < T::kRingBytes / 16; i += T::kThreads) {
-    reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
-  }
-  cutlass::arch::fence_view_async_shared();  // the zeros before the bulk copies' writes
-  constexpr int kQChunks = D / 8;            // 16-byte chunks per row
+  constexpr int kQChunks = D / 8;  // 16-byte chunks per row
   for (int i = threadIdx.x; i < T::kBlockM * kQChunks; i += T::kThreads) {
     const int r = i / kQChunks, c = i % kQChunks;
     const int pr = row0 + r;
@@ -241,36 +255,54 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
-      cutlass::arch::ClusterBarrier::init(&full[s], 1);
-      cutlass::arch::ClusterBarrier::init(&empty[s], 4);
+      cutlass::arch::ClusterBarrier::init(&full[s], 32);  // the producer lanes' cp.async arrivals
+      cutlass::arch::ClusterBarrier::init(&empty[s], T::kConsumers);
     }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
 
   if (warp == 4) {
-    // Producer: Note [row gather].
+    // Producer: Note [row gather]. Per block, each lane first resolves the byte offsets of rows
+    // lane and lane + 32 (K and V; -1 past the sequence) into row_off, then the warp copies the
+    // block in 16-byte chunks, chunk c of K being chunk c % kChunksK of row c / kChunksK.
+    int64_t* row_off = reinterpret_cast<int64_t*>(smem + T::kRowOffOffset);
+    constexpr int kChunksK = D / 8, kChunksV = DV / 8;
     for (int it = 0; it < n_blocks; ++it) {
       const int stage = it % T::kStages;
       if (it >= T::kStages) detail::wait_barrier(&empty[stage], (it / T::kStages - 1) & 1);
       const int n = n_begin + it;
-      const int valid = min(kBlockN, seq.len_k - n * kBlockN);
-      if (lane == 0) {
-        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
-            &full[stage], static_cast<uint32_t>(valid * (D + DV) * 2));
+      FA4_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const int r = lane + 32 * h, j = n * kBlockN + r;
+        const bool ok = j < seq.len_k;
+        row_off[2 * r] =
+            ok ? key_offset(p, seq, kv_head, j, p.k_batch_stride, p.k_row_stride, p.k_head_stride)
+               : -1;
+        row_off[2 * r + 1] =
+            ok ? key_offset(p, seq, kv_head, j, p.v_batch_stride, p.v_row_stride, p.v_head_stride)
+               : -1;
       }
       __syncwarp();
-      char* k_smem = smem + stage * T::kStageBytes;
-      char* v_smem = k_smem + kBlockN * T::kPitchK;
-      for (int r = lane; r < valid; r += 32) {
-        const int j = n * kBlockN + r;
-        const char* k_src =
-            key_row(p, seq, kv_head, j, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-        const char* v_src =
-            key_row(p, seq, kv_head, j, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-        cute::SM90_BULK_COPY_G2S::copy(k_src, &full[stage], k_smem + r * T::kPitchK, D * 2);
-        cute::SM90_BULK_COPY_G2S::copy(v_src, &full[stage], v_smem + r * T::kPitchV, DV * 2);
+      const uint32_t k_smem = detail::smem_addr(smem + stage * T::kStageBytes);
+      const uint32_t v_smem = k_smem + kBlockN * T::kPitchK;
+      const char* k_base = static_cast<const char*>(p.k);
+      const char* v_base = static_cast<const char*>(p.v);
+      for (int c = lane; c < kBlockN * kChunksK; c += 32) {
+        const int r = c / kChunksK, x = c % kChunksK;
+        const int64_t off = row_off[2 * r];
+        detail::cp_async_16(k_smem + r * T::kPitchK + x * 16,
+                            off < 0 ? k_base : k_base + off + x * 16, off < 0 ? 0 : 16);
       }
+      for (int c = lane; c < kBlockN * kChunksV; c += 32) {
+        const int r = c / kChunksV, x = c % kChunksV;
+        const int64_t off = row_off[2 * r + 1];
+        detail::cp_async_16(v_smem + r * T::kPitchV + x * 16,
+                            off < 0 ? v_base : v_base + off + x * 16, off < 0 ? 0 : 16);
+      }
+      // The stage is full when every lane's copies have landed: 32 arrivals per phase.
+      detail::cp_async_arrive(&full[stage]);
+      __syncwarp();  // row_off is rewritten by the next block
     }
     return;
   }
@@ -347,8 +379,10 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
         detail::mma_16816<Element>(&o[(2 * dp + 1) * 4], a, bv[2], bv[3]);
       }
     }
-    __syncwarp();
-    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&empty[stage]);
+    // Every consumer thread releases the stage after its own last ldmatrix of it (mbarrier
+    // arrive has release semantics for the arriving thread's reads): one elected arrive per warp
+    // after __syncwarp drew compute-sanitizer racecheck hazards against the next bulk copy.
+    cutlass::arch::ClusterBarrier::arrive(&empty[stage]);
   }
 
   // Epilogue. Each warp's rows, normalized over its keys, with their LSE (log2 units), into the

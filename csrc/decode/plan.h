@@ -62,7 +62,7 @@ constexpr int ring_bytes(int d, int dv, int warps_n) {
   return ring > epi_bytes(dv) ? ring : epi_bytes(dv);
 }
 constexpr int smem_bytes(int d, int dv, int warps_n) {
-  return ring_bytes(d, dv, warps_n) + q_bytes(d, warps_n) + 2 * 4 * 8;
+  return ring_bytes(d, dv, warps_n) + q_bytes(d, warps_n) + 2 * 4 * 8 + kBlockN * 2 * 8;
 }
 constexpr int ctas_per_sm(int d, int dv, int warps_n) {
   const int n = (228 * 1024) / (smem_bytes(d, dv, warps_n) + 1024);

@@ -1,8 +1,8 @@
 """The decode kernel (csrc/decode) as the build compiles it, for both archs it is built for:
 sm_90a (run by tests/gpu/test_decode.py on H100 / H200) and sm_100a (compiled, not executed).
 Each instance is the manifest's (sass_helpers.compile_instance); the SASS must show the design:
-tensor-core MMAs from ldmatrix'd shared memory (HMMA, LDSM), one bulk copy per K/V row
-(UBLKCP) completing an mbarrier, no spills, and registers within the occupancy that
+tensor-core MMAs from ldmatrix'd shared memory (HMMA, LDSM), 16-byte cp.async row chunks
+(LDGSTS) completing an mbarrier, no spills, and registers within the occupancy that
 decode/plan.h's ctas_per_sm promises (__launch_bounds__ enforces it; this pins it).
 """
 
@@ -36,5 +36,5 @@ def test_decode_sass(tmp_path_factory, hdim, dtype, arch):
     for name, text in kernels.items():
         assert re.search(r"\bHMMA\.16816\.F32", text), f"{name}: no m16n8k16 tensor-core MMA"
         assert "LDSM" in text, f"{name}: no ldmatrix"
-        assert "UBLKCP" in text, f"{name}: no bulk copy (cp.async.bulk)"
+        assert "LDGSTS" in text, f"{name}: no cp.async (Note [row gather])"
         assert "SYNCS" in text, f"{name}: no mbarrier operation"
