@@ -82,6 +82,24 @@ class Serving(NamedTuple):
 
 NO_SERVING = Serving()
 
+# Shown once per process when a forward takes the decode kernel (csrc/decode): its current
+# version was compiled but not yet run on a GPU (docs/perf.md, "Decode").
+DECODE_UNVERIFIED = (
+    "fa4: this forward runs the decode kernel (csrc/decode), whose current version has not yet "
+    "run on a GPU in this project's tests; verify it here with `pytest tests/gpu/test_decode.py` "
+    "before trusting its results (docs/perf.md, Decode)"
+)
+
+
+def takes_decode(cu_k, seqused_k, sv: Serving, arch: str) -> bool:
+    """csrc/decode/plan.h takes_decode: the serving arguments, or a sink on SM100."""
+    return (
+        any(t is not None for t in (sv.seqused_q, sv.page_table, sv.cache_batch_idx, sv.leftpad_k))
+        or (seqused_k is not None and cu_k is None)
+        or sv.num_splits > 1
+        or (sv.learnable_sink is not None and arch == "sm100")
+    )
+
 
 def _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k, sv=NO_SERVING):
     """The value rules of dispatch.check_*_data (one host read of the index tensors; skipped
@@ -143,6 +161,8 @@ def _fwd_cuda(
     _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k, sv)
     arch = dispatch.kernel_for(q, v, backend, "fwd", (q, k, v))
     if arch is not None:
+        if takes_decode(cu_k, seqused_k, sv, arch):
+            dispatch.warn_once(DECODE_UNVERIFIED)
         knobs = dispatch.runtime_knobs("fwd")  # num_sms, tile_schedule, tile_order
         # fa4::_fwd_kernel's order (csrc/api/bindings.cpp; /tmp/spec/inference_spec.md)
         return torch.ops.fa4._fwd_kernel(

@@ -165,8 +165,8 @@ struct FwdParams {
   int64_t* tile_counter = nullptr;
 
   // Inference (serving): see "Inference layouts" at the top of this file. All optional; any of
-  // them, or a query block small enough to pack (seqlen_q * heads_q / heads_kv <= 64 rows), sends
-  // the forward to the split-KV decode kernel (csrc/decode).
+  // them but the sink (which the SM90 forward has) sends the forward to the split-KV decode
+  // kernel (csrc/decode).
   const int* seqused_q = nullptr;         // int32 (batch,): sequence b uses its first seqused_q[b]
                                           // query rows (varlen only)
   const int* page_table = nullptr;        // int32 (batch, max_pages): paged K/V

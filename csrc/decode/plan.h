@@ -1,7 +1,8 @@
 // The decode kernel's launch plan, computed on the host from FwdParams alone (no device memory
 // is read): which problems take the kernel, its tile shape, the number of key splits and the
-// workspace of the split results. Plain C++ (g++ compiles it for tests/cpp), shared by
-// api/dispatch.cu (fwd_workspace_size, the routing) and decode/kernel.cuh (the launch).
+// workspace of the split results. Plain C++ templated on the params struct (FwdParams, or the
+// host harness tests/cpp/decode_plan_harness.cpp's stand-in), shared by api/dispatch.cu
+// (fwd_workspace_size, the routing) and decode/kernel.cuh (the launch).
 //
 // Note [packed GQA]: the heads_q / heads_kv query heads that share a KV head are one tile's rows:
 // packed row r of a sequence is query token r / group of q head kv_head * group + r % group. One
@@ -17,8 +18,6 @@
 
 #include <cstddef>
 #include <cstdint>
-
-#include "api/fa4.h"
 
 namespace fa4::decode {
 
@@ -69,20 +68,22 @@ constexpr int ctas_per_sm(int d, int dv, int warps_n) {
   return n < 1 ? 1 : n > 4 ? 4 : n;
 }
 
-inline bool uses_inference_features(const FwdParams& p) {
+template <class Params>
+bool uses_inference_features(const Params& p) {
   return p.seqused_q != nullptr || p.page_table != nullptr || p.kv_batch_idx != nullptr ||
          p.leftpad_k != nullptr || (p.seqused_k != nullptr && p.cu_seqlens_k == nullptr) ||
          p.num_splits > 1;
 }
 
-// Whether the forward takes the decode kernel: every inference feature is its alone, and a query
-// block that packs into one tile (Note [packed GQA]) runs there at memory speed. The learnable
+// Whether the forward takes the decode kernel: every inference feature is its alone. The learnable
 // sink is also the SM90 forward's (Note [learnable sink] in common/softmax.cuh), not yet the
-// SM100 forward's (cc_major 10), whose sink problems go here.
-inline bool takes_decode(const FwdParams& p, int cc_major) {
-  const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
-  return uses_inference_features(p) || int64_t{p.seqlen_q} * group <= kMaxRows ||
-         (p.learnable_sink != nullptr && cc_major != 9);
+// SM100 forward's (cc_major 10), whose sink problems go here. Plain dense problems with a small
+// query block stay on the prefill kernels until the decode kernel's current version has run on
+// a GPU (docs/perf.md, "Decode"); packed, they would fit one tile when
+// seqlen_q * heads_q / heads_kv <= kMaxRows.
+template <class Params>
+bool takes_decode(const Params& p, int cc_major) {
+  return uses_inference_features(p) || (p.learnable_sink != nullptr && cc_major != 9);
 }
 
 struct Plan {
@@ -131,7 +132,8 @@ inline int heuristic_splits(int64_t base, int n_blocks, int num_sms, int ctas_pe
   return best;
 }
 
-inline Plan make_plan(const FwdParams& p, int num_sms) {
+template <class Params>
+Plan make_plan(const Params& p, int num_sms) {
   Plan pl;
   pl.group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
   const int64_t rows = int64_t{p.seqlen_q} * pl.group;

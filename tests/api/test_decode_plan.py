@@ -1,0 +1,96 @@
+"""The decode kernel's host plan (csrc/decode/plan.h) through tests/cpp/decode_plan_harness.cpp:
+which problems take the decode kernel (and fa4/_ops.py takes_decode's mirror of that rule), the
+tile shape of packed GQA, the split heuristic on the decode bench's shapes (one wave of CTA
+slots, Note [split heuristic]), forced splits capped at the key blocks, and the workspace size
+of the split partials."""
+
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import build_gxx
+
+from fa4 import _ops
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.build
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    exe = build_gxx(
+        ROOT / "tests/cpp/decode_plan_harness.cpp", tmp_path_factory.mktemp("plan") / "plan"
+    )
+
+    def run(rows):
+        text = "\n".join(" ".join(str(x) for x in r) for r in rows) + "\n"
+        res = subprocess.run([str(exe)], input=text, capture_output=True, text=True, check=True)
+        return [tuple(int(x) for x in line.split()) for line in res.stdout.splitlines()]
+
+    return run
+
+
+def _row(b, s_q, s_k, h, h_kv, d=128, splits=0, sms=132, cc=9, flags="k", varlen=0, total_q=0):
+    return (b, s_q, s_k, h, h_kv, d, d, varlen, total_q, splits, sms, cc, flags)
+
+
+def test_routing_and_its_python_mirror(plan):
+    cases = [("-", 9, 0), ("k", 9, 1), ("kc", 9, 0), ("p", 9, 1), ("q", 9, 1), ("i", 9, 1),
+             ("l", 9, 1), ("s", 9, 0), ("s", 10, 1), ("-", 10, 0)]  # fmt: skip
+    got = plan([_row(2, 1, 512, 8, 2, flags=f, cc=cc) for f, cc, _ in cases])
+    for (flags, cc, want), out in zip(cases, got, strict=True):
+        assert out[0] == want, (flags, cc)
+        sv = _ops.Serving(
+            seqused_q=1 if "q" in flags else None,
+            page_table=1 if "p" in flags else None,
+            cache_batch_idx=1 if "i" in flags else None,
+            leftpad_k=1 if "l" in flags else None,
+            learnable_sink=1 if "s" in flags else None,
+        )
+        mirror = _ops.takes_decode(
+            1 if "c" in flags else None, 1 if "k" in flags else None, sv,
+            "sm90" if cc == 9 else "sm100",
+        )  # fmt: skip
+        assert mirror == bool(want), (flags, cc)
+    assert plan([_row(2, 1, 512, 8, 2, flags="-", splits=3)])[0][0] == 1  # num_splits > 1
+
+
+@pytest.mark.parametrize(
+    "s_q,h,h_kv,warps_n,block_m",
+    [(1, 32, 8, 4, 16), (4, 32, 8, 4, 16), (8, 32, 8, 2, 32), (8, 32, 4, 1, 64),
+     (16, 32, 4, 1, 64)],
+)  # fmt: skip
+def test_packed_tile_shape(plan, s_q, h, h_kv, warps_n, block_m):
+    out = plan([_row(4, s_q, 4096, h, h_kv)])[0]
+    assert out[1:3] == (warps_n, block_m)
+    assert out[3] == math.ceil(s_q * h // h_kv / block_m)
+
+
+def test_split_heuristic_fills_one_wave(plan):
+    # (batch, s_k, h_kv) of the decode bench: tiles = batch * h_kv
+    shapes = [(16, 8192, 8), (64, 32768, 8), (4, 131072, 8), (16, 8192, 4), (1, 65536, 8)]
+    out = plan([_row(b, 1, s_k, 32, h_kv) for b, s_k, h_kv in shapes])
+    for (b, s_k, h_kv), o in zip(shapes, out, strict=True):
+        tiles, splits, slots = b * h_kv, o[5], 132 * o[7]
+        if tiles * 5 >= slots * 4:
+            assert splits == 1, (b, s_k, h_kv)
+            continue
+        ctas = tiles * splits
+        assert ctas <= slots and ctas / slots >= 0.85, (b, s_k, h_kv, splits)
+        assert splits <= o[4] // 4  # at least 4 key blocks per split
+
+
+def test_forced_splits_and_workspace(plan):
+    out = plan([_row(3, 2, 1000, 8, 2, splits=16), _row(3, 2, 100, 8, 2, splits=16),
+                _row(3, 2, 1000, 8, 2, splits=1), _row(3, 5, 1000, 8, 2, splits=4, varlen=1,
+                total_q=9, flags="p")])  # fmt: skip
+    assert out[0][5] == 16 and out[1][5] == 2  # capped at the 2 key blocks of 100 keys
+    assert out[2][5] == 1 and out[2][6] == 0  # no split: no workspace
+
+    def ws(splits, rows, h=8, dv=128):
+        slots = splits * rows * h
+        return (math.ceil(slots / 4) * 4 + slots * dv) * 4
+
+    assert out[0][6] == ws(16, 3 * 2)
+    assert out[3][6] == ws(4, 9)  # varlen: total_q rows
