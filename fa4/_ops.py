@@ -91,6 +91,12 @@ DECODE_UNVERIFIED = (
 )
 
 
+SINK_UNVERIFIED = (
+    "fa4: the SM90 forward's learnable sink (Note [learnable sink]) has not yet run on a GPU in "
+    "this project's tests; verify it here with `pytest tests/api/test_inference.py` first"
+)
+
+
 def takes_decode(cu_k, seqused_k, sv: Serving, arch: str) -> bool:
     """csrc/decode/plan.h takes_decode: the serving arguments, or a sink on SM100."""
     return (
@@ -163,6 +169,8 @@ def _fwd_cuda(
     if arch is not None:
         if takes_decode(cu_k, seqused_k, sv, arch):
             dispatch.warn_once(DECODE_UNVERIFIED)
+        elif sv.learnable_sink is not None:
+            dispatch.warn_once(SINK_UNVERIFIED)
         knobs = dispatch.runtime_knobs("fwd")  # num_sms, tile_schedule, tile_order
         # fa4::_fwd_kernel's order (csrc/api/bindings.cpp; /tmp/spec/inference_spec.md)
         return torch.ops.fa4._fwd_kernel(
