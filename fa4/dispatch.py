@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import numbers
 import os
+import sys
 import threading
 import warnings
 from dataclasses import dataclass
@@ -26,6 +28,9 @@ SUPPORTED_HDIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192,
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 # fp32/fp64 inputs are accepted by the reference backend only (fp64 is what gradcheck needs).
 REFERENCE_DTYPES = KERNEL_DTYPES + (torch.float32, torch.float64)
+DTYPE_RULE = (
+    "the kernels take float16 or bfloat16; the reference backend also takes float32 or float64"
+)
 BACKENDS = ("auto", "reference", "sm90", "sm100")
 _ARCH_OF_BACKEND = {"sm90": (9, 0), "sm100": (10, 0)}
 # Kernels in the build that have not run on their hardware yet (README's support matrix):
@@ -65,7 +70,7 @@ def _check_tensor(name: str, t, ndim: int) -> None:
 def _check_common(q, k, v, layout: str) -> None:
     """q/k/v agree in dtype and device; heads and head dims are supported. Dim -2 is heads."""
     if q.dtype not in REFERENCE_DTYPES:
-        _fail("q", f"dtype {q.dtype} not supported: float16 or bfloat16", TypeError)
+        _fail("q", f"dtype {q.dtype} not supported: {DTYPE_RULE}", TypeError)
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             _fail(name, f"dtype {t.dtype} differs from q.dtype {q.dtype}", TypeError)
@@ -83,6 +88,26 @@ def _check_common(q, k, v, layout: str) -> None:
         _fail("q", f"head dim {q.shape[-1]} with d_v {v.shape[-1]} not supported: {pairs}")
 
 
+def _is_real(x) -> bool:
+    """A real number for a float option: int, float, numpy's scalars (numbers.Real), or a
+    symbolic float/int under torch.compile; not bool (numpy's bool_ is no numbers.Real)."""
+    return isinstance(x, (int, float, numbers.Real, torch.SymInt, torch.SymFloat)) and not (
+        isinstance(x, bool)
+    )
+
+
+def _is_integer(x) -> bool:
+    """An integer for an int option: int, numpy's integer scalars (numbers.Integral), or a
+    symbolic int under torch.compile; not bool."""
+    return isinstance(x, (int, numbers.Integral, torch.SymInt)) and not isinstance(x, bool)
+
+
+def _finite(x) -> bool:
+    """math.isfinite that also takes torch.compile's symbolic floats (dynamic=True), where
+    math.isfinite cannot be traced: comparisons can (NaN fails both)."""
+    return -math.inf < x < math.inf
+
+
 def _check_options(q, causal, softmax_scale, window_size, softcap, deterministic, backend):
     if not isinstance(causal, bool):
         _fail("causal", f"expected bool, got {type(causal).__name__}", TypeError)
@@ -90,33 +115,42 @@ def _check_options(q, causal, softmax_scale, window_size, softcap, deterministic
         _fail("deterministic", f"expected bool, got {type(deterministic).__name__}", TypeError)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
-    elif not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
+    elif not _is_real(softmax_scale):
         _fail(
             "softmax_scale",
             f"expected float or None, got {type(softmax_scale).__name__}",
             TypeError,
         )
-    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+    if not (_finite(softmax_scale) and softmax_scale > 0):
         _fail("softmax_scale", f"must be finite and > 0, got {softmax_scale}")
     if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2):
         _fail("window_size", f"expected a pair (left, right), got {window_size!r}", TypeError)
     left, right = window_size
-    if not all(isinstance(w, int) and not isinstance(w, bool) for w in (left, right)):
+    if not all(_is_integer(w) for w in (left, right)):
         _fail("window_size", f"entries must be int, got {window_size!r}", TypeError)
+    left, right = int(left), int(right)  # numpy integers become Python ints for the ops
     if left < -1 or right < -1:
         _fail("window_size", f"entries must be >= -1 (-1 = unbounded), got {window_size!r}")
     if causal:
         if right not in (-1, 0):
             _fail("window_size", f"causal=True requires right in (-1, 0), got {right}")
         right = 0
-    if not isinstance(softcap, (int, float)) or isinstance(softcap, bool):
+    if not _is_real(softcap):
         _fail("softcap", f"expected float, got {type(softcap).__name__}", TypeError)
-    if not (math.isfinite(softcap) and softcap >= 0):
+    if not (_finite(softcap) and softcap >= 0):
         _fail("softcap", f"must be finite and >= 0 (0 = off), got {softcap}")
     backend = resolve_backend(q, backend)
     return Options(
         causal, float(softmax_scale), left, right, float(softcap), deterministic, backend
     )
+
+
+# README, docs/design.md: backend="auto" on tensors outside a GPU runs the reference and warns
+# once (per device type). backend="reference" says the same choice without the warning.
+AUTO_ON_HOST = (
+    "fa4: backend='auto' on {device} tensors runs the reference (fa4.reference, PyTorch ops; no "
+    "compiled kernel runs off CUDA); pass backend='reference' to choose it without this warning"
+)
 
 
 def resolve_backend(q: torch.Tensor, backend: str) -> str:
@@ -125,7 +159,11 @@ def resolve_backend(q: torch.Tensor, backend: str) -> str:
     if backend not in BACKENDS:
         _fail("backend", f"must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "reference" if q.device.type != "cuda" else "auto"
+        if q.device.type == "cuda":
+            return "auto"
+        if not torch.compiler.is_compiling():  # traced: said by the eager calls, if any
+            warn_once(AUTO_ON_HOST.format(device=q.device.type), at_caller=True)
+        return "reference"
     if backend == "reference":
         return backend
     if q.device.type != "cuda":
@@ -133,7 +171,8 @@ def resolve_backend(q: torch.Tensor, backend: str) -> str:
     if q.dtype not in KERNEL_DTYPES:
         _fail(
             "q",
-            f"dtype {q.dtype} not supported by backend {backend!r}: float16 or bfloat16",
+            f"dtype {q.dtype} not supported by backend {backend!r}: float16 or bfloat16 "
+            "(float32 and float64 run on backend='reference')",
             TypeError,
         )
     return backend
@@ -160,8 +199,8 @@ def check_varlen(
     layout = "(num_pages, page_size, heads, headdim)" if paged else "(total_tokens, heads, headdim)"
     _check_common(q, k, v, layout)
     _check_index_tensor("cu_seqlens_q", cu_seqlens_q, q.device)
-    if cu_seqlens_q.shape[0] < 2:
-        _fail("cu_seqlens_q", f"needs batch + 1 >= 2 entries, got {cu_seqlens_q.shape[0]}")
+    if cu_seqlens_q.shape[0] < 1:  # [0]: batch 0, empty q/k/v (as dense batch 0)
+        _fail("cu_seqlens_q", "needs batch + 1 >= 1 entries, got 0")
     batch = cu_seqlens_q.shape[0] - 1
     if paged:
         if cu_seqlens_k is not None:
@@ -493,6 +532,8 @@ def check_varlen_data(
             "seqused_q",
             f"entries must lie in [0, length of query sequence i], got {used_q.tolist()}",
         )
+    if not len_q.numel():
+        return  # batch 0: no sequence to bound
     if int(len_q.max()) > max_q:
         _fail("max_seqlen_q", f"{max_q} is less than the longest query sequence {int(len_q.max())}")
     if int(len_k.max()) > max_k:
@@ -576,10 +617,24 @@ def check_cache_append_data(
 _warned: set[str] = set()
 
 
-def warn_once(msg: str) -> None:
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _caller_stacklevel() -> int:
+    """warnings.warn's stacklevel, called from warn_once, of the first frame outside fa4 (the
+    user's call of fa4.attention and the like)."""
+    frame, level = sys._getframe(2), 2  # warn_once's caller
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 2
+
+
+def warn_once(msg: str, *, at_caller: bool = False) -> None:
+    """Warns once per process per message. at_caller: the warning names the first frame outside
+    fa4 (for checks run in the Python wrappers), else warn_once's caller's caller."""
     if msg not in _warned:
         _warned.add(msg)
-        warnings.warn(msg, stacklevel=3)
+        warnings.warn(msg, stacklevel=_caller_stacklevel() if at_caller else 3)
 
 
 def tma_incompatible(*tensors: torch.Tensor) -> str | None:

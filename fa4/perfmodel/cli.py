@@ -81,14 +81,45 @@ def breakdown(cfg: Config) -> str:
     return "\n".join(lines)
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (seqlen, head dim, batch, heads, block_n)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def _fraction(text: str) -> float:
+    """argparse type: the emulated share of the exponentials, a number in [0, 1] (Config.emu)."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= x <= 1.0:  # NaN fails too
+        raise argparse.ArgumentTypeError(
+            f"must lie in [0, 1] (the share of exp2 emulated; 0.25 = 4/16), got {text}"
+        )
+    return x
+
+
+def _csv_file(text: str) -> str:
+    """argparse type: an existing file (a bench.py CSV)."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text!r} (a bench.py CSV)")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m fa4.perfmodel", description=__doc__.split("\n")[0])
     ap.add_argument("--arch", default="sm90", choices=sorted(ARCHS))
-    ap.add_argument("--hdim", type=int, default=128)
-    ap.add_argument("--seqlen", type=int, default=16384)
+    ap.add_argument("--hdim", type=_positive_int, default=128)
+    ap.add_argument("--seqlen", type=_positive_int, default=16384)
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--emu", type=float, default=None, help="emulated share of exp2 (0..1)")
-    ap.add_argument("--block-n", type=int, default=None)
+    ap.add_argument("--emu", type=_fraction, default=None, help="emulated share of exp2 (0..1)")
+    ap.add_argument("--block-n", type=_positive_int, default=None)
     ap.add_argument("--two-cta", action="store_true")
     ap.add_argument(
         "--policy",
@@ -97,21 +128,31 @@ def _parser() -> argparse.ArgumentParser:
         help="default: serial on SM90 (the measured kernel), pingpong on SM100",
     )
     ap.add_argument("--style", choices=("fa4", "fa3"), default="fa4", help="SM100 only")
-    ap.add_argument("--batch", type=int, default=None)
-    ap.add_argument("--heads", type=int, default=None)
-    ap.add_argument("--validate", metavar="CSV", help="SM90 predictions vs a bench.py CSV")
+    ap.add_argument("--batch", type=_positive_int, default=None)
+    ap.add_argument("--heads", type=_positive_int, default=None)
+    ap.add_argument(
+        "--validate", metavar="CSV", type=_csv_file, help="SM90 predictions vs a bench.py CSV"
+    )
     ap.add_argument("--sm100-table", action="store_true", help="B200 predictions")
     ap.add_argument("--asymmetry", action="store_true", help="non-MMA work vs MMA per tile")
     ap.add_argument("--emu-table", action="store_true", help="the kEmuSixteenths table")
     ap.add_argument("--plot", metavar="DIR", help="write the PNGs (needs matplotlib)")
     ap.add_argument("--bwd", action="store_true", help="the backward's breakdown (this config)")
-    ap.add_argument("--validate-bwd", metavar="CSV", help="SM90 backward vs a bench.py CSV")
+    ap.add_argument(
+        "--validate-bwd", metavar="CSV", type=_csv_file, help="SM90 backward vs a bench.py CSV"
+    )
     ap.add_argument("--bwd-b200", action="store_true", help="B200 backward predictions")
     return ap
 
 
 def main(argv=None) -> None:
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401  (an optional dependency, for --plot only)
+        except ImportError:
+            ap.error("--plot needs matplotlib, which fa4 does not install: pip install matplotlib")
     out = []
     if args.validate:
         out += [
