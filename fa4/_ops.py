@@ -165,7 +165,10 @@ def _fwd_cuda(
 ):  # fmt: skip
     sv = Serving(seqused_q, page_table, cache_batch_idx, leftpad_k, learnable_sink, num_splits)
     _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k, sv)
-    arch = dispatch.kernel_for(q, v, backend, "fwd", (q, k, v))
+    # Varlen with no sequence (cu_seqlens = [0]) has nothing to compute; the C++ API wants
+    # batch >= 1, so the empty outputs come from the reference.
+    no_batch = cu_q is not None and cu_q.shape[0] < 2
+    arch = None if no_batch else dispatch.kernel_for(q, v, backend, "fwd", (q, k, v))
     if arch is not None:
         if takes_decode(cu_k, seqused_k, sv, arch):
             dispatch.warn_once(DECODE_UNVERIFIED)
@@ -220,7 +223,8 @@ def bwd(
 @bwd.register_kernel("cuda")
 def _bwd_cuda(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_q, max_k, *opts):
     causal, scale, wl, wr, softcap, det, backend = opts
-    arch = dispatch.kernel_for(q, v, backend, "bwd", (dout, q, k, v, out))
+    no_batch = cu_q is not None and cu_q.shape[0] < 2  # as in _fwd_cuda
+    arch = None if no_batch else dispatch.kernel_for(q, v, backend, "bwd", (dout, q, k, v, out))
     if arch is not None:
         knobs = dispatch.runtime_knobs("bwd")  # num_sms, tile_schedule, bwd_tile_order
         return torch.ops.fa4._bwd_kernel(

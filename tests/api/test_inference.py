@@ -823,8 +823,8 @@ def test_cuda_function_passes_serving_arguments_by_name(monkeypatch):
     monkeypatch.setattr(torch.ops, "fa4", Spy())
     monkeypatch.setattr(dispatch, "kernel_for", lambda *a, **kw: "sm90")
     monkeypatch.setattr(_ops, "_check_data", lambda *a, **kw: None)  # stand-in tensors
-    t = {
-        n: torch.zeros(1) + i
+    t = {  # two entries: a one-entry cu_seqlens_q is an empty batch, which skips the kernel
+        n: torch.zeros(2) + i
         for i, n in enumerate(
             "q k v cu_q cu_k seqused_k seqused_q page_table cache_batch_idx leftpad_k sink".split()
         )
@@ -1088,3 +1088,23 @@ def test_kvcache_decode_step_in_a_cuda_graph():
             torch.testing.assert_close(lse_e.cpu(), ref[1], rtol=0, atol=1e-3)
             eager_lens += 1
             graph_lens += 1
+
+
+def test_cuda_function_runs_an_empty_varlen_batch_without_a_kernel(monkeypatch):
+    """cu_seqlens = [0] (no sequence): _fwd_cuda / _bwd_cuda never ask for a kernel (the C++ API
+    wants batch >= 1) and return the reference's empty outputs."""
+
+    def no_kernel(*a, **kw):
+        raise AssertionError("kernel_for called for an empty batch")
+
+    monkeypatch.setattr(dispatch, "kernel_for", no_kernel)
+    cu = torch.zeros(1, dtype=torch.int32)
+    q, k, v = torch.zeros(0, 4, 64), torch.zeros(0, 2, 64), torch.zeros(0, 2, 64)
+    out, lse = _ops._fwd_cuda(
+        q, k, v, cu, cu, None, 0, 0, False, 0.125, -1, -1, 0.0, False, "auto"
+    )  # fmt: skip
+    assert out.shape == (0, 4, 64) and lse.shape == (4, 0)
+    grads = _ops._bwd_cuda(
+        out, q, k, v, out, lse, None, cu, cu, None, 0, 0, False, 0.125, -1, -1, 0.0, False, "auto"
+    )  # fmt: skip
+    assert [tuple(g.shape) for g in grads] == [(0, 4, 64), (0, 2, 64), (0, 2, 64)]
