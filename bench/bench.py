@@ -3,7 +3,7 @@
   python3 bench/bench.py --quick --out /tmp/bench          # seqlen 1k and 16k, every hdim
   python3 bench/bench.py --dirs fwd --hdims 128 --seqlens 2k,16k --impls sdpa-flash,fa4
   python3 bench/bench.py --replot /tmp/bench/results.csv   # table + plots from a CSV, no GPU
-  python3 bench/bench.py --decode --out /tmp/decode        # issue 43's decode sweep, GB/s
+  python3 bench/bench.py --decode --out /tmp/decode        # the decode sweep, GB/s
                                                            # (bench_decode.py says what it does)
 
 Implementations: fa4 (ours; fa4.attention(backend="sm90"), skipped with the reason while the
@@ -95,7 +95,7 @@ def parse_args(argv=None):
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--replot", metavar="CSV", help="only print tables and plot from a CSV")
-    dec = ap.add_argument_group("decode sweep (issue 43; bench_decode.py)")
+    dec = ap.add_argument_group("decode sweep (bench_decode.py)")
     dec.add_argument(
         "--decode",
         action="store_true",

@@ -1,4 +1,4 @@
-"""The decode sweep of issue 43 (`bench.py --decode`): KV-cache attention at memory bandwidth.
+"""The decode sweep (`bench.py --decode`): KV-cache attention at memory bandwidth.
 
   python3 bench/bench.py --decode --out /tmp/decode                 # the whole sweep, < 4 min
   python3 bench/bench.py --decode --decode-cases paged --impls fa4,flash-attn-4
@@ -60,7 +60,7 @@ OURS = "fa4"
 # averages over thousands of keys (|out| ~ 0.02-0.1 for unit-normal inputs), so the standard
 # sweep's absolute 2e-2 would pass anything; 2 % of the largest entry is ~5 bf16 half-ulps.
 DECODE_TOLERANCE = 2e-2
-# issue 43's targets: decode >= 1.05x the best peer, or >= 93 % of the datasheet HBM bandwidth
+# the decode targets (docs/perf.md, Decode): decode >= 1.05x the best peer, or >= 93 % of the datasheet HBM bandwidth
 # where 1.05x the best peer is past it; spec-decode >= 1.05x flash-attn-4; paged >= 0.90x of the
 # same case unpaged.
 TARGET_RATIO = 1.05
@@ -270,7 +270,7 @@ def finalize(rows: list[dict]) -> list[dict]:
     """Fills the DERIVED columns from the measured ones (in place; also returns rows): the best
     ok peer of each case and each fa4 row's ratio to it (spec-decode: to flash-attn-4, the
     issue's peer there), each paged row's GB/s over the same impl's at the unpaged case, and
-    whether each fa4 row meets issue 43's target."""
+    whether each fa4 row meets the decode target."""
     by_case: dict[str, dict[str, dict]] = {}
     for r in rows:
         by_case.setdefault(r["case"], {})[r["impl"]] = r
@@ -362,7 +362,7 @@ def table(rows: list[dict]) -> str:
 
 
 def target_summary(rows: list[dict]) -> list[str]:
-    """One line per fa4 impl and case kind: how many of its points meet issue 43's target."""
+    """One line per fa4 impl and case kind: how many of its points meet the decode target."""
     out = []
     impls = list(dict.fromkeys(r["impl"] for r in rows if is_ours(r["impl"])))
     for impl in impls:
@@ -387,7 +387,7 @@ def report(rows: list[dict], out: Path | None, title: str = "") -> None:
     for line in target_summary(rows):
         print(line)
     print(
-        f"targets (issue 43): decode >= {TARGET_RATIO}x the best peer, or >= "
+        f"targets: decode >= {TARGET_RATIO}x the best peer, or >= "
         f"{TARGET_PEAK_FRAC:.0%} of the HBM peak where {TARGET_RATIO}x the best peer is past it; "
         f"spec-decode >= {TARGET_RATIO}x {SPEC_PEER}; paged >= {TARGET_PAGED}x the same case "
         "unpaged (fa4 / best in the table is against the best peer of every kind)"

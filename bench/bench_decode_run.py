@@ -92,7 +92,7 @@ class Fa4(Impl):
             self.reason = f"fa4 not importable ({type(e).__name__}: {e})"
             return
         if not hasattr(fa4, "attention_with_kvcache"):
-            self.reason = "this fa4 has no attention_with_kvcache (issue 43 API)"
+            self.reason = "this fa4 has no attention_with_kvcache (the inference API)"
 
     def skip_reason(self, case):
         if self.reason:

@@ -37,8 +37,8 @@ What raises NotImplementedError (fa4 lacks it; none is ignored silently):
 - dropout_p != 0 (fa4 has no dropout).
 - alibi_slopes not None (fa4 has no ALiBi bias).
 - a window entry < -1: flash-attn 2 and FA3 treat it as unbounded, flash-attn-4 as a shifted
-  window; fa4 implements neither meaning for such entries yet (issue 45).
-Missing in fa4 itself (issue 45), to be lifted there rather than here: negative (shifted) window
+  window; fa4 implements neither meaning for such entries yet.
+Missing in fa4 itself, to be lifted there rather than here: negative (shifted) window
 entries, and fa4.attention's own rule that causal=True needs right in (-1, 0) (this module clips
 the right entry itself, as flash-attn does, so that rule never fires from here).
 

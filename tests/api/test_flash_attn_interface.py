@@ -1,4 +1,4 @@
-"""fa4.flash_attn_interface: flash-attn 2's functions on fa4 (issue 45), on CPU tensors.
+"""fa4.flash_attn_interface: flash-attn 2's functions on fa4, on CPU tensors.
 
 Each function is checked against fa4's own API (the same computation: results must be equal)
 and, for flash-attn's semantics (None windows, causal clipping the right window, negative softcap

@@ -1,4 +1,4 @@
-"""The inference API on CPU tensors (issue 43; docs/inference.md): learnable sinks, seqused_q,
+"""The inference API on CPU tensors (docs/inference.md): learnable sinks, seqused_q,
 paged KV, the KV-cache form (cache_batch_idx, cache_leftpad), num_splits, their autograd and
 every validation rule. Expected values come from naive(), an independent float64 formula with an
 explicit sink column in the softmax and an explicit page-by-page gather."""

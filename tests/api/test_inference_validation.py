@@ -1,4 +1,4 @@
-"""Every validation rule of the inference API (issue 43; docs/inference.md "Validation") raises
+"""Every validation rule of the inference API (docs/inference.md "Validation") raises
 `fa4: <argument>: <rule>` (ValueError / TypeError) before any work, on CPU tensors."""
 
 import re

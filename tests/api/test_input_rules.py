@@ -1,4 +1,4 @@
-"""Input rules a new user meets first on CPU (issue 45, "Also found"): backend="auto"'s warning
+"""Input rules a new user meets first on CPU: backend="auto"'s warning
 off the GPU, torch.compile(dynamic=True), numpy scalars as options, varlen batch 0, and the
 dtype error's wording."""
 

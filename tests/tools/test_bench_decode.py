@@ -25,7 +25,7 @@ bench = load_script(BENCH, "bench_main")
 run = load_script(BENCH.parent / "bench_decode_run.py", "bench_decode_run")
 
 
-def test_cases_are_issue_43s():
+def test_cases_are_the_decode_targets():
     cs = bd.cases()
     assert len(cs) == 12 + 3 + 4 and len({c.name for c in cs}) == len(cs)
     dec = [c for c in cs if c.kind == "decode"]
