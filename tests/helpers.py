@@ -6,6 +6,7 @@ tests/gpu_helpers.py."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 import shutil
 import subprocess
@@ -102,3 +103,30 @@ def header_constant(header: Path, name: str) -> int:
 def find_tool(name: str) -> str | None:
     """A CUDA tool (nvcc, cuobjdump, nvdisasm), found as tools/sass_diff.py finds it."""
     return load_script(ROOT / "tools" / "sass_diff.py", "sass_diff").find_tool(name)
+
+
+def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale=None, sink=None):
+    """Attention written out in float64, independent of fa4.reference, for one sequence: q (s_q,
+    h, d), k/v (n, h_kv, ·) -> out (s_q, h, d_v), lse (h, s_q). The mask is bottom-right aligned
+    on (s_q, n); the sink is one more softmax column with no value."""
+    s_q, h, d = q.shape
+    n, h_kv = k.shape[0], k.shape[1]
+    scale = scale if scale is not None else d**-0.5
+    kk, vv = (x.double().repeat_interleave(h // h_kv, 1) for x in (k, v))
+    s = torch.einsum("qhd,khd->hqk", q.double(), kk) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(s_q)[:, None] + (n - s_q)
+    j = torch.arange(n)[None, :]
+    keep = torch.ones(s_q, n, dtype=torch.bool)
+    right = 0 if causal else window[1]
+    if right >= 0:
+        keep &= j <= i + right
+    if window[0] >= 0:
+        keep &= j >= i - window[0]
+    s = s.masked_fill(~keep, -math.inf)
+    if sink is not None:
+        s = torch.cat([s, sink.double().view(h, 1, 1).expand(h, s_q, 1)], -1)
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # rows with no key and no sink: 0
+    return torch.einsum("hqk,khd->qhd", p[..., :n], vv), lse

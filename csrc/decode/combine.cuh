@@ -24,8 +24,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   const int tk = idx / p.heads_q, h = idx % p.heads_q;
   const SeqRows seq = SeqRows::get(p, b);
   if (tk >= seq.len_q) return;
-  const int64_t q_row =
-      p.cu_seqlens_q != nullptr ? int64_t{seq.offset_q} + tk : int64_t{b} * p.seqlen_q + tk;
+  const int64_t q_row = seq.q_row(p, b, tk);
   const int dv = p.head_dim_v;
   const int splits = args.num_splits;
   const bool used = tk < seq.used_q;
@@ -50,11 +49,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   if (mt != -INFINITY) sum += exp2_hw(sink - mt);
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
 
-  const int64_t out_off = (p.cu_seqlens_q != nullptr
-                               ? int64_t{seq.offset_q + tk} * p.out_row_stride
-                               : int64_t{b} * p.out_batch_stride + int64_t{tk} * p.out_row_stride) +
-                          int64_t{h} * p.out_head_stride;
-  Element* out = static_cast<Element*>(p.out) + out_off;
+  Element* out = static_cast<Element*>(p.out) + seq.out_offset(p, b, tk, h);
   for (int c = lane; c < dv / 4; c += 32) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s = 0; s < splits && sum > 0.0f; ++s) {
@@ -73,10 +68,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
     *reinterpret_cast<uint2*>(out + 4 * c) = packed;
   }
   if (lane == 0 && p.lse != nullptr) {
-    const int64_t lo = p.cu_seqlens_q != nullptr
-                           ? int64_t{h} * p.lse_head_stride + seq.offset_q + tk
-                           : int64_t{b} * p.lse_batch_stride + int64_t{h} * p.lse_head_stride + tk;
-    p.lse[lo] = sum > 0.0f ? (mt + log2f(sum)) * kLn2 : -INFINITY;
+    p.lse[seq.lse_offset(p, b, tk, h)] = sum > 0.0f ? (mt + log2f(sum)) * kLn2 : -INFINITY;
   }
 }
 

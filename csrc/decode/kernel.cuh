@@ -170,6 +170,23 @@ struct SeqRows {
     s.kv_batch = p.kv_batch_idx != nullptr ? p.kv_batch_idx[b] : b;
     return s;
   }
+
+  // Query token tk of sequence b in the packed row numbering of the split partials (dense:
+  // b * seqlen_q + tk), in out (element offset of head h) and in lse.
+  __device__ int64_t q_row(const FwdParams& p, int b, int tk) const {
+    return p.cu_seqlens_q != nullptr ? int64_t{offset_q} + tk : int64_t{b} * p.seqlen_q + tk;
+  }
+  __device__ int64_t out_offset(const FwdParams& p, int b, int tk, int h) const {
+    return (p.cu_seqlens_q != nullptr
+                ? int64_t{offset_q + tk} * p.out_row_stride
+                : int64_t{b} * p.out_batch_stride + int64_t{tk} * p.out_row_stride) +
+           int64_t{h} * p.out_head_stride;
+  }
+  __device__ int64_t lse_offset(const FwdParams& p, int b, int tk, int h) const {
+    return p.cu_seqlens_q != nullptr
+               ? int64_t{h} * p.lse_head_stride + offset_q + tk
+               : int64_t{b} * p.lse_batch_stride + int64_t{h} * p.lse_head_stride + tk;
+  }
 };
 
 // Byte offset of key row j (0-based within the sequence's attended keys) from the base of K (or
@@ -446,26 +463,18 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
     }
     // Natural-log LSE of the merged row (and the sink): -inf when it saw nothing.
     const float lse_row = total > 0.0f ? (mt + log2f(total)) * kLn2 : -INFINITY;
-    const int64_t q_row =
-        p.cu_seqlens_q != nullptr ? int64_t{seq.offset_q} + tk : int64_t{b} * p.seqlen_q + tk;
     if (args.num_splits == 1) {
-      const int64_t off = (p.cu_seqlens_q != nullptr
-                               ? int64_t{seq.offset_q + tk} * p.out_row_stride
-                               : int64_t{b} * p.out_batch_stride + int64_t{tk} * p.out_row_stride) +
-                          int64_t{h} * p.out_head_stride + 4 * c;
+      const int64_t off = seq.out_offset(p, b, tk, h) + 4 * c;
       uint2 packed;
       packed.x = detail::pack2<Element>(acc.x, acc.y);
       packed.y = detail::pack2<Element>(acc.z, acc.w);
       *reinterpret_cast<uint2*>(static_cast<Element*>(p.out) + off) = packed;
       if (c == 0 && p.lse != nullptr) {
-        const int64_t lo =
-            p.cu_seqlens_q != nullptr
-                ? int64_t{h} * p.lse_head_stride + seq.offset_q + tk
-                : int64_t{b} * p.lse_batch_stride + int64_t{h} * p.lse_head_stride + tk;
-        p.lse[lo] = lse_row;
+        p.lse[seq.lse_offset(p, b, tk, h)] = lse_row;
       }
     } else {
-      const int64_t slot = (int64_t{split} * args.partial_rows + q_row) * p.heads_q + h;
+      const int64_t slot =
+          (int64_t{split} * args.partial_rows + seq.q_row(p, b, tk)) * p.heads_q + h;
       *reinterpret_cast<float4*>(args.o_partial + slot * DV + 4 * c) = acc;
       if (c == 0) args.lse_partial[slot] = lse_row;
     }

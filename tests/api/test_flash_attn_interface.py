@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from helpers import naive_attention
 
 import fa4
 from fa4 import flash_attn_interface as fai
@@ -26,26 +27,11 @@ def rnd(*shape, dtype=F32, seed=0, requires_grad=False):
 
 def naive(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale=None):
     """Dense float64 attention, flash-attn's documented semantics: q (b, s_q, h, d), k/v (b, n,
-    h_kv, ·); row i sees keys [i + n - s_q - left, i + n - s_q + right], right = 0 if causal."""
-    b, s_q, h, d = q.shape
-    n, h_kv = k.shape[1], k.shape[2]
-    scale = d**-0.5 if scale is None else scale
-    kk, vv = (x.double().repeat_interleave(h // h_kv, 2) for x in (k, v))
-    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), kk) * scale
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    i = torch.arange(s_q)[:, None] + (n - s_q)
-    j = torch.arange(n)[None, :]
-    keep = torch.ones(s_q, n, dtype=torch.bool)
-    right = 0 if causal else window[1]
-    if right >= 0:
-        keep &= j <= i + right
-    if window[0] >= 0:
-        keep &= j >= i - window[0]
-    s = s.masked_fill(~keep, -math.inf)
-    lse = torch.logsumexp(s, -1)
-    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
-    return torch.einsum("bhqk,bkhd->bqhd", p, vv), lse
+    h_kv, ·); row i sees keys [i + n - s_q - left, i + n - s_q + right], right = 0 if causal.
+    helpers.naive_attention per batch entry."""
+    kw = dict(causal=causal, window=window, softcap=softcap, scale=scale)
+    outs = [naive_attention(q[i], k[i], v[i], **kw) for i in range(q.shape[0])]
+    return torch.stack([o for o, _ in outs]), torch.stack([lse for _, lse in outs])
 
 
 def qkv(b=2, s_q=6, s_k=9, h=4, h_kv=2, d=64, dtype=F32, requires_grad=False):
