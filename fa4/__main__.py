@@ -2,7 +2,8 @@
 
 1. The build: archs, and per kernel family of the manifest (fa4/kernels.json) the head dims this
    build compiled, with the reason when none.
-2. The device: the GPU and which family runs on it, or the CPU (the fp32 reference runs there).
+2. The device: the GPU and which family runs on it, or the CPU (the fp32 reference runs there),
+   and its column of the support matrix (docs/support.md, fa4/support.py).
 3. One causal GQA attention on that device through fa4.attention (the compiled kernel where one
    covers it, else the reference), checked against the fp32 reference with the tolerance rule of
    DESIGN.md §5 and timed against torch's scaled_dot_product_attention on the same inputs.
@@ -21,7 +22,7 @@ import warnings
 
 import torch
 
-from . import attention, attention_with_kvcache, build_info, manifest, reference
+from . import attention, attention_with_kvcache, build_info, manifest, reference, support
 from .dispatch import _ARCH_OF_BACKEND
 
 
@@ -177,6 +178,8 @@ def main(argv=None) -> int:
     print("\n".join(_support_lines()))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(_device_line(device))
+    # The matrix's column for this device (fa4/support.py: a build of the default archs).
+    print("\n".join(support.local_lines(support.local_arch(device))))
     seqlen = a.seqlen or (4096 if device.type == "cuda" else 256)
     ok = _check(device, seqlen, a.heads, a.hdim)
     cache_len = 8191 if device.type == "cuda" else 255
