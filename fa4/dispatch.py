@@ -108,6 +108,37 @@ def _finite(x) -> bool:
     return -math.inf < x < math.inf
 
 
+INT32_MAX = 2**31 - 1
+
+
+def window_entries(window_size, causal: bool) -> tuple[int, int]:
+    """flash-attn's window rules as the (left, right) pair the ops take, with -1 = unbounded
+    (Note [window entries] in csrc/common/mask.cuh):
+    - None and -1 leave that side unbounded (flash-attn-4 spells it None, flash-attn 2 and FA3
+      -1); any other entry is literal, and a negative one shifts that edge past the diagonal:
+      (-98, None) sees only keys from 98 past the diagonal on (flash-attn-4's shifted windows);
+    - two negative integers mean no window at all, as in every flash-attn;
+    - causal=True sets right to 0 whatever it was, as flash-attn does (so a causal model may pass
+      a symmetric window and get its left half).
+    A band with left + right < 0 sees no key: its rows get out = 0 and lse = -inf."""
+    if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2):
+        _fail("window_size", f"expected a pair (left, right), got {window_size!r}", TypeError)
+    if not all(w is None or _is_integer(w) for w in window_size):
+        _fail("window_size", f"entries must be int or None, got {window_size!r}", TypeError)
+    left, right = (-1 if w is None else int(w) for w in window_size)  # numpy ints become ints
+    if not all(-INT32_MAX <= w <= INT32_MAX for w in (left, right)):
+        _fail("window_size", f"entries must fit int32, got {window_size!r}")
+    if None not in window_size and left < 0 and right < 0:
+        left = right = -1
+    return left, 0 if causal else right
+
+
+def window_bounded(opts) -> bool:
+    """Whether causal or a window edge limits the keys a row sees: FA3 then places q's rows at
+    their own positions (rotary, the seqused_q alignment)."""
+    return opts.causal or opts.window_left != -1 or opts.window_right != -1
+
+
 def _check_options(q, causal, softmax_scale, window_size, softcap, deterministic, backend):
     if not isinstance(causal, bool):
         _fail("causal", f"expected bool, got {type(causal).__name__}", TypeError)
@@ -123,18 +154,7 @@ def _check_options(q, causal, softmax_scale, window_size, softcap, deterministic
         )
     if not (_finite(softmax_scale) and softmax_scale > 0):
         _fail("softmax_scale", f"must be finite and > 0, got {softmax_scale}")
-    if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2):
-        _fail("window_size", f"expected a pair (left, right), got {window_size!r}", TypeError)
-    left, right = window_size
-    if not all(_is_integer(w) for w in (left, right)):
-        _fail("window_size", f"entries must be int, got {window_size!r}", TypeError)
-    left, right = int(left), int(right)  # numpy integers become Python ints for the ops
-    if left < -1 or right < -1:
-        _fail("window_size", f"entries must be >= -1 (-1 = unbounded), got {window_size!r}")
-    if causal:
-        if right not in (-1, 0):
-            _fail("window_size", f"causal=True requires right in (-1, 0), got {right}")
-        right = 0
+    left, right = window_entries(window_size, causal)
     if not _is_real(softcap):
         _fail("softcap", f"expected float, got {type(softcap).__name__}", TypeError)
     if not (_finite(softcap) and softcap >= 0):
@@ -296,7 +316,7 @@ def check_kvcache(
 def rotate_q_per_row(opts: Options) -> bool:
     """FA3: q's row i sits at position cache_seqlens + i when causal or local (a window), else
     every row at cache_seqlens."""
-    return opts.causal or opts.window_left >= 0 or opts.window_right >= 0
+    return window_bounded(opts)
 
 
 def rotary_span(q, s_new: int, opts: Options) -> int:

@@ -18,9 +18,12 @@ The signatures (positional order and defaults) and return conventions are those 
 How each argument maps onto fa4.attention / attention_varlen / attention_with_kvcache:
 - q, k, v, cu_seqlens_q/k, max_seqlen_q/k, softmax_scale, causal, deterministic: passed as is
   (deterministic makes fa4's backward bitwise reproducible; the forward always is).
-- window_size: a pair; None (flash-attn-4's spelling) and -1 mean unbounded. An entry >=
-  seqlen_k is unbounded (flash-attn sets it to -1). With causal=True the right entry is set to
-  0, as flash-attn's C++ does (`if (is_causal) window_size_right = 0`).
+- window_size: an entry >= seqlen_k becomes None (unbounded), as flash-attn's C++ sets it to -1
+  (which decides, e.g., whether the kvcache path rotates q per row); then fa4.attention follows
+  flash-attn's rules (dispatch.window_entries):
+  None and -1 mean unbounded, two negative entries mean no window, any other negative entry
+  shifts that edge past the diagonal (flash-attn-4's meaning; flash-attn 2 would read it as
+  unbounded), and causal=True sets the right entry to 0 (`if (is_causal) window_size_right = 0`).
 - softcap: > 0 softcaps; flash-attn treats any value <= 0 as off, so a negative softcap is 0.
 - block_table (varlen): k/v are page pools (num_blocks, page_block_size, nheads_k, headdim),
   cu_seqlens_k gives each sequence's key count; fa4 gets page_table=block_table,
@@ -36,11 +39,6 @@ How each argument maps onto fa4.attention / attention_varlen / attention_with_kv
 What raises NotImplementedError (fa4 lacks it; none is ignored silently):
 - dropout_p != 0 (fa4 has no dropout).
 - alibi_slopes not None (fa4 has no ALiBi bias).
-- a window entry < -1: flash-attn 2 and FA3 treat it as unbounded, flash-attn-4 as a shifted
-  window; fa4 implements neither meaning for such entries yet.
-Missing in fa4 itself, to be lifted there rather than here: negative (shifted) window
-entries, and fa4.attention's own rule that causal=True needs right in (-1, 0) (this module clips
-the right entry itself, as flash-attn does, so that rule never fires from here).
 
 Differences that remain: a query row that sees no key has lse = -inf (flash-attn 2 writes +inf);
 fa4's head dims are 64, 96, 128, 192, 256 and (192, 128) (flash-attn 2: any up to 256), and its
@@ -80,31 +78,14 @@ def _common(dropout_p, alibi_slopes, softcap):
     return softcap  # fa4 checks the rest (type, finiteness)
 
 
-def _window(window_size, causal, seqlen_k):
-    """flash-attn's window rules as an fa4 window: None / -1 unbounded, entries >= seqlen_k
-    unbounded, causal sets the right entry to 0."""
+def _window(window_size, seqlen_k):
+    """Entries >= seqlen_k unbounded (None, so that the other entry keeps its meaning); fa4
+    checks the rest and raises its own errors naming window_size."""
     if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2):
-        return window_size  # fa4 raises its TypeError naming window_size
-    entries = []
-    for w in window_size:
-        if w is None:
-            w = -1
-        elif isinstance(w, numbers.Integral) and not isinstance(w, bool):
-            w = int(w)
-            if w < -1:
-                _unsupported(
-                    "window_size",
-                    tuple(window_size),
-                    "entries below -1 (flash-attn 2: unbounded; flash-attn-4: a shifted window) "
-                    "are not implemented in fa4 yet",
-                )
-            if w >= seqlen_k:
-                w = -1
-        entries.append(w)  # anything else: fa4 raises its TypeError
-    left, right = entries
-    if causal is True and isinstance(right, int):
-        right = 0
-    return (left, right)
+        return window_size
+    big = [isinstance(w, numbers.Integral) and not isinstance(w, bool) and w >= seqlen_k
+           for w in window_size]  # fmt: skip
+    return tuple(None if b else w for w, b in zip(window_size, big, strict=True))
 
 
 def _empty_probs(q):
@@ -130,13 +111,13 @@ def flash_attn_func(
     window masks aligned to the bottom-right corner. Returns out (batch, seqlen_q, nheads,
     headdim_v), or with return_attn_probs (out, softmax_lse (batch, nheads, seqlen_q),
     S_dmask): S_dmask is the empty (0,) tensor flash-attn returns when dropout_p == 0.
-    Raises NotImplementedError for dropout_p != 0, alibi_slopes and window entries < -1.
+    Raises NotImplementedError for dropout_p != 0 and alibi_slopes.
     """
     softcap = _common(dropout_p, alibi_slopes, softcap)
-    window = _window(window_size, causal, k.shape[1])
     out, lse = attention(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window, softcap=softcap,
-        return_lse=True, deterministic=deterministic,
+        q, k, v, causal=causal, softmax_scale=softmax_scale,
+        window_size=_window(window_size, k.shape[1]),
+        softcap=softcap, return_lse=True, deterministic=deterministic,
     )  # fmt: skip
     return (out, lse, _empty_probs(q)) if return_attn_probs else out
 
@@ -166,10 +147,9 @@ def flash_attn_varlen_func(
     (num_blocks, page_block_size, nheads_k, headdim) and cu_seqlens_k gives the key counts
     (forward only). Returns out (total_q, nheads, headdim_v), or with return_attn_probs
     (out, softmax_lse (nheads, total_q), S_dmask), S_dmask the empty (0,) tensor of dropout_p 0.
-    Raises NotImplementedError for dropout_p != 0, alibi_slopes and window entries < -1.
+    Raises NotImplementedError for dropout_p != 0 and alibi_slopes.
     """
     softcap = _common(dropout_p, alibi_slopes, softcap)
-    window = _window(window_size, causal, max_seqlen_k)
     seqused_k = None
     if block_table is not None:
         if not isinstance(cu_seqlens_k, torch.Tensor):
@@ -181,7 +161,8 @@ def flash_attn_varlen_func(
         cu_seqlens_k = None
     out, lse = attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
-        page_table=block_table, causal=causal, softmax_scale=softmax_scale, window_size=window,
+        page_table=block_table, causal=causal, softmax_scale=softmax_scale,
+        window_size=_window(window_size, max_seqlen_k),
         softcap=softcap, return_lse=True, deterministic=deterministic,
     )  # fmt: skip
     return (out, lse, _empty_probs(q)) if return_attn_probs else out
@@ -215,7 +196,7 @@ def flash_attn_with_kvcache(
     as in flash-attn). cache_seqlens: int, int32 (batch,), or None for the whole cache (then k
     and v must be None, as flash-attn requires). block_table: the page table of paged caches.
     Returns out (batch, seqlen_q, nheads, headdim_v) [, softmax_lse (batch, nheads, seqlen_q)].
-    Raises NotImplementedError for alibi_slopes and window entries < -1.
+    Raises NotImplementedError for alibi_slopes.
     """
     softcap = _common(0.0, alibi_slopes, softcap)
     capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
@@ -226,11 +207,10 @@ def flash_attn_with_kvcache(
                 "(flash-attn: 'If key is supplied, seqlens_k must also be passed in')"
             )
         cache_seqlens = capacity  # flash-attn: no cache_seqlens = every row of the cache
-    window = _window(window_size, causal, capacity)
     return attention_with_kvcache(
         q, k_cache, v_cache, cache_seqlens, k_new=k, v_new=v, rotary_cos=rotary_cos,
         rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
         cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, page_table=block_table,
-        causal=causal, softmax_scale=softmax_scale, window_size=window, softcap=softcap,
-        num_splits=num_splits, return_lse=return_softmax_lse,
+        causal=causal, softmax_scale=softmax_scale, window_size=_window(window_size, capacity),
+        softcap=softcap, num_splits=num_splits, return_lse=return_softmax_lse,
     )  # fmt: skip

@@ -48,16 +48,19 @@ SCORE_BUDGET = 1 << 25  # fp32 scores per query block (128 MiB)
 def allowed_keys(
     rows: torch.Tensor, s_q: int, s_k: int, causal: bool, window: tuple[int, int]
 ) -> torch.Tensor:
-    """Bool (len(rows), s_k): which keys each query row sees (Note [mask alignment])."""
-    left, right = window
+    """Bool (len(rows), s_k): which keys each query row sees (Note [mask alignment]). window as
+    the ops take it (Note [window entries]): -1 (or None) leaves a side unbounded, any other entry
+    is literal, a negative one shifting that edge past the diagonal; causal sets right to 0.
+    fa4.attention maps flash-attn's spellings onto this first (dispatch.window_entries)."""
+    left, right = (-1 if w is None else int(w) for w in window)
     if causal:
         right = 0
     cols = torch.arange(s_k, device=rows.device)
     diag = (rows + (s_k - s_q)).unsqueeze(1)
     keep = torch.ones(len(rows), s_k, dtype=torch.bool, device=rows.device)
-    if right >= 0:
+    if right != -1:
         keep &= cols <= diag + right
-    if left >= 0:
+    if left != -1:
         keep &= cols >= diag - left
     return keep
 

@@ -63,6 +63,10 @@ FWD_CASES = [
     (2, 500, 500, 4, 4, {"causal": True, "window_size": (100, 0)}),
     (2, 257, 257, 4, 4, {"softcap": 10.0}),
     (1, 256, 320, 8, 1, {"causal": True, "softcap": 5.0, "softmax_scale": 0.05}),
+    # flash-attn's window rules: shifted edges (rows 450.. see no key), causal clipping right
+    (2, 600, 600, 4, 2, {"window_size": (-150, None)}),
+    (1, 500, 700, 4, 4, {"window_size": (300, -100)}),
+    (1, 400, 400, 4, 2, {"causal": True, "window_size": (64, 64)}),
 ]
 
 
@@ -153,6 +157,9 @@ BWD_CASES = [
     (2, 257, 257, 4, 4, {"softcap": 10.0}),
     (1, 333, 1000, 8, 1, {"causal": True, "softcap": 5.0}),  # MQA: dk, dv summed over 8 heads
     (2, 700, 200, 4, 2, {"window_size": (0, 0)}),  # s_q > s_k, diagonal band only
+    (2, 600, 600, 4, 2, {"window_size": (-150, None)}),  # shifted: rows 450.. see no key
+    (1, 500, 700, 4, 4, {"window_size": (300, -100)}),
+    (1, 300, 300, 2, 2, {"window_size": (-20, 10)}),  # left + right < 0: no row sees a key
 ]
 
 

@@ -108,7 +108,8 @@ def find_tool(name: str) -> str | None:
 def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale=None, sink=None):
     """Attention written out in float64, independent of fa4.reference, for one sequence: q (s_q,
     h, d), k/v (n, h_kv, ·) -> out (s_q, h, d_v), lse (h, s_q). The mask is bottom-right aligned
-    on (s_q, n); the sink is one more softmax column with no value."""
+    on (s_q, n), a window entry of -1 or None leaves its side unbounded and any other is literal
+    (negative: shifted past the diagonal); the sink is one more softmax column with no value."""
     s_q, h, d = q.shape
     n, h_kv = k.shape[0], k.shape[1]
     scale = scale if scale is not None else d**-0.5
@@ -119,11 +120,12 @@ def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scal
     i = torch.arange(s_q)[:, None] + (n - s_q)
     j = torch.arange(n)[None, :]
     keep = torch.ones(s_q, n, dtype=torch.bool)
-    right = 0 if causal else window[1]
-    if right >= 0:
+    left, right = (-1 if w is None else w for w in window)
+    right = 0 if causal else right
+    if right != -1:
         keep &= j <= i + right
-    if window[0] >= 0:
-        keep &= j >= i - window[0]
+    if left != -1:
+        keep &= j >= i - left
     s = s.masked_fill(~keep, -math.inf)
     if sink is not None:
         s = torch.cat([s, sink.double().view(h, 1, 1).expand(h, s_q, 1)], -1)

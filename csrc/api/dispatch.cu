@@ -251,17 +251,6 @@ void check_fwd(Checker& c, const FwdParams& p, bool lse_required) {
   if (!(std::isfinite(p.softcap) && p.softcap >= 0.0f)) {
     c.fail("softcap", "=%g must be finite and >= 0 (0 = off)", static_cast<double>(p.softcap));
   }
-  if (p.window_left < -1) {
-    c.fail("window_left", "=%d must be >= -1 (-1 = unbounded)", p.window_left);
-  }
-  if (p.window_right < -1) {
-    c.fail("window_right", "=%d must be >= -1 (-1 = unbounded)", p.window_right);
-  }
-  if (p.causal && p.window_right != -1 && p.window_right != 0) {
-    c.fail("window_right",
-           "=%d contradicts causal=true: causal means window_right = 0 (pass -1 or 0)",
-           p.window_right);
-  }
   if (p.num_sms < 0) c.fail("num_sms", "=%d must be >= 0 (0 = the device's count)", p.num_sms);
   if (reinterpret_cast<uintptr_t>(p.tile_counter) % 8 != 0) {
     c.fail("tile_counter", "=%p not 8-byte aligned", static_cast<void*>(p.tile_counter));

@@ -71,9 +71,11 @@
 //
 // Masking (causal, window), bottom-right aligned as in flash-attn: with offset = seqlen_k -
 // seqlen_q of the sequence (per sequence for varlen, after seqused_k), query row i sees key j iff
-//   (window_left  < 0 || j >= i + offset - window_left) &&
-//   (window_right < 0 || j <= i + offset + window_right).
-// causal = true is window_right = 0 (window_right must then be -1 or 0); window_left >= 0 with
+//   (window_left  == -1 || j >= i + offset - window_left) &&
+//   (window_right == -1 || j <= i + offset + window_right).
+// -1 is the one unbounded value: other negative entries shift that edge past the diagonal
+// (flash-attn-4's shifted windows), and a band with window_left + window_right < 0 sees no key.
+// causal = true sets window_right = 0 whatever it holds (flash-attn's rule); window_left with
 // causal gives causal sliding-window attention.
 //
 // Scores: s = softmax_scale * (q . k); with softcap > 0, s = softcap * tanh(s / softcap).
@@ -150,8 +152,8 @@ struct FwdParams {
   float softmax_scale = 0.0f;  // finite and > 0; usually 1 / sqrt(head_dim). No default on
                                // purpose: 0 is rejected so a forgotten field cannot pass.
   float softcap = 0.0f;        // >= 0 and finite; 0 = off
-  int window_left = -1;        // >= -1; -1 = unbounded
-  int window_right = -1;       // >= -1; -1 = unbounded
+  int window_left = -1;        // -1 = unbounded; other values literal (see Masking above)
+  int window_right = -1;       // -1 = unbounded; other values literal; causal makes it 0
   bool causal = false;         // bottom-right aligned when seqlen_q != seqlen_k
   DType dtype = DType::kBFloat16;
   bool deterministic = false;  // backward: reproducible dq accumulation order (slower)

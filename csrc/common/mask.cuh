@@ -7,14 +7,18 @@
 // element.
 //
 // Note [mask alignment] (as in fa4/reference.py): query row i of a sequence sees key j iff
-//   j >= i + (seqlen_k - seqlen_q) - window_left     (no bound when window_left < 0)
-//   j <= i + (seqlen_k - seqlen_q) + window_right    (no bound when window_right < 0)
+//   j >= i + (seqlen_k - seqlen_q) - window_left     (no bound when window_left == -1)
+//   j <= i + (seqlen_k - seqlen_q) + window_right    (no bound when window_right == -1)
 // causal is window_right = 0; masks are aligned to the bottom-right corner when
 // seqlen_q != seqlen_k. Half-open: row i sees [i + diag_lo, i + diag_hi) ∩ [0, seqlen_k) with
 // diag_lo = seqlen_k - seqlen_q - window_left, diag_hi = seqlen_k - seqlen_q + window_right + 1.
-// Both ends move right by one column per row and the interval is left + right + 1 >= 1 wide, so
-// consecutive rows' intervals touch or overlap: the columns seen by a band of rows form one
-// interval, and the KV blocks a Q tile visits one contiguous range [n_begin, n_end).
+// Note [window entries]: -1 is the one unbounded value; every other entry is literal, and a
+// negative one shifts that edge past the diagonal (flash-attn-4's shifted windows: left = -98
+// sees keys from 98 past the diagonal on). A band of width left + right + 1 <= 0 sees no key:
+// Mask::make stores it as the empty band diag_lo = diag_hi = -seqlen_q. Otherwise the interval
+// is left + right + 1 >= 1 wide and both ends move right by one column per row, so consecutive
+// rows' intervals touch or overlap: the columns seen by a band of rows form one interval, and
+// the KV blocks a Q tile visits one contiguous range [n_begin, n_end).
 //
 // Note [mask clamping]: the unbounded side and windows longer than the sequence are clamped:
 // diag_lo, diag_hi into [-seqlen_q, seqlen_k]. For rows 0 <= i < seqlen_q, a diag_lo <= -seqlen_q
@@ -31,6 +35,16 @@
 #include "common/fragment.cuh"
 
 namespace fa4 {
+
+// The window entry that leaves its side unbounded (Note [window entries]).
+constexpr int kWindowUnbounded = -1;
+
+// Whether a mask can hide keys left or right of the whole row range (causal or a window edge):
+// the schedulers order such problems longest-first and the SM90 forward picks kernels by it.
+template <class Params>
+__host__ __device__ bool is_banded(const Params& p) {
+  return p.causal || p.window_left != kWindowUnbounded || p.window_right != kWindowUnbounded;
+}
 
 namespace detail {
 __host__ __device__ __forceinline__ int imin(int a, int b) {
@@ -55,8 +69,8 @@ struct Mask {
   int seqlen_q = 0, seqlen_k = 0;
   int diag_lo = 0, diag_hi = 0;  // Note [mask alignment], clamped (Note [mask clamping])
 
-  // window_* < 0: unbounded on that side; causal forces window_right = 0 (FwdParams allows only
-  // -1 or 0 with causal, so nothing is lost).
+  // window_* == kWindowUnbounded: no bound on that side (Note [window entries]); causal forces
+  // window_right = 0, as flash-attn does with any right window.
   __host__ __device__ static Mask make(int seqlen_q, int seqlen_k, int window_left,
                                        int window_right, bool causal) {
     if (causal) window_right = 0;
@@ -64,11 +78,13 @@ struct Mask {
     Mask m;
     m.seqlen_q = seqlen_q;
     m.seqlen_k = seqlen_k;
-    m.diag_lo =
-        window_left < 0 ? -seqlen_q : detail::clamp_diag(offset - window_left, seqlen_q, seqlen_k);
-    m.diag_hi = window_right < 0
+    m.diag_lo = window_left == kWindowUnbounded
+                    ? -seqlen_q
+                    : detail::clamp_diag(offset - int64_t(window_left), seqlen_q, seqlen_k);
+    m.diag_hi = window_right == kWindowUnbounded
                     ? seqlen_k
-                    : detail::clamp_diag(offset + window_right + 1, seqlen_q, seqlen_k);
+                    : detail::clamp_diag(offset + int64_t(window_right) + 1, seqlen_q, seqlen_k);
+    if (m.diag_hi <= m.diag_lo) m.diag_lo = m.diag_hi = -seqlen_q;
     return m;
   }
   // From FwdParams (or anything with window_left, window_right, causal) and one sequence's
@@ -151,16 +167,20 @@ __host__ __device__ BlockRange block_range(const Mask& mask, int m_block) {
   return br;
 }
 
-// Note [slice block end]: the end of the KV blocks that a slice of a Q tile's rows, the rows up
-// to row_last (< seqlen_q), sees: blocks from it on are masked off for every row of the slice,
-// since hi grows with the row. A warpgroup that owns the slice skips them; with causal 192-row
-// tiles and 128-key blocks the first 64 or 128 rows skip the tile's last block. At least
+// Note [slice block end]: the end of the KV blocks that a slice of a Q tile's rows, rows
+// row_first to row_last (< seqlen_q), sees: blocks from it on are masked off for every row of the
+// slice, since hi grows with the row. A warpgroup that owns the slice skips them; with causal
+// 192-row tiles and 128-key blocks the first 64 or 128 rows skip the tile's last block. Rows
+// past seqlen_k - diag_lo - 1 see nothing (a left edge shifted past the last key, Note [window
+// entries]), so the slice's last row that can see a key stands in for row_last. At least
 // n_begin + 1, so that a slice whose rows see no key still runs one (fully masked) block and
 // writes what the whole tile would for them (zeros, LSE -inf). For a non-empty br only.
 template <int kBlockN>
-__host__ __device__ int slice_block_end(const BlockRange& br, const Mask& mask, int row_last) {
-  const int e = (detail::imax(mask.row_bounds(row_last).hi, 0) + kBlockN - 1) / kBlockN;
-  return detail::imax(detail::imin(e, br.n_end), br.n_begin + 1);
+__host__ __device__ int slice_block_end(const BlockRange& br, const Mask& mask, int row_first,
+                                        int row_last) {
+  const int r = detail::imin(row_last, mask.seqlen_k - mask.diag_lo - 1);
+  const int hi = r < row_first ? 0 : detail::imax(mask.row_bounds(r).hi, 0);
+  return detail::imax(detail::imin((hi + kBlockN - 1) / kBlockN, br.n_end), br.n_begin + 1);
 }
 
 // Note [block needs mask]: block_range<kBlockM, kBlockN>(mask, m).needs_mask(n) for a Q block m
@@ -203,9 +223,9 @@ __host__ __device__ int64_t keys_computed(const Mask& mask) {
 // is contiguous: both ends grow by at most one per row, Note [mask alignment]). Row i sees key j
 // iff j - diag_hi < i <= j - diag_lo (0 <= i < seqlen_q), so with the block's keys [col0, col1]
 // the rows seeing one are (col0 - diag_hi, col1 - diag_lo] ∩ [0, seqlen_q): for such a row both
-// inequalities hold at some key of the block, since diag_lo < diag_hi. The Q blocks follow by two
-// divisions by kBlockM. Two binary searches over block_range did this before: ~400 dependent
-// uniform instructions per consumer warp and tile (ncu at hd128 causal 2k),
+// inequalities hold at some key of the block, since diag_lo < diag_hi (the empty band gives none).
+// The Q blocks follow by two divisions by kBlockM. Two binary searches over block_range did this
+// before: ~400 dependent uniform instructions per consumer warp and tile (ncu at hd128 causal 2k),
 // and a scan of every Q block before them ~20 us per CTA at 16k rows.
 // tests/api/test_shared_headers.py checks the result against the scan of block_range. Overflow:
 // |diag| <= seqlen_q + seqlen_k (Note [mask clamping]).

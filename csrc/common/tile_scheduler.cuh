@@ -67,6 +67,7 @@
 #include <string.h>
 
 #include "common/fragment.cuh"
+#include "common/mask.cuh"
 
 namespace fa4 {
 
@@ -187,7 +188,7 @@ struct TileScheduler {
                                    const TileOrderOptions& requested = {}) {
     const TileOrderOptions opt = requested.forward_or_default();
     const int m_blocks = (p.seqlen_q + tile_rows - 1) / tile_rows;
-    const bool masked = p.causal || p.window_right >= 0 || p.window_left >= 0;
+    const bool masked = is_banded(p);
     const int group = p.heads_q / p.heads_kv;
     int section = lpt_section_heads(int64_t(50) << 20, p.seqlen_k, p.head_dim, p.head_dim_v,
                                     elem_bytes, group);

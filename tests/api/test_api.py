@@ -21,12 +21,13 @@ def naive(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None):
         s = softcap * torch.tanh(s / softcap)
     i = torch.arange(s_q)[:, None] + (s_k - s_q)
     j = torch.arange(s_k)[None, :]
-    right = 0 if causal else window[1]
+    left, right = (-1 if w is None else w for w in window)  # -1 / None: unbounded, else literal
+    right = 0 if causal else right
     keep = torch.ones(s_q, s_k, dtype=torch.bool)
-    if right >= 0:
+    if right != -1:
         keep &= j <= i + right
-    if window[0] >= 0:
-        keep &= j >= i - window[0]
+    if left != -1:
+        keep &= j >= i - left
     s = s.masked_fill(~keep, -math.inf)
     lse = torch.logsumexp(s, -1)
     p = torch.exp(s - lse.masked_fill(lse == -math.inf, math.inf)[..., None])
@@ -43,6 +44,10 @@ CASES = [
     (1, 64, 130, 2, 2, 192, 128, {"softcap": 5.0}),
     (3, 33, 65, 6, 3, 256, 256, {"window_size": (16, -1), "softcap": 2.0}),
     (1, 40, 40, 2, 1, 64, 64, {"causal": True, "window_size": (5, 0), "softmax_scale": 0.3}),
+    # flash-attn's window rules: shifted windows (negative entries), causal clipping the right
+    (1, 100, 100, 2, 2, 64, 64, {"window_size": (-20, None)}),
+    (2, 70, 90, 4, 2, 128, 128, {"window_size": (40, -10)}),
+    (1, 50, 50, 2, 1, 64, 64, {"causal": True, "window_size": (10, 10)}),
 ]
 
 
@@ -105,6 +110,17 @@ def test_gradcheck_float64(kw):
     v = randn(2, 7, 1, 64, dtype=torch.float64, requires_grad=True, generator=g)
     f = lambda q, k, v: fa4.attention(q, k, v, return_lse=True, **kw)  # noqa: E731
     # fast_mode checks random projections of the Jacobian (one column per input, not all 2.5k)
+    assert torch.autograd.gradcheck(f, (q, k, v), fast_mode=True)
+
+
+@pytest.mark.parametrize("window", [(-2, None), (5, -2), (-3, 1)])
+def test_gradcheck_shifted_windows_float64(window):
+    """Shifted windows leave rows with no key (out 0): the gradient of out, not of lse = -inf."""
+    g = torch.Generator().manual_seed(6)
+    q = randn(1, 6, 2, 64, dtype=torch.float64, requires_grad=True, generator=g)
+    k = randn(1, 7, 1, 64, dtype=torch.float64, requires_grad=True, generator=g)
+    v = randn(1, 7, 1, 64, dtype=torch.float64, requires_grad=True, generator=g)
+    f = lambda q, k, v: fa4.attention(q, k, v, window_size=window)  # noqa: E731
     assert torch.autograd.gradcheck(f, (q, k, v), fast_mode=True)
 
 

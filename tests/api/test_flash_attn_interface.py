@@ -170,9 +170,11 @@ def test_arguments_reach_fa4(monkeypatch):
     fai.flash_attn_func(q, k, v, softmax_scale=0.5, causal=True, window_size=(None, 7),
                         deterministic=True)  # fmt: skip
     assert seen["deterministic"] is True and seen["softmax_scale"] == 0.5
-    assert seen["window_size"] == (-1, 0) and seen["causal"] is True and seen["softcap"] == 0.0
-    fai.flash_attn_func(q, k, v, window_size=(9, 8), softcap=-1)  # s_k = 9
-    assert seen["window_size"] == (-1, 8) and seen["softcap"] == 0.0
+    assert seen["window_size"] == (None, 7) and seen["causal"] is True and seen["softcap"] == 0.0
+    fai.flash_attn_func(q, k, v, window_size=(-98, None), softcap=-1)  # fa4 takes flash-attn's
+    assert seen["window_size"] == (-98, None) and seen["softcap"] == 0.0
+    fai.flash_attn_func(q, k, v, window_size=(9, -3))  # s_k = 9: left unbounded, right kept
+    assert seen["window_size"] == (None, -3)
 
 
 # ---- flash_attn_varlen_func -----------------------------------------------------------------
@@ -481,11 +483,29 @@ def test_alibi_raises(fn):
         _calls()[fn](alibi_slopes=torch.ones(4))
 
 
-@pytest.mark.parametrize("fn", ["func", "varlen", "kvcache"])
-@pytest.mark.parametrize("window", [(-2, -1), (3, -5), (-98, None)])
-def test_negative_window_raises(fn, window):
-    with pytest.raises(NotImplementedError, match=r"window_size=\(.*entries below -1"):
-        _calls()[fn](window_size=window)
+@pytest.mark.parametrize(
+    "window, causal, naive_window",
+    [
+        ((-2, None), False, (-2, -1)),  # shifted: keys from 2 past the diagonal on
+        ((None, -2), False, (-1, -2)),  # keys up to 2 before the diagonal
+        ((3, -2), False, (3, -2)),
+        ((-2, -1), False, (-1, -1)),  # two negative entries: no window (every flash-attn)
+        ((-3, -5), True, (-1, 0)),  # ... and causal then sets right = 0
+        ((-3, 1), False, (-3, 1)),  # left + right < 0: no row sees a key
+        ((-2, 5), True, (-2, 0)),  # causal clips right to 0: empty as well
+    ],
+)
+def test_negative_windows(window, causal, naive_window):
+    """flash-attn-4's shifted windows, through the flash-attn module and fa4.attention alike."""
+    q, k, v = qkv()
+    out, lse, _ = fai.flash_attn_func(
+        q, k, v, causal=causal, window_size=window, return_attn_probs=True
+    )
+    ref, ref_lse = naive(q, k, v, causal=causal, window=naive_window)
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=2e-5, rtol=2e-5)
+    own = fa4.attention(q, k, v, causal=causal, window_size=window, backend="reference")
+    assert torch.equal(out, own)
 
 
 def test_fa4_validation_still_applies():

@@ -405,11 +405,6 @@ BAD = {
         ValueError,
         ["rotary_cos", "seqlen_ro = 11", "up to", "= 11"],
     ),
-    "causal_window": (
-        _kvcache(causal=True, window_size=(-1, 3)),
-        ValueError,
-        ["window_size", "causal"],
-    ),
 }
 
 

@@ -71,14 +71,21 @@ def _mask_cases() -> list[tuple[int, int, int, int, int]]:
         # Note [block needs mask] at equality).
         (512, 512, 63, -1, 0), (512, 512, 191, 63, 0), (512, 512, -1, 63, 0),
         (512, 512, -1, 127, 0), (448, 512, 127, 0, 1),
+        # Shifted windows (Note [window entries]): negative literal edges, empty bands, and
+        # edges shifted past either end of the sequence.
+        (200, 200, -30, -1, 0), (200, 200, -1, -30, 0), (200, 260, 50, -20, 0),
+        (200, 200, -30, 10, 0), (200, 200, -5, 3, 0), (200, 200, -5, 4, 1), (64, 64, -64, 0, 0),
+        (130, 300, -big, -1, 0), (130, 300, -1, -big, 0), (300, 130, -40, 50, 1),
     ]  # fmt: skip
     rng = np.random.default_rng(3)
     for _ in range(220):
         s_q, s_k = (int(x) for x in rng.choice([1, 2, 17, 63, 64, 65, 127, 128, 129, 400], 2))
         if rng.random() < 0.6:
             s_q, s_k = (int(x) for x in rng.integers(0, 420, 2))
-        pick = [-1, 0, int(rng.integers(0, 40)), int(rng.integers(0, 450)), big]
-        wl, wr = (pick[int(i)] for i in rng.choice(5, 2, p=[0.4, 0.1, 0.2, 0.2, 0.1]))
+        pick = [-1, 0, int(rng.integers(0, 40)), int(rng.integers(0, 450)), big,
+                -int(rng.integers(2, 40)), -int(rng.integers(2, 450))]  # fmt: skip
+        prob = [0.3, 0.1, 0.15, 0.15, 0.1, 0.1, 0.1]
+        wl, wr = (pick[int(i)] for i in rng.choice(len(pick), 2, p=prob))
         causal = int(rng.random() < 0.4)
         cases.append((s_q, s_k, wl, -1 if causal and rng.random() < 0.5 else wr, causal))
     return cases
@@ -101,7 +108,7 @@ def _check_block_table(case, allowed, table, bm, bn):
     any_vis = _pad_view(allowed, bm, bn, False, False).any(3).any(1)
     all_vis = _pad_view(allowed, bm, bn, True, False).all(3).all(1)
     blocks = torch.arange(n_n)
-    no_left_edge = case[2] < 0  # window_left < 0: only right edges cut a block
+    no_left_edge = case[2] == -1  # window_left unbounded: only right edges cut a block
     for m in range(n_m):
         nb, ne, fb, fe, le = table[m].tolist()
         where = f"{case} shape {bm}x{bn} m_block {m}: {table[m].tolist()}"

@@ -188,7 +188,7 @@ int slice_end_mismatches(const fa4::Mask& mask) {
           if (mask.is_visible(i, j)) want = std::max(want, j / kBN + 1);
         }
       }
-      bad += fa4::slice_block_end<kBN>(br, mask, r1) != want;
+      bad += fa4::slice_block_end<kBN>(br, mask, r0, r1) != want;
     }
   }
   return bad;

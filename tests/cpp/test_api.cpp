@@ -169,9 +169,6 @@ const FwdCase kInvalidFwd[] = {
     {"softcap=-1", base, [](P& p) { p.softcap = -1.0f; }},
     {"softcap=inf", base, [](P& p) { p.softcap = HUGE_VALF; }},
     {"softcap=nan", base, [](P& p) { p.softcap = std::nanf(""); }},
-    {"window_left=-2", base, [](P& p) { p.window_left = -2; }},
-    {"window_right=-2", base, [](P& p) { p.window_right = -2; }},
-    {"window_right=5 contradicts causal", causal, [](P& p) { p.window_right = 5; }},
     {"num_sms=-1", base, [](P& p) { p.num_sms = -1; }},
     {"tile_counter=0x", base,
      [](P& p) { p.tile_counter = reinterpret_cast<int64_t*>(fake<char>(8) + 4); }},
@@ -244,6 +241,13 @@ const FwdCase kValidFwd[] = {
        p.window_left = 64;
      }},
     {"window (0, 0)", base, [](P& p) { p.window_left = p.window_right = 0; }},
+    {"shifted window (-98, -1)", base, [](P& p) { p.window_left = -98; }},
+    {"empty band (-5, 3)", base,
+     [](P& p) {
+       p.window_left = -5;
+       p.window_right = 3;
+     }},
+    {"causal clips window_right=5", causal, [](P& p) { p.window_right = 5; }},
     {"softcap, deterministic, num_sms", base,
      [](P& p) {
        p.softcap = 30.0f;

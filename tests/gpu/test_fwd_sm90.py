@@ -173,6 +173,7 @@ def test_hd64_idle_warpgroups(monkeypatch, kw):
         (1700, 1300, {"causal": True}),  # the first 400 rows see no key
         (1400, 1400, {"window_size": (300, 0)}),
         (1400, 1400, {"window_size": (-1, 70)}),
+        (1400, 1400, {"window_size": (-300, None)}),  # rows 1100.. see no key (shifted left)
     ],
 )
 def test_slice_block_end(hd, s_q, s_k, kw):

@@ -268,9 +268,10 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       // Warp-uniform through lane 0, as the idle test is.
       int n_end = br.n_end;
       if constexpr (T::kConsumerWGs > 1) {
-        const int wg_last =
-            detail::imin(t.tile.m_block * T::kBlockM + wg * 64 + 63, t.seq.seqlen_q - 1);
-        n_end = __shfl_sync(0xffffffffu, slice_block_end<T::kBlockN>(br, t.mask, wg_last), 0);
+        const int wg_first = t.tile.m_block * T::kBlockM + wg * 64;
+        const int wg_last = detail::imin(wg_first + 63, t.seq.seqlen_q - 1);
+        n_end =
+            __shfl_sync(0xffffffffu, slice_block_end<T::kBlockN>(br, t.mask, wg_first, wg_last), 0);
         for (int n = br.n_end - 1; n >= n_end; --n) {
           turn_begin();
           pass_k();
@@ -516,7 +517,7 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
 // limit: up to 2048 rows the three-CTA kernel lost 3 % at causal 2k. With the skip of Note [slice
 // block end] the three-consumer kernel still ran causal 512 / 1k at 0.906 / 0.952 of it.
 inline bool short_banded(const FwdParams& p) {
-  const bool banded = p.causal || p.window_left >= 0 || p.window_right >= 0;
+  const bool banded = is_banded(p);
   return banded && p.seqlen_q <= kShortBandedRows;
 }
 
