@@ -163,7 +163,11 @@ def main():
         package_data={"fa4": ["VERSION", "kernels.json"]},
         python_requires=">=3.10",
         install_requires=["torch>=2.4"],
-        extras_require={"test": ["pytest", "numpy"]},
+        extras_require={
+            "test": ["pytest", "numpy"],
+            # fa4.integrations.transformers; the version its tests ran with
+            "transformers": ["transformers>=5.25.0"],
+        },
         ext_modules=ext_modules,
         cmdclass=cmdclass,
     )
