@@ -1,5 +1,6 @@
 // SM90 backward: picks the instance for the head dims and dtype among those this build compiled
 // (fa4_instances.h, generated from fa4/kernels.json). The kernel is sm90/bwd/kernel.cuh.
+#include "common/head_dims.h"
 #include "common/params.h"
 #include "fa4_instances.h"
 
@@ -8,16 +9,22 @@ namespace fa4 {
 Status run_bwd_sm90(const BwdParams& p, const DeviceInfo& dev, void* workspace,
                     cudaStream_t stream) {
   const FwdParams& f = p.fwd;
+#define FA4_DIMS(D, DV, E) HeadDims{D, DV},
+  constexpr HeadDims kCompiled[] = {FA4_INSTANCES_SM90_BWD(FA4_DIMS)};
+#undef FA4_DIMS
+  // Note [padded head dims]: the compiled instance that covers the problem's head dims.
+  const HeadDims k = cover(kCompiled, f.head_dim, f.head_dim_v);
 #define FA4_CASE(D, DV, E)                                                 \
-  if (f.head_dim == D && f.head_dim_v == DV && f.dtype == DType::E) {      \
+  if (k.d == D && k.dv == DV && f.dtype == DType::E) {                     \
     return sm90::bwd_instance<D, DV, DType::E>(p, dev, workspace, stream); \
   }
   FA4_INSTANCES_SM90_BWD(FA4_CASE)
 #undef FA4_CASE
-  return kernel_fail(Status::kUnsupported,
-                     "fa4: head dims (%d, %d) are not compiled into this build's SM90 backward "
-                     "(FA4_HDIMS)",
-                     f.head_dim, f.head_dim_v);
+  return kernel_fail(
+      Status::kUnsupported,
+      "fa4: head dims (%d, %d) are covered by no instance of this build's SM90 backward "
+      "(FA4_HDIMS)",
+      f.head_dim, f.head_dim_v);
 }
 
 }  // namespace fa4

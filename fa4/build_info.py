@@ -5,6 +5,8 @@ Without that file (a source checkout that was never built) nothing was compiled.
 
 from __future__ import annotations
 
+from . import manifest
+
 try:
     from . import _build_config as _cfg
 
@@ -29,8 +31,8 @@ def missing_kernel(arch: str, direction: str, hdims: tuple[int, int]) -> str | N
     compiled = KERNELS.get(direction, {}).get(arch)
     if not compiled:
         return f"this build has no {arch} {direction} kernels"
-    if list(hdims) not in [list(p) for p in compiled]:
-        return f"head dims {hdims} not compiled for {arch} {direction} (FA4_HDIMS)"
+    if manifest.cover(compiled, *hdims) is None:
+        return f"head dims {hdims}: no {arch} {direction} kernel covers them (FA4_HDIMS)"
     return None
 
 

@@ -149,6 +149,14 @@ def build_kernels(insts: list[Instance]) -> dict:
     return out
 
 
+def cover(compiled, d: int, dv: int) -> tuple[int, int] | None:
+    """The compiled (D, D_v) pair that serves head dims (d, dv), as csrc/common/head_dims.h's
+    cover picks it (Note [padded head dims]): D >= d and D_v >= dv, the least D + D_v, then the
+    least D; None when no pair covers them."""
+    fits = [(a, b) for a, b in (tuple(p) for p in compiled) if a >= d and b >= dv]
+    return min(fits, key=lambda p: (p[0] + p[1], p[0])) if fits else None
+
+
 def head_dims_of(family: str, direction: str) -> list[tuple[int, int]]:
     """Every (d, d_v) the manifest has for a kernel family: the GPU tests' parameter lists."""
     for k in M["kernels"]:

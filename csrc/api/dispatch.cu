@@ -2,10 +2,12 @@
 // and by setup.py (the PyTorch extension), so it depends on nothing but the CUDA runtime.
 #include "common/bwd_workspace.h"
 #include "api/fa4.h"
+#include "common/head_dims.h"
 #include "common/params.h"
 #include "decode/plan.h"
 #include "fa4_instances.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -184,14 +186,13 @@ void check_sizes(Checker& c, const FwdParams& p) {
     c.fail("heads_q", "=%d not a multiple of heads_kv=%d (GQA/MQA groups whole heads)", p.heads_q,
            p.heads_kv);
   }
-  const int d = p.head_dim;
-  if (d != 64 && d != 96 && d != 128 && d != 192 && d != 256) {
-    c.fail("head_dim", "=%d not supported: 64, 96, 128, 192, 256, or (192, d_v=128)", d);
-  } else if (p.head_dim_v != d && !(d == 192 && p.head_dim_v == 128)) {
-    c.fail("head_dim_v",
-           "=%d not supported with head_dim=%d: head_dim_v must equal head_dim, except "
-           "head_dim=192 with head_dim_v=128",
-           p.head_dim_v, d);
+  // Note [padded head dims] (common/head_dims.h): any multiple of 8 up to 256 runs on the
+  // compiled instance that covers it; run_fwd_* / run_bwd_* name a build that has none.
+  if (!admissible_head_dim(p.head_dim)) {
+    c.fail("head_dim", "=%d not supported: a multiple of 8 from 8 to 256", p.head_dim);
+  }
+  if (!admissible_head_dim(p.head_dim_v)) {
+    c.fail("head_dim_v", "=%d not supported: a multiple of 8 from 8 to 256", p.head_dim_v);
   }
   const bool varlen_q = p.cu_seqlens_q != nullptr;
   const bool varlen_k = p.cu_seqlens_k != nullptr;
@@ -534,6 +535,26 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept {
   return run_fwd(p, stream, RunOptions{});
 }
 
+// The dQ accumulator's row width: the head dim of the backward instance that runs the problem
+// (Note [padded head dims]), the widest over the archs this build compiled, since the size is
+// asked without a device. Its kernel lays the workspace out with its own width, which is <= it.
+namespace {
+int workspace_head_dim(const FwdParams& f) {
+  int width = f.head_dim;
+#define FA4_DIMS(D, DV, E) HeadDims{D, DV},
+#if defined(FA4_INSTANCES_SM90_BWD)
+  constexpr HeadDims kSm90[] = {FA4_INSTANCES_SM90_BWD(FA4_DIMS)};
+  width = std::max(width, cover(kSm90, f.head_dim, f.head_dim_v).d);
+#endif
+#if defined(FA4_INSTANCES_SM100_BWD)
+  constexpr HeadDims kSm100[] = {FA4_INSTANCES_SM100_BWD(FA4_DIMS)};
+  width = std::max(width, cover(kSm100, f.head_dim, f.head_dim_v).d);
+#endif
+#undef FA4_DIMS
+  return width;
+}
+}  // namespace
+
 // Layout and size: common/bwd_workspace.h (Note [bwd workspace]).
 size_t bwd_workspace_size(const BwdParams& p) noexcept {
   Checker c("fwd.");
@@ -542,7 +563,8 @@ size_t bwd_workspace_size(const BwdParams& p) noexcept {
   const FwdParams& f = p.fwd;
   if (q_rows(f) == 0) return 0;
   return static_cast<size_t>(BwdWorkspace::bytes(is_varlen(f), f.batch, f.seqlen_q, f.total_q,
-                                                 f.heads_q, f.head_dim, f.deterministic));
+                                                 f.heads_q, workspace_head_dim(f),
+                                                 f.deterministic));
 }
 
 Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,

@@ -19,10 +19,11 @@
 
 namespace fa4 {
 
-// Make the workspace view of the problem `f` over `ws`.
-__host__ __device__ inline BwdWorkspace workspace_of(const FwdParams& f, void* ws) {
+// Make the workspace view of the problem `f` over `ws`, for a kernel instance of head dim
+// kernel_d (>= f.head_dim: Note [padded head dims]), the dQ accumulator's row width.
+__host__ __device__ inline BwdWorkspace workspace_of(const FwdParams& f, void* ws, int kernel_d) {
   return BwdWorkspace::make(f.cu_seqlens_q != nullptr, f.batch, f.seqlen_q, f.total_q, f.heads_q,
-                            f.head_dim, ws);
+                            kernel_d, ws);
 }
 
 // Grid of the preprocess kernel: (row blocks of 128, heads_q, batch) flattened into x with
@@ -80,13 +81,13 @@ __global__ void bwd_preprocess(BwdParams p, BwdWorkspace ws, RowBlockGrid grid) 
                       int64_t(head) * p.dout_head_stride;
 
   // The block's dq rows are contiguous in the workspace: one coalesced zero fill.
-  float* dq0 = ws.dq(head) + wrow0 * f.head_dim;
-  if (f.head_dim % 4 == 0) {  // rows start 16-byte aligned (the workspace base is)
-    for (int j = threadIdx.x; j < kRows * f.head_dim / 4; j += kThreads) {
+  float* dq0 = ws.dq(head) + wrow0 * ws.head_dim;
+  if (ws.head_dim % 4 == 0) {  // rows start 16-byte aligned (the workspace base is)
+    for (int j = threadIdx.x; j < kRows * ws.head_dim / 4; j += kThreads) {
       reinterpret_cast<float4*>(dq0)[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   } else {
-    for (int j = threadIdx.x; j < kRows * f.head_dim; j += kThreads) dq0[j] = 0.0f;
+    for (int j = threadIdx.x; j < kRows * ws.head_dim; j += kThreads) dq0[j] = 0.0f;
   }
 
   auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
@@ -156,7 +157,7 @@ __global__ void bwd_postprocess_rows(BwdParams p, BwdWorkspace ws, RowBlockGrid 
     const float4* acc = reinterpret_cast<const float4*>(ws.dq(head) + (wrow0 + r) * kHeadDim);
     Element* dq = static_cast<Element*>(p.dq) + (varlen ? 0 : int64_t(b) * p.dq_batch_stride) +
                   (int64_t(seq.offset_q) + i) * p.dq_row_stride + int64_t(head) * p.dq_head_stride;
-    for (int c = lane; c < kHeadDim / 4; c += 32) {
+    for (int c = lane; c < f.head_dim / 4; c += 32) {  // Note [padded head dims]
       const float4 v = acc[c];
       cutlass::Array<Element, 4> out;
       out[0] = Element(v.x * f.softmax_scale);

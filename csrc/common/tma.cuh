@@ -57,23 +57,25 @@ inline GmemView gmem_view(const FwdParams& f, const void* ptr, bool kv, int cols
 }
 
 // TMA loads of kRows × kCols tiles of a GmemView into one stage of SmemLayout (the stage mode,
-// if any, dropped), and its type for kernel parameter structs.
+// if any, dropped), and its type for kernel parameter structs. g.cols <= kCols: the columns of a
+// box past g.cols are filled with zeros (Note [padded head dims], common/head_dims.h).
 template <class Element, class SmemLayout, int kRows, int kCols>
 auto make_tma_tile(const GmemView& g) {
   return make_tma_copy(SM90_TMA_LOAD{},
-                       gmem_qkv<Element>(g.ptr, g.rows, kCols, g.heads, g.batch, g.row_stride,
+                       gmem_qkv<Element>(g.ptr, g.rows, g.cols, g.heads, g.batch, g.row_stride,
                                          g.head_stride, g.batch_stride),
                        take<0, 2>(SmemLayout{}), Shape<Int<kRows>, Int<kCols>>{}, _1{});
 }
 template <class Element, class SmemLayout, int kRows, int kCols>
 using TmaTile = decltype(make_tma_tile<Element, SmemLayout, kRows, kCols>(GmemView{}));
 
-// TMA stores of kRows × kCols tiles from SmemLayout into a GmemView (the output).
+// TMA stores of kRows × kCols tiles from SmemLayout into a GmemView (the output); a box's columns
+// past g.cols (<= kCols) are not written.
 template <class Element, class SmemLayout, int kRows, int kCols>
 auto make_tma_store_tile(const GmemView& g) {
   return make_tma_copy(SM90_TMA_STORE{},
                        make_tensor(make_gmem_ptr(static_cast<Element*>(const_cast<void*>(g.ptr))),
-                                   make_shape(g.rows, kCols, g.heads, g.batch),
+                                   make_shape(g.rows, g.cols, g.heads, g.batch),
                                    make_stride(g.row_stride, _1{}, g.head_stride, g.batch_stride)),
                        SmemLayout{}, Shape<Int<kRows>, Int<kCols>>{}, _1{});
 }

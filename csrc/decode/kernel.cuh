@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
     const int r = i / kQChunks, c = i % kQChunks;
     const int pr = row0 + r;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (pr < rows_used) {
+    if (pr < rows_used && c * 8 < p.head_dim) {  // zeros past d: Note [padded head dims]
       const int tok = pr / group, h = kv_head * group + pr % group;
       const int64_t off = (p.cu_seqlens_q != nullptr
                                ? int64_t{seq.offset_q + tok} * p.q_row_stride
@@ -305,15 +305,16 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
       const uint32_t v_smem = k_smem + kBlockN * T::kPitchK;
       const char* k_base = static_cast<const char*>(p.k);
       const char* v_base = static_cast<const char*>(p.v);
+      // Chunks past the row's end or past d / d_v (Note [padded head dims]) are zero-filled.
       for (int c = lane; c < kBlockN * kChunksK; c += 32) {
         const int r = c / kChunksK, x = c % kChunksK;
-        const int64_t off = row_off[2 * r];
+        const int64_t off = x * 8 < p.head_dim ? row_off[2 * r] : -1;
         detail::cp_async_16(k_smem + r * T::kPitchK + x * 16,
                             off < 0 ? k_base : k_base + off + x * 16, off < 0 ? 0 : 16);
       }
       for (int c = lane; c < kBlockN * kChunksV; c += 32) {
         const int r = c / kChunksV, x = c % kChunksV;
-        const int64_t off = row_off[2 * r + 1];
+        const int64_t off = x * 8 < p.head_dim_v ? row_off[2 * r + 1] : -1;
         detail::cp_async_16(v_smem + r * T::kPitchV + x * 16,
                             off < 0 ? v_base : v_base + off + x * 16, off < 0 ? 0 : 16);
       }
@@ -429,7 +430,7 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
   for (int i = threadIdx.x; i < T::kBlockM * kChunks; i += T::kConsumers) {
     const int r = i / kChunks, c = i % kChunks;
     const int pr = row0 + r;
-    if (pr >= rows_len) continue;
+    if (pr >= rows_len || 4 * c >= p.head_dim_v) continue;  // Note [padded head dims]
     const int tk = pr / group, h = kv_head * group + pr % group;
     float part_lse[kWarpsN];
     float m = -INFINITY;
@@ -475,7 +476,7 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
     } else {
       const int64_t slot =
           (int64_t{split} * args.partial_rows + seq.q_row(p, b, tk)) * p.heads_q + h;
-      *reinterpret_cast<float4*>(args.o_partial + slot * DV + 4 * c) = acc;
+      *reinterpret_cast<float4*>(args.o_partial + slot * p.head_dim_v + 4 * c) = acc;
       if (c == 0) args.lse_partial[slot] = lse_row;
     }
   }

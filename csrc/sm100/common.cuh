@@ -131,12 +131,15 @@ __device__ __forceinline__ void scale_pack_32(uint32_t (&r)[32], float scale) {
   }
 }
 
-// The 16 packed words of scale_pack_32 (32 elements, 64 bytes) as four 16-byte stores.
-__device__ __forceinline__ void store_64_bytes(void* dst, const uint32_t (&r)[32]) {
+// The 16 packed words of scale_pack_32 (32 elements, 64 bytes) as four 16-byte stores, those of
+// the first `cols` columns (a multiple of 8: Note [padded head dims]).
+__device__ __forceinline__ void store_64_bytes(void* dst, const uint32_t (&r)[32], int cols) {
   FA4_UNROLL
   for (int v = 0; v < 4; ++v) {
-    reinterpret_cast<uint4*>(dst)[v] =
-        make_uint4(r[4 * v], r[4 * v + 1], r[4 * v + 2], r[4 * v + 3]);
+    if (8 * v < cols) {
+      reinterpret_cast<uint4*>(dst)[v] =
+          make_uint4(r[4 * v], r[4 * v + 1], r[4 * v + 2], r[4 * v + 3]);
+    }
   }
 }
 

@@ -103,9 +103,9 @@ int main() {
   as_documented = as_documented && s == fa4::Status::kOk;
 
   // A broken field is named in the message, and nothing is launched.
-  p.head_dim = p.head_dim_v = 80;
+  p.head_dim = p.head_dim_v = 84;
   s = fa4::validate(p);
-  report("validate(head_dim=80)", s);
+  report("validate(head_dim=84)", s);
   as_documented = as_documented && s == fa4::Status::kInvalid;
 
   int devices = 0;

@@ -48,6 +48,11 @@ CASES = [
     (1, 100, 100, 2, 2, 64, 64, {"window_size": (-20, None)}),
     (2, 70, 90, 4, 2, 128, 128, {"window_size": (40, -10)}),
     (1, 50, 50, 2, 1, 64, 64, {"causal": True, "window_size": (10, 10)}),
+    # Note [padded head dims]: any multiple of 8 up to 256, d and d_v independent
+    (1, 50, 70, 2, 1, 80, 80, {}),
+    (2, 40, 40, 2, 2, 128, 64, {"causal": True}),
+    (1, 33, 33, 2, 1, 8, 8, {}),
+    (1, 33, 47, 4, 2, 40, 256, {"window_size": (10, 5)}),
 ]
 
 

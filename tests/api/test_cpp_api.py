@@ -134,7 +134,7 @@ def test_example(fa4_prefix, tmp_path):
     out = proc.stdout
     assert proc.returncode == 0, f"example exited {proc.returncode}:\n{out}\n{proc.stderr}"
     assert "): ok" in out, out  # the valid problem passes validate()
-    assert "invalid: head_dim=80 not supported" in out, out
+    assert "invalid: head_dim=84 not supported" in out, out
     # With a device, run_fwd ran; this build has no kernel yet, so it must say so.
     assert "no CUDA device" in out or "run_fwd: unsupported: fa4 " in out, out
     assert "fa4 behaved as documented" in out, out

@@ -29,7 +29,7 @@ import pytest
 import torch
 from helpers import assert_tolerance, build_gxx, need_tool
 
-from fa4 import reference
+from fa4 import dispatch, manifest, reference
 from fa4.reference import allowed_keys, attention_fa4_model, attention_ref
 
 pytestmark = pytest.mark.build
@@ -703,3 +703,29 @@ def test_compiles_as_device_code(tmp_path):
     assert {arch for _, arch in report} == {"sm_90a", "sm_100a"}, report
     for (fn, arch), (frame, spill) in zip(report, frames, strict=True):
         assert frame == "0" and spill == "0", f"{fn} on {arch}: {frame} B stack, {spill} B spill"
+
+
+# --- padded head dims ---------------------------------------------------------------------------
+
+
+def test_cover_matches_manifest(harness, tmp_path):
+    """Note [padded head dims]: csrc/common/head_dims.h's cover (what run_fwd_* / run_bwd_* pick)
+    and fa4.manifest.cover (what dispatch and the support matrix assume) choose the same compiled
+    instance for every admissible (d, d_v) over several builds' head-dim lists, and
+    admissible_head_dim agrees with dispatch.admissible_head_dim."""
+    full = [tuple(p) for p in manifest.HEAD_DIMS.values()]
+    lists = [full, [(64, 64), (128, 128)], [(128, 128)], [(192, 128), (256, 256)], [(96, 96)]]
+    queries = [(d, dv) for d in range(0, 272, 8) for dv in (8, 64, 72, 128, 136, 200, 256)]
+    queries += [(84, 84), (4, 4), (264, 128)]
+    lines = [f"{len(ks)} {' '.join(f'{a} {b}' for a, b in ks)} {d} {dv}" for ks in lists
+             for d, dv in queries]  # fmt: skip
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    _run(harness, "cover", tmp_path / "in.txt", tmp_path / "out.txt")
+    got = [tuple(map(int, ln.split())) for ln in (tmp_path / "out.txt").read_text().splitlines()]
+    want = [(*(manifest.cover(ks, d, dv) or (0, 0)), int(dispatch.admissible_head_dim(d)))
+            for ks in lists for d, dv in queries]  # fmt: skip
+    assert got == want
+    assert manifest.cover(full, 128, 64) == (128, 128)  # least D + D_v, not the (192, 128) pair
+    assert manifest.cover(full, 80, 80) == (96, 96)
+    assert manifest.cover(full, 160, 64) == (192, 128)
+    assert manifest.cover([(64, 64)], 72, 72) is None

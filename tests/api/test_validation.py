@@ -65,8 +65,9 @@ DENSE_CASES = {
         ValueError,
         ["v", "stride 2"],
     ),
-    "hdim_80": (lambda: qkv(d=80), {}, ValueError, ["q", "head dim 80", "not supported"]),
-    "hdim_v_mismatch": (lambda: qkv(d=128, d_v=64), {}, ValueError, ["head dim 128 with d_v 64"]),
+    "hdim_84": (lambda: qkv(d=84), {}, ValueError, ["q", "head dim 84", "multiple of 8"]),
+    "hdim_264": (lambda: qkv(d=264), {}, ValueError, ["q", "head dim 264", "8 to 256"]),
+    "hdim_v_60": (lambda: qkv(d=128, d_v=60), {}, ValueError, ["v", "head dim 60", "multiple"]),
     "hdim_k_mismatch": (
         lambda: (qkv(d=128)[0], *qkv(d=64)[1:]),
         {},

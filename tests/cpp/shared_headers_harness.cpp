@@ -24,6 +24,9 @@
 //   harness bwdopts IN OUT IN: lines "causal head_dim deterministic FA4_BWD_TILE_ORDER" ("-" for
 //                          unset). OUT (text): per case "ok first wave l2 max_pairs" of the
 //                          options the SM90 backward passes BwdGrid::make.
+//   harness cover IN OUT   IN: lines "n D1 DV1 ... Dn DVn d dv". OUT (text): per line the
+//                          compiled pair cover (common/head_dims.h) picks ("0 0": none) and
+//                          admissible_head_dim(d).
 //   harness keys IN OUT    IN: lines "s_q s_k window_left window_right causal". OUT (text): per
 //                          case, keys_computed of 128-row tiles with 80- and with 64-key blocks.
 //   harness attn IN OUT    a whole attention problem (layout in run_attention) through the
@@ -40,6 +43,7 @@
 #include <vector>
 
 #include "exp2_poly.cuh"
+#include "common/head_dims.h"
 #include "common/mask.cuh"
 #include "common/softmax.cuh"
 #include "common/tile_scheduler.cuh"
@@ -543,10 +547,31 @@ int run_attention(const char* in_path, const char* out_path) {
 
 }  // namespace
 
+// ---- padded head dims -------------------------------------------------------------------------
+
+int run_cover(const char* in_path, const char* out_path) {
+  FILE* in = open_or_die(in_path, "r");
+  FILE* out = open_or_die(out_path, "w");
+  int n;
+  while (std::fscanf(in, "%d", &n) == 1) {
+    std::vector<fa4::HeadDims> list(n);
+    for (auto& k : list) {
+      if (std::fscanf(in, "%d %d", &k.d, &k.dv) != 2) return 2;
+    }
+    int d, dv;
+    if (std::fscanf(in, "%d %d", &d, &dv) != 2) return 2;
+    const fa4::HeadDims k = fa4::cover(list.data(), n, d, dv);
+    std::fprintf(out, "%d %d %d\n", k.d, k.dv, int(fa4::admissible_head_dim(d)));
+  }
+  std::fclose(in);
+  return std::fclose(out) == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   if (argc == 4) {
     const std::string mode = argv[1];
     if (mode == "mask") return run_mask(argv[2], argv[3]);
+    if (mode == "cover") return run_cover(argv[2], argv[3]);
     if (mode == "sched") return run_sched(argv[2], argv[3]);
     if (mode == "order") return run_order(argv[2], argv[3]);
     if (mode == "bwdgrid") return run_bwdgrid(argv[2], argv[3]);

@@ -154,13 +154,13 @@ const FwdCase kInvalidFwd[] = {
     {"heads_q=0", base, [](P& p) { p.heads_q = 0; }},
     {"heads_kv=0", base, [](P& p) { p.heads_kv = 0; }},
     {"heads_q=8 not a multiple of heads_kv=3", base, [](P& p) { p.heads_kv = 3; }},
-    {"head_dim=80 not supported: 64, 96, 128, 192, 256, or (192, d_v=128)", base,
-     [](P& p) { p = dense(2, 200, 300, 8, 2, 80, 80); }},
-    {"head_dim=32", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 32, 32); }},
+    {"head_dim=84 not supported: a multiple of 8 from 8 to 256", base,
+     [](P& p) { p = dense(2, 200, 300, 8, 2, 84, 84); }},
+    {"head_dim=4", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 4, 4); }},
     {"head_dim=512", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 512, 512); }},
-    {"head_dim_v=64", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 128, 64); }},
-    {"head_dim_v=64", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 192, 64); }},
-    {"head_dim_v=256", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 128, 256); }},
+    {"head_dim=264", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 264, 128); }},
+    {"head_dim_v=60", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 128, 60); }},
+    {"head_dim_v=0", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 192, 0); }},
     {"dtype=7", base, [](P& p) { p.dtype = static_cast<fa4::DType>(7); }},
     {"softmax_scale=0", base, [](P& p) { p.softmax_scale = 0.0f; }},
     {"softmax_scale=-1", base, [](P& p) { p.softmax_scale = -1.0f; }},
@@ -228,6 +228,11 @@ const FwdCase kValidFwd[] = {
     {"d=96", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 96, 96); }},
     {"d=192", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 192, 192); }},
     {"d=256", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 256, 256); }},
+    // Note [padded head dims]: any multiple of 8 up to 256, d and d_v independently.
+    {"d=80", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 80, 80); }},
+    {"d=8", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 8, 8); }},
+    {"d=128 d_v=64", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 128, 64); }},
+    {"d=40 d_v=256", base, [](P& p) { p = dense(1, 64, 64, 1, 1, 40, 256); }},
     {"MQA, d=192 d_v=128", base, [](P& p) { p = dense(1, 64, 64, 6, 1, 192, 128); }},
     {"no LSE: its strides are unused", base,
      [](P& p) {
@@ -324,9 +329,9 @@ void test_valid_fwd() {
 }
 
 void test_last_error_is_sticky() {
-  CHECK(fa4::validate(dense(1, 64, 64, 1, 1, 80, 80)) == fa4::Status::kInvalid);
+  CHECK(fa4::validate(dense(1, 64, 64, 1, 1, 84, 84)) == fa4::Status::kInvalid);
   CHECK(fa4::validate(base()) == fa4::Status::kOk);
-  CHECK(error_has("head_dim=80"));  // a kOk call leaves the last failure's message in place
+  CHECK(error_has("head_dim=84"));  // a kOk call leaves the last failure's message in place
 }
 
 void test_no_kernel_built() {
@@ -375,7 +380,7 @@ void test_tile_order_options() {
   }
   // Judged before the params: the message names the option, not the broken field.
   fa4::FwdParams broken = base();
-  broken.head_dim = 80;
+  broken.head_dim = 84;
   o.tile_order = "bogus";
   CHECK(fa4::run_fwd(broken, nullptr, o) == fa4::Status::kInvalid);
   CHECK(error_starts("tile_order=bogus: "));
@@ -493,7 +498,7 @@ void test_invalid_bwd() {
   const BwdCase cases[] = {
       {"fwd.lse is null", [](fa4::BwdParams& b) { b.fwd.lse = nullptr; }},
       {"fwd.out is null", [](fa4::BwdParams& b) { b.fwd.out = nullptr; }},
-      {"fwd.head_dim=80", [](fa4::BwdParams& b) { b.fwd.head_dim = b.fwd.head_dim_v = 80; }},
+      {"fwd.head_dim=84", [](fa4::BwdParams& b) { b.fwd.head_dim = b.fwd.head_dim_v = 84; }},
       {"fwd.softmax_scale=0", [](fa4::BwdParams& b) { b.fwd.softmax_scale = 0.0f; }},
       {"dout is null", [](fa4::BwdParams& b) { b.dout = nullptr; }},
       {"dq is null", [](fa4::BwdParams& b) { b.dq = nullptr; }},

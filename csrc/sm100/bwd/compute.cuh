@@ -75,12 +75,12 @@ __device__ __forceinline__ void compute_ds(uint32_t tmem_row, int c0, const floa
   }
 }
 
-// kCols columns of this thread's row of a TMEM accumulator (region) from TMEM to `out`, scaled;
-// zeros when no Q block saw the tile. tcgen05.ld is .sync.aligned: the whole warp loads, only
-// the stores are per row.
+// kCols columns of this thread's row of a TMEM accumulator (region) from TMEM to `out`, scaled,
+// of which the first cols_valid exist (Note [padded head dims]); zeros when no Q block saw the
+// tile. tcgen05.ld is .sync.aligned: the whole warp loads, only the stores are per row.
 template <class T, int kCols>
 __device__ __forceinline__ void store_acc_row(typename T::Element* out, uint32_t taddr, float scale,
-                                              bool any_iters, bool in_seq) {
+                                              bool any_iters, bool in_seq, int cols_valid) {
   using Element = typename T::Element;
   FA4_UNROLL
   for (int c = 0; c < kCols / 32; ++c) {
@@ -93,7 +93,7 @@ __device__ __forceinline__ void store_acc_row(typename T::Element* out, uint32_t
       for (int j = 0; j < 32; ++j) o[j] = 0u;
     }
     scale_pack_32<Element>(o, scale);
-    if (in_seq) store_64_bytes(out + 32 * c, o);
+    if (in_seq) store_64_bytes(out + 32 * c, o, cols_valid - 32 * c);
   }
 }
 
@@ -114,11 +114,13 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const SeqInfo& s
   if (w == 0) {
     Element* out = static_cast<Element*>(p.dk) + int64_t(bidb) * p.dk_batch_stride +
                    grow * p.dk_row_stride + int64_t(head_kv) * p.dk_head_stride + h * T::kSliceD;
-    store_acc_row<T, T::kSliceD>(out, tmem_row + Plan::kDK, p.fwd.softmax_scale, any_iters, in_seq);
+    store_acc_row<T, T::kSliceD>(out, tmem_row + Plan::kDK, p.fwd.softmax_scale, any_iters, in_seq,
+                                 p.fwd.head_dim - h * T::kSliceD);
   } else {
     Element* out = static_cast<Element*>(p.dv) + int64_t(bidb) * p.dv_batch_stride +
                    grow * p.dv_row_stride + int64_t(head_kv) * p.dv_head_stride + h * T::kSliceDV;
-    store_acc_row<T, T::kSliceDV>(out, tmem_row + Plan::kDV, 1.0f, any_iters, in_seq);
+    store_acc_row<T, T::kSliceDV>(out, tmem_row + Plan::kDV, 1.0f, any_iters, in_seq,
+                                  p.fwd.head_dim_v - h * T::kSliceDV);
   }
 }
 

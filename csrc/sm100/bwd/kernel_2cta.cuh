@@ -202,12 +202,14 @@ struct Traits2 {
   static constexpr uint32_t kDoBytes = (kHalfM * kHeadDimV + kBlockM * kHalfD) * sizeof(Element);
 };
 
-// TMA loads of kRows × kCols tiles of a tensor with kFullCols columns (column tiles: the d/2
-// halves); make_tma_tile's tiles span all columns.
+// TMA loads of kRows × kCols tiles of a tensor with kFullCols columns in the kernel (column
+// tiles: the d/2 halves) and g.cols <= kFullCols in memory (zero-filled past them: Note [padded
+// head dims]); make_tma_tile's tiles span all columns.
 template <class Element, class SmemLayout, int kRows, int kCols, int kFullCols>
 auto make_tma_cols(const GmemView& g) {
+  static_assert(kCols <= kFullCols, "a column tile of the kernel's columns");
   return make_tma_copy(SM90_TMA_LOAD{},
-                       gmem_qkv<Element>(g.ptr, g.rows, kFullCols, g.heads, g.batch, g.row_stride,
+                       gmem_qkv<Element>(g.ptr, g.rows, g.cols, g.heads, g.batch, g.row_stride,
                                          g.head_stride, g.batch_stride),
                        take<0, 2>(SmemLayout{}), Shape<Int<kRows>, Int<kCols>>{}, _1{});
 }

@@ -152,7 +152,7 @@ __device__ void correction_role(const KernelParams<T>& kp, typename T::SharedSto
           }
           // Packed in place (o[j] from o[2j], o[2j + 1], j <= 2j): 16 registers fewer.
           scale_pack_32<Element>(o, inv_l);
-          if (in_seq) store_64_bytes(out + 32 * c, o);
+          if (in_seq) store_64_bytes(out + 32 * c, o, p.head_dim_v - 32 * c);
         }
       }
       if (in_seq && p.lse != nullptr) {

@@ -58,13 +58,14 @@ __device__ __forceinline__ void stage_rows(typename T::Element* rows, float scal
   }
 }
 
-// Rows [0, rows_valid) of the staged tile to global memory, 16 bytes per store, chunk c of the
-// tile (row c / kChunks) by thread c % kConsumerThreads: all loads, then all stores, predicated
-// (with a branch per store ptxas moved each load down to its store).
+// Rows [0, rows_valid) and columns [0, cols_valid) (a multiple of 8: Note [padded head dims]) of
+// the staged tile to global memory, 16 bytes per store, chunk c of the tile (row c / kChunks) by
+// thread c % kConsumerThreads: all loads, then all stores, predicated (with a branch per store
+// ptxas moved each load down to its store).
 template <class T, int kD>
 __device__ __forceinline__ void write_rows(const typename T::Element* rows,
                                            typename T::Element* base, int64_t row_stride,
-                                           int rows_valid, int tid) {
+                                           int rows_valid, int cols_valid, int tid) {
   constexpr int kChunks = kD / 8, kThreads = T::kConsumerThreads;
   constexpr int kTotal = T::kBlockN * kChunks;
   constexpr int kPasses = (kTotal + kThreads - 1) / kThreads;
@@ -89,7 +90,8 @@ __device__ __forceinline__ void write_rows(const typename T::Element* rows,
   CUTLASS_PRAGMA_UNROLL
   for (int k = 0; k < kPasses; ++k) {
     auto* at = kFixedCol ? first + k * step : base + int64_t(row_of(k)) * row_stride + col_of(k);
-    cutlass::arch::global_store<uint4, 16>(v[k], at, in_tile(k) && row_of(k) < rows_valid);
+    cutlass::arch::global_store<uint4, 16>(
+        v[k], at, in_tile(k) && row_of(k) < rows_valid && col_of(k) < cols_valid);
   }
 }
 
@@ -123,9 +125,9 @@ __device__ __forceinline__ void store_dk_dv(const BwdKernelParams<T>& kp,
   wait_dq();
   cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
   stage_rows<T, kD>(rows_k, p.fwd.softmax_scale, acc_dk, ck);
-  write_rows<T, kDV>(rows_v, dv, p.dv_row_stride, rows_valid, tid);
+  write_rows<T, kDV>(rows_v, dv, p.dv_row_stride, rows_valid, p.fwd.head_dim_v, tid);
   cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
-  write_rows<T, kD>(rows_k, dk, p.dk_row_stride, rows_valid, tid);
+  write_rows<T, kD>(rows_k, dk, p.dk_row_stride, rows_valid, p.fwd.head_dim, tid);
   // The next tile's dS and dQ stores reuse the staging buffers (persistent grid).
   cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
 }
@@ -186,10 +188,12 @@ __device__ __forceinline__ void stage_dk_dv_tma(const BwdKernelParams<T>& kp,
 // per row, while the pairs before Note [dK/dV epilogue] gave half sectors. No barrier: only
 // registers are read. The accumulator of a warpgroup's wgmma m64nNk16 is QuadFrag<N>
 // (common/fragment.cuh): N = d / 2 here.
+// Columns past cols_valid (a multiple of 8: Note [padded head dims]) are not written.
 template <class T, int kCols, class Acc, class Coord>
 __device__ __forceinline__ void write_quad_rows(typename T::Element* base, int64_t row_stride,
-                                                int rows_valid, float scale, const Acc& acc,
-                                                const Coord& coords, int quad_lane) {
+                                                int rows_valid, int cols_valid, float scale,
+                                                const Acc& acc, const Coord& coords,
+                                                int quad_lane) {
   using Element = typename T::Element;
   using Frag = QuadFrag<kCols>;
   static_assert(decltype(size(acc))::value == Frag::kSize, "one m64nNk16 accumulator");
@@ -212,7 +216,7 @@ __device__ __forceinline__ void write_quad_rows(typename T::Element* base, int64
       quad_transpose(w, quad_lane);
       // Group 4j sits at column c0 + 2·quad_lane of this row; lane q now holds group 4j + q.
       const int col = get<1>(coords(Frag::idx(r, 8 * j))) + 6 * quad_lane;
-      if (in_seq) {
+      if (in_seq && col < cols_valid) {
         *reinterpret_cast<uint4*>(base + row * row_stride + col) =
             make_uint4(w[0], w[1], w[2], w[3]);
       }
@@ -251,9 +255,10 @@ __device__ __forceinline__ void store_dk_dv_regs(const BwdKernelParams<T>& kp, c
   const auto cv = fragment_coords(mma_dv, tid, Shape<Int<kN>, Int<kDV>>{});
   constexpr int kColsK = 2 * decltype(size(acc_dk))::value;
   constexpr int kColsV = 2 * decltype(size(acc_dv))::value;
-  write_quad_rows<T, kColsK>(dk, p.dk_row_stride, rows_valid, p.fwd.softmax_scale, acc_dk, ck,
+  write_quad_rows<T, kColsK>(dk, p.dk_row_stride, rows_valid, p.fwd.head_dim, p.fwd.softmax_scale,
+                             acc_dk, ck, tid % 4);
+  write_quad_rows<T, kColsV>(dv, p.dv_row_stride, rows_valid, p.fwd.head_dim_v, 1.0f, acc_dv, cv,
                              tid % 4);
-  write_quad_rows<T, kColsV>(dv, p.dv_row_stride, rows_valid, 1.0f, acc_dv, cv, tid % 4);
 }
 
 }  // namespace fa4::sm90

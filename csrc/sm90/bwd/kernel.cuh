@@ -154,8 +154,8 @@ __global__ void __launch_bounds__(T::kConsumerThreads)
       frag(4 * j + 2) = v.z;
       frag(4 * j + 3) = v.w;
     }
-    write_quad_rows<T, T::kDqFloats / 128>(dq, p.dq_row_stride, rows_valid, f.softmax_scale, frag,
-                                           coords, tid % 4);
+    write_quad_rows<T, T::kDqFloats / 128>(dq, p.dq_row_stride, rows_valid, f.head_dim,
+                                           f.softmax_scale, frag, coords, tid % 4);
     return;
   }
   // The block in fragment order -> shared memory in rows (coalesced 16-byte loads, then each
@@ -181,6 +181,7 @@ __global__ void __launch_bounds__(T::kConsumerThreads)
   for (int c = tid; c < T::kBlockM * kChunks; c += T::kConsumerThreads) {
     const int row = c / kChunks, col = c % kChunks * 8;
     if (row >= rows_valid) break;
+    if (col >= f.head_dim) continue;  // Note [padded head dims]
     const float4 lo = rows[(row * kDqPitch + col) / 4];
     const float4 hi = rows[(row * kDqPitch + col) / 4 + 1];
     const float x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
@@ -203,17 +204,17 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
   const FwdParams& f = p.fwd;
   BwdKernelParams<T> kp;
   kp.p = p;
-  kp.ws = workspace_of(f, workspace);
+  kp.ws = workspace_of(f, workspace, T::kHeadDim);
   kp.score = ScoreScale::make(f.softmax_scale, f.softcap);
   kp.group = f.heads_q / f.heads_kv;
   const GmemView q =
-      gmem_view(f, f.q, false, T::kHeadDim, f.q_row_stride, f.q_head_stride, f.q_batch_stride);
-  const GmemView dout = gmem_view(f, p.dout, false, T::kHeadDimV, p.dout_row_stride,
+      gmem_view(f, f.q, false, f.head_dim, f.q_row_stride, f.q_head_stride, f.q_batch_stride);
+  const GmemView dout = gmem_view(f, p.dout, false, f.head_dim_v, p.dout_row_stride,
                                   p.dout_head_stride, p.dout_batch_stride);
   const GmemView k =
-      gmem_view(f, f.k, true, T::kHeadDim, f.k_row_stride, f.k_head_stride, f.k_batch_stride);
+      gmem_view(f, f.k, true, f.head_dim, f.k_row_stride, f.k_head_stride, f.k_batch_stride);
   const GmemView v =
-      gmem_view(f, f.v, true, T::kHeadDimV, f.v_row_stride, f.v_head_stride, f.v_batch_stride);
+      gmem_view(f, f.v, true, f.head_dim_v, f.v_row_stride, f.v_head_stride, f.v_batch_stride);
   kp.shape_q = q.shape();
   kp.shape_do = dout.shape();
   kp.shape_k = k.shape();
@@ -224,9 +225,9 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
   kp.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(v);
   if constexpr (T::kTmaStoreDkDv) {  // Note [TMA-store dK/dV]: dense problems
     if (f.cu_seqlens_q == nullptr) {
-      const GmemView dk = gmem_view(f, p.dk, true, T::kHeadDim, p.dk_row_stride, p.dk_head_stride,
+      const GmemView dk = gmem_view(f, p.dk, true, f.head_dim, p.dk_row_stride, p.dk_head_stride,
                                     p.dk_batch_stride);
-      const GmemView dv = gmem_view(f, p.dv, true, T::kHeadDimV, p.dv_row_stride, p.dv_head_stride,
+      const GmemView dv = gmem_view(f, p.dv, true, f.head_dim_v, p.dv_row_stride, p.dv_head_stride,
                                     p.dv_batch_stride);
       kp.out.shape_dk = dk.shape();
       kp.out.shape_dv = dv.shape();

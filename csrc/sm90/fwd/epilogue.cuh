@@ -41,7 +41,7 @@ __device__ __forceinline__ void store_tile(const KernelParams<T>& kp, const Tile
         w[k] = reinterpret_cast<const uint32_t&>(pair);
       }
       quad_transpose(w, quad_lane);
-      if (in_seq) {
+      if (in_seq && 8 * (4 * j + quad_lane) < p.head_dim_v) {  // Note [padded head dims]
         *reinterpret_cast<uint4*>(out + 8 * (4 * j + quad_lane)) =
             make_uint4(w[0], w[1], w[2], w[3]);
       }

@@ -472,11 +472,11 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   kp.group = p.heads_q / p.heads_kv;
   kp.score = ScoreScale::make(p.softmax_scale, p.softcap);
   const GmemView q =
-      gmem_view(p, p.q, false, T::kHeadDim, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+      gmem_view(p, p.q, false, p.head_dim, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
   const GmemView k =
-      gmem_view(p, p.k, true, T::kHeadDim, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+      gmem_view(p, p.k, true, p.head_dim, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
   const GmemView v =
-      gmem_view(p, p.v, true, T::kHeadDimV, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+      gmem_view(p, p.v, true, p.head_dim_v, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
   kp.shape_q = q.shape();
   kp.shape_k = k.shape();
   kp.shape_v = v.shape();
@@ -484,7 +484,7 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   kp.tma_k = make_tma_tile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>(k);
   kp.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(v);
   if (T::kTmaStoreO && p.cu_seqlens_q == nullptr) {
-    const GmemView o = gmem_view(p, p.out, false, T::kHeadDimV, p.out_row_stride, p.out_head_stride,
+    const GmemView o = gmem_view(p, p.out, false, p.head_dim_v, p.out_row_stride, p.out_head_stride,
                                  p.out_batch_stride);
     kp.shape_o = o.shape();
     kp.tma_o = make_tma_store_tile<Element, typename T::SmemLayoutOHalf, 64, T::kHeadDimV>(o);
