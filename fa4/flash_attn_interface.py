@@ -41,7 +41,7 @@ What raises NotImplementedError (fa4 lacks it; none is ignored silently):
 - alibi_slopes not None (fa4 has no ALiBi bias).
 
 Differences that remain: a query row that sees no key has lse = -inf (flash-attn 2 writes +inf);
-fa4's head dims are 64, 96, 128, 192, 256 and (192, 128) (flash-attn 2: any up to 256), and its
+fa4's head dims are multiples of 8 up to 256 (flash-attn 2: any up to 256), and its
 kernels take fp16/bf16 (the CPU reference also fp32/fp64); fa4's softmax_lse is differentiable.
 FA3 (`hopper/flash_attn_interface.py`) differs from flash-attn 2: no dropout_p argument (so
 softmax_scale is its 4th positional argument), extra arguments (qv, descales, attention_chunk,
