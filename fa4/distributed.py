@@ -319,7 +319,7 @@ def _ring_forward(q, k, v, cfg):
     q_chunks = _chunks(cfg.layout, cfg.rank, cfg.world, s_local)
     acc = [None] * len(q_chunks)  # per q chunk: merged (out, lse), in the LSE's dtype
     peers = _peers(cfg.group, cfg.rank, cfg.world)
-    kv = (k, v)
+    kv = (k.contiguous(), v.contiguous())  # P2P sends need dense tensors (k may be a qkv view)
     for step in range(cfg.world):
         # Post the next exchange before computing this block: the transfer overlaps it.
         pending = _exchange(kv, kv, cfg.group, peers) if step < cfg.world - 1 else None
@@ -376,7 +376,7 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, cfg):
     acc_dtype = _lse_dtype(q)  # partial gradients are summed in fp32 (fp64 for fp64)
     dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
     peers = _peers(cfg.group, cfg.rank, cfg.world)
-    kv, dkv = (k, v), None
+    kv, dkv = (k.contiguous(), v.contiguous()), None
     for step in range(cfg.world):
         # Post this step's transfers first: the next K/V shard, and the accumulator of the shard
         # in hand (filled by the previous ranks) while this rank computes its own share of it.

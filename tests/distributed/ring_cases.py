@@ -56,6 +56,7 @@ def cases(world):
         _case("contiguous-window31-31", layout="contiguous", window_size=(31, 31)),
         _case("zigzag-window15-15", layout="zigzag", window_size=(15, 15)),
         _case("zigzag-fp32-causal", layout="zigzag", causal=True, dtype=torch.float32),
+        _case("zigzag-packed-qkv-views", layout="zigzag", causal=True, packed=True),
         _case("zigzag-dv32-s128", layout="zigzag", causal=True, s=128, d_v=32, h_kv=1),
     ]
     return {c["name"]: c for c in out}
@@ -80,22 +81,26 @@ def _single(q, k, v, dout, dlse, kw):
     return out.detach(), lse.detach(), q.grad, k.grad, v.grad
 
 
-def _ring(q, k, v, dout, dlse, kw, layout, group):
+def _ring(q, k, v, dout, dlse, kw, layout, group, packed=False):
     def shard(x, dim=1):
         return fd.shard_sequence(x, group=group, layout=layout, dim=dim)
 
     def gather(x, dim=1):
         return fd.gather_sequence(x, group=group, layout=layout, dim=dim)
 
-    ql, kl, vl = (shard(t).requires_grad_() for t in (q, k, v))
+    if packed:  # q, k, v as strided views of one (b, s_local, 3, h, d) leaf, like a qkv proj
+        qkv = torch.stack([shard(t) for t in (q, k, v)], 2).requires_grad_()
+        ql, kl, vl = qkv.unbind(2)
+    else:
+        ql, kl, vl = (shard(t).requires_grad_() for t in (q, k, v))
     out, lse = fd.ring_attention(
         ql, kl, vl, group=group, layout=layout, return_lse=True, backend="reference", **kw
     )
     dl = shard(dlse, 2).masked_fill(torch.isinf(lse), 0)
     torch.autograd.backward([out, lse], [shard(dout), dl])
+    grads = qkv.grad.unbind(2) if packed else (ql.grad, kl.grad, vl.grad)
     return (
-        gather(out.detach()), gather(lse.detach(), 2), gather(ql.grad), gather(kl.grad),
-        gather(vl.grad),
+        gather(out.detach()), gather(lse.detach(), 2), *(gather(g) for g in grads),
     )  # fmt: skip
 
 
@@ -111,10 +116,10 @@ def compare(got, want, dtype):
 
 def run_case(c, group, seed=0):
     kw = dict(c["kw"])
-    layout = kw.pop("layout")
+    layout, packed = kw.pop("layout"), kw.pop("packed", False)
     q, k, v, dout, dlse = _inputs(c, seed)
     want = _single(q, k, v, dout, dlse, kw)
-    got = _ring(q, k, v, dout, dlse, kw, layout, group)
+    got = _ring(q, k, v, dout, dlse, kw, layout, group, packed)
     return compare(got, want, c["dtype"])
 
 
