@@ -59,7 +59,10 @@ import fa4
 
 from . import _ops, dispatch
 
-__all__ = ["ring_attention", "merge_partials", "shard_sequence", "gather_sequence", "block_mask"]
+__all__ = [
+    "ring_attention", "ulysses_attention", "merge_partials", "shard_sequence", "gather_sequence",
+    "block_mask",
+]  # fmt: skip
 
 LAYOUTS = ("zigzag", "contiguous")
 
@@ -499,3 +502,102 @@ def ring_attention(
     _check_shapes(q, k, v, cfg, cu_seqlens)
     out, lse = _RingAttention.apply(q, k, v, cfg)
     return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------------------------------------
+# Ulysses: all-to-all over heads
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single over dim 0 (one slot per rank): rank r's slot w goes to rank w's slot
+    r. The map is its own adjoint, so the backward is the same exchange of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        y = torch.empty_like(x)
+        dist.all_to_all_single(y, x.contiguous(), group=group)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return _AllToAll.apply(g.contiguous(), ctx.group), None
+
+
+def _zigzag_order(x, world, to_global):
+    """Reorders dim 1 between the ranks' shards concatenated (rank 0's two chunks, rank 1's,
+    ...) and global order (to_global=True), or back."""
+    size = x.shape[1] // (2 * world)
+    held = [c for r in range(world) for c in (r, 2 * world - 1 - r)]  # chunk ids, shard order
+    pos = {c: i for i, c in enumerate(held)}
+    order = [pos[c] for c in range(2 * world)] if to_global else held
+    return torch.cat([x.narrow(1, i * size, size) for i in order], 1)
+
+
+def _seq_to_heads(x, cfg):
+    """(b, s_local, h, ·) sequence shards -> (b, s, h / world, ·): the full sequence in global
+    order for this rank's group of heads."""
+    b, s_l, h, d = x.shape
+    w = cfg.world
+    t = x.reshape(b, s_l, w, h // w, d).permute(2, 0, 1, 3, 4).contiguous()
+    t = _AllToAll.apply(t, cfg.group)  # slot r: rank r's rows, this rank's heads
+    t = t.permute(1, 0, 2, 3, 4).reshape(b, w * s_l, h // w, d)
+    return _zigzag_order(t, w, True) if cfg.layout == "zigzag" else t
+
+
+def _heads_to_seq(x, cfg):
+    """The inverse of _seq_to_heads: (b, s, h / world, ·) -> (b, s_local, h, ·)."""
+    b, s, hw, d = x.shape
+    w = cfg.world
+    if cfg.layout == "zigzag":
+        x = _zigzag_order(x, w, False)
+    t = x.reshape(b, w, s // w, hw, d).permute(1, 0, 2, 3, 4).contiguous()
+    t = _AllToAll.apply(t, cfg.group)  # slot r: this rank's rows, rank r's heads
+    return t.permute(1, 2, 0, 3, 4).reshape(b, s // w, w * hw, d)
+
+
+def ulysses_attention(
+    q,
+    k,
+    v,
+    *,
+    group=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    softmax_scale=None,
+    layout="zigzag",
+    return_lse=False,
+    deterministic=False,
+    backend="auto",
+):
+    """ring_attention's contract (same shards, arguments and results) computed by head
+    parallelism instead (DeepSpeed-Ulysses): an all-to-all turns the sequence shards into the
+    full sequence for h / world query heads (and h_kv / world kv heads), one fa4.attention call
+    runs the global masks as they are, and an all-to-all turns the output back into sequence
+    shards. Needs h and h_kv divisible by the world size (ValueError otherwise); moves q, k, v
+    and out once each instead of K/V world - 1 times, but holds the full sequence of its heads.
+    Differentiable (the all-to-all's backward is the reverse all-to-all)."""
+    _check_layout(layout)
+    rank, world = _group_info(group)
+    cfg = _Config(
+        group, rank, world, layout, -1, -1, softmax_scale, softcap, deterministic, backend
+    )
+    _check_shapes(q, k, v, cfg, None)
+    kw = dict(
+        causal=causal, window_size=window_size, softcap=softcap, softmax_scale=softmax_scale,
+        deterministic=deterministic, backend=backend, return_lse=True,
+    )  # fmt: skip
+    if world == 1:
+        out, lse = fa4.attention(q, k, v, **kw)
+        return (out, lse) if return_lse else out
+    if q.shape[2] % world or k.shape[2] % world:
+        raise ValueError(
+            f"fa4.distributed: ulysses_attention needs q heads ({q.shape[2]}) and kv heads "
+            f"({k.shape[2]}) divisible by the world size {world}; use ring_attention"
+        )
+    qh, kh, vh = (_seq_to_heads(t, cfg) for t in (q, k, v))
+    out, lse = fa4.attention(qh, kh, vh, **kw)
+    out = _heads_to_seq(out, cfg)
+    lse = _heads_to_seq(lse.transpose(1, 2).unsqueeze(-1), cfg).squeeze(-1).transpose(1, 2)
+    return (out, lse.contiguous()) if return_lse else out

@@ -81,7 +81,7 @@ def _single(q, k, v, dout, dlse, kw):
     return out.detach(), lse.detach(), q.grad, k.grad, v.grad
 
 
-def _ring(q, k, v, dout, dlse, kw, layout, group, packed=False):
+def _ring(q, k, v, dout, dlse, kw, layout, group, packed=False, impl=None):
     def shard(x, dim=1):
         return fd.shard_sequence(x, group=group, layout=layout, dim=dim)
 
@@ -93,7 +93,7 @@ def _ring(q, k, v, dout, dlse, kw, layout, group, packed=False):
         ql, kl, vl = qkv.unbind(2)
     else:
         ql, kl, vl = (shard(t).requires_grad_() for t in (q, k, v))
-    out, lse = fd.ring_attention(
+    out, lse = (impl or fd.ring_attention)(
         ql, kl, vl, group=group, layout=layout, return_lse=True, backend="reference", **kw
     )
     dl = shard(dlse, 2).masked_fill(torch.isinf(lse), 0)
@@ -114,12 +114,13 @@ def compare(got, want, dtype):
     return None
 
 
-def run_case(c, group, seed=0):
+def run_case(c, group, seed=0, impl=None):
+    """impl: ring_attention (None) or ulysses_attention, with the same contract."""
     kw = dict(c["kw"])
     layout, packed = kw.pop("layout"), kw.pop("packed", False)
     q, k, v, dout, dlse = _inputs(c, seed)
     want = _single(q, k, v, dout, dlse, kw)
-    got = _ring(q, k, v, dout, dlse, kw, layout, group, packed)
+    got = _ring(q, k, v, dout, dlse, kw, layout, group, packed, impl)
     return compare(got, want, c["dtype"])
 
 
@@ -179,6 +180,40 @@ def special_cases(rank, world):
     return res
 
 
+def ulysses_cases(world):
+    """The ring cases whose head counts divide by the world size, run by ulysses_attention,
+    and the ValueError for a kv head count that does not."""
+    todo = {
+        f"ulysses-{n}": (lambda c=c: run_case(c, None, impl=fd.ulysses_attention))
+        for n, c in cases(world).items()
+        if c["h"] % world == 0 and c["h_kv"] % world == 0
+    }
+
+    def ulysses_heads_indivisible():
+        q = torch.randn(1, 8 * world, world, 64, dtype=torch.float64)
+        k = torch.randn(1, 8 * world, 1, 64, dtype=torch.float64)
+        fn = lambda: fd.ulysses_attention(q, k, k, backend="reference")  # noqa: E731
+        return _expect_raises(ValueError, fn)
+
+    todo["ulysses_heads_indivisible"] = ulysses_heads_indivisible
+    return todo
+
+
+SUBGROUP_PICKS = ["zigzag-causal-gqa", "contiguous-window31-31", "zigzag-shifted-4-8"]
+
+
+def subgroup_names(world):
+    groups = ["world1"] + (["pairs"] if world == 4 else [])
+    return [f"{g}-{p}" for g in groups for p in SUBGROUP_PICKS]
+
+
+def names(world):
+    """Every case name a world of this size reports (the tests' parameters)."""
+    return [
+        *cases(world), *special_cases(0, world), *ulysses_cases(world), *subgroup_names(world)
+    ]  # fmt: skip
+
+
 def subgroup_cases(rank, world):
     """Cases on a subgroup: world size 1 (each rank alone) and, on 4 ranks, pairs {0, 1} and
     {2, 3} (group ranks differ from global ranks: the P2P peers must be translated)."""
@@ -187,7 +222,7 @@ def subgroup_cases(rank, world):
     if world == 4:
         pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         groups["pairs"] = pairs[rank // 2]
-    picks = ["zigzag-causal-gqa", "contiguous-window31-31", "zigzag-shifted-4-8"]
+    picks = SUBGROUP_PICKS
     all_cases = cases(world)
     return {
         f"{gname}-{p}": (lambda c=all_cases[p], g=g: run_case(c, g, seed=1))
@@ -204,6 +239,7 @@ def worker(rank, world, init_method, out_path):
     results = {}
     todo = {n: (lambda c=c: run_case(c, None)) for n, c in cases(world).items()}
     todo.update(special_cases(rank, world))
+    todo.update(ulysses_cases(world))
     todo.update(subgroup_cases(rank, world))
     for name, fn in todo.items():
         try:
