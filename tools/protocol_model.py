@@ -215,6 +215,7 @@ class Publish(Wait):
     tag: tuple = ()
     reads: int = 0
     full: str = ""
+    count: int = 1  # arrivals on `full` (a warpgroup publishes with 128)
 
 
 def _barrier_uses(st):
@@ -745,7 +746,8 @@ class Machine:
                         if err:
                             bad.append(("overwrite", f"{role}[{pcs[r]}] {st}: {err}"))
                             continue
-                        nd, np_, err = self._arrive(done, pend, self.slot[(st.full, st.idx)], 1)
+                        full = self.slot[(st.full, st.idx)]
+                        nd, np_, err = self._arrive(done, pend, full, st.count)
                         if err:
                             bad.append(("arrivals", f"{role}[{pcs[r]}] {st}: {err}"))
                             continue

@@ -1,0 +1,1078 @@
+#!/usr/bin/env python3
+"""Role programs of the SM100 forward kernel, extracted from its source (docs/sm100.md,
+"Extracted role programs").
+
+The kernel's C++ is parsed with tree-sitter-cpp and each role is *run* by a small abstract
+interpreter for the subset of C++ the roles are written in: integer locals and arithmetic,
+for / if / switch / break / continue / return, lambdas called by name, calls of the functions
+defined in the parsed files (template arguments ignored), Ring counters (index, parity, count),
+bar_ptr<T, Bar::kX>(ss, i). The values the kernel reads at run time come from the model's
+Config: the work tiles of the CTA (blocks per tile, through tile_work and the scheduler), the
+trait constants (kQTiles, kStages, ...), and a short list of run-time conditions (ORACLES).
+Everything else is opaque.
+
+What the interpreter records, in program order, per role:
+  sync ops   bar_wait / ClusterBarrier::wait (Wait), bar_arrive / ClusterBarrier::arrive
+             (Arrive, counting the role's threads), umma_commit (Commit),
+             arrive_and_expect_tx + the TMA copy that names the same barrier (Tma)
+  data ops   TMA loads and stores, umma_ss / umma_ts (Mma, buffers from the descriptors and the
+             TMEM columns), tcgen05.ld / st (Read / Write by TMEM column), the shared-memory
+             arrays of the statistics, the work-item ring and the O staging buffer
+A value's tag is the logical index both sides of a buffer compute from their own Ring
+counters (TAGS): the k-th K block the load thread issues is the k-th the MMA thread reads.
+That is the data-flow specification the explorer checks the extracted sync against.
+
+Decisions (each one fails loudly rather than guess):
+  - a loop whose first iteration records no sync op is modeled by that iteration (MMA K
+    slices, TMEM column chunks: they touch the same buffers); a loop with sync ops iterates
+    concretely and raises if its condition is not a known value
+  - an if whose condition is opaque must either contain no recorded op or have an ORACLES
+    entry; otherwise ExtractError
+  - a statement tree-sitter could not parse, or a call of an unknown function, must not
+    mention a sync or data primitive (ExtractError)
+  - a TMA copy must follow an arrive_and_expect_tx on its barrier, and that expect must be
+    consumed before the next sync op (ExtractError otherwise: the real kernel would hang or
+    complete the phase without data)
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tree_sitter_cpp
+from tree_sitter import Language, Parser
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import protocol_model as pm  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+FWD_FILES = (
+    "csrc/sm100/fwd/kernel.cuh",
+    "csrc/sm100/fwd/epilogue.cuh",
+    "csrc/sm100/fwd/one_tile.cuh",
+    "csrc/common/tile_ring.cuh",
+)
+FWD_ENTRY = "fwd_kernel"
+
+_PARSER = Parser(Language(tree_sitter_cpp.language()))
+# CUDA keywords tree-sitter-cpp does not know, blanked with spaces (offsets are kept).
+_BLANK = re.compile(
+    r"__launch_bounds__\([^)]*\)|__device__|__forceinline__|__host__|__global__|"
+    r"__grid_constant__|__shared__|FA4_UNROLL|typename(?=\s+T::)"
+)
+
+WAITS = {"bar_wait", "wait"}
+ARRIVES = {"bar_arrive", "arrive"}
+COMMITS = {"umma_commit"}
+EXPECTS = {"arrive_and_expect_tx"}
+SYNC_NAMES = WAITS | ARRIVES | COMMITS | EXPECTS
+DATA_NAMES = {"umma_ss", "umma_ts", "tmem_load_32", "tmem_store_16", "tmem_store_32", "copy"}
+OP_RE = re.compile(r"\b(" + "|".join(sorted(SYNC_NAMES | DATA_NAMES)) + r")\s*\(")
+
+
+class ExtractError(Exception):
+    pass
+
+
+class _Opaque:
+    def __repr__(self):
+        return "?"
+
+
+OPAQUE = _Opaque()
+
+
+class Ring:
+    """The kernel's Ring (sm100/common.cuh): index and parity of the count-th use."""
+
+    def __init__(self):
+        self.count = 0
+
+    def index(self, copies):
+        return self.count % copies
+
+    def parity(self, copies):
+        return (self.count // copies) & 1
+
+
+@dataclass
+class BarRef:
+    name: str
+    idx: int
+
+
+@dataclass
+class Coord:  # TileCoord: work item n of the CTA; batch < 0 is the end marker
+    n: int
+    batch: int
+
+
+@dataclass
+class TileWork:
+    tile: Coord
+    n_begin: int
+    n_end: int
+
+    def blocks(self):
+        return self.n_end - self.n_begin
+
+
+@dataclass
+class Closure:
+    node: object
+    scope: Scope
+
+
+class Scope:
+    def __init__(self, parent=None):
+        self.vars, self.parent = {}, parent
+
+    def find(self, name):
+        s = self
+        while s is not None:
+            if name in s.vars:
+                return s
+            s = s.parent
+        return None
+
+
+class _Break(Exception):
+    pass
+
+
+class _Continue(Exception):
+    pass
+
+
+class _Return(Exception):
+    def __init__(self, value):
+        self.value = value
+
+
+@dataclass
+class Op:
+    """One recorded operation: a protocol_model step plus where in the source it came from
+    (file, byte offset of the call) for waits, so that a mutant's waits keep their meaning."""
+
+    step: object
+    site: tuple | None = None
+
+
+# ---- Parsing -------------------------------------------------------------------------------
+def parse(text: str):
+    return _PARSER.parse(_BLANK.sub(lambda m: " " * len(m.group()), text).encode())
+
+
+def txt(node) -> str:
+    return node.text.decode()
+
+
+def functions(tree, fname) -> dict:
+    """{name: (function_definition node, file)} of every function of a parsed file."""
+    out = {}
+
+    def walk(n):
+        if n.type == "function_definition":
+            d = n.child_by_field_name("declarator")
+            while d is not None and d.type != "function_declarator":
+                d = d.child_by_field_name("declarator")
+            if d is not None:
+                name = txt(d.child_by_field_name("declarator")).split("::")[-1]
+                out[name] = (n, fname)
+            return
+        for c in n.children:
+            walk(c)
+
+    walk(tree.root_node)
+    return out
+
+
+def has_error(node) -> bool:
+    return node.has_error
+
+
+def callee_name(fn) -> str:
+    """Last name component of a call's function node: bar_ptr<T, ...> -> bar_ptr."""
+    if fn.type == "template_function":
+        return callee_name(fn.child_by_field_name("name"))
+    if fn.type == "qualified_identifier":
+        return txt(fn).split("::")[-1].split("<")[0].strip()
+    if fn.type == "field_expression":
+        return txt(fn.child_by_field_name("field"))
+    return txt(fn).split("<")[0].strip()
+
+
+# ---- The kernel's configuration --------------------------------------------------------------
+@dataclass
+class Env:
+    """What the roles read at run time, for one model configuration."""
+
+    tiles: tuple  # KV blocks of each work tile of the CTA
+    consts: dict  # T::k..., Plan::k..., kSBuffers, kTileSlots, ...
+    oracles: dict  # condition text -> value
+    kp: dict  # kp.<field> values
+    tmem: dict  # buffer name -> (first column, columns)
+    tags: dict  # (buffer kind, access) -> fn(lookup) -> tag
+    role_threads: dict = field(default_factory=dict)
+
+
+class Interp:
+    """Runs one role of a kernel abstractly and records its operations."""
+
+    def __init__(self, funcs: dict, env: Env, role_name: str, threads: int):
+        self.funcs, self.env, self.role, self.threads = funcs, env, role_name, threads
+        self.ops: list[Op] = []
+        self.stack: list[Scope] = []  # innermost scope of each active call, for tag lookup
+        self.expect: BarRef | None = None
+        self.file = None
+
+    # -- recording
+    def sync(self, step, site=None):
+        if self.expect is not None:
+            raise ExtractError(f"{self.role}: arrive_and_expect_tx on {self.expect} not "
+                               f"followed by its TMA copy before {step}")  # fmt: skip
+        self.ops.append(Op(step, site))
+
+    def data(self, step):
+        self.ops.append(Op(step))
+
+    def lookup(self, name):
+        """A variable of any active call, innermost first (tags name the caller's Rings)."""
+        for scope in reversed(self.stack):
+            s = scope.find(name)
+            if s is not None:
+                return s.vars[name]
+        raise ExtractError(f"{self.role}: tag needs '{name}', not in scope")
+
+    def tag(self, kind, access):
+        fn = self.env.tags.get((kind, access))
+        if fn is None:
+            raise ExtractError(f"{self.role}: no tag rule for {access} of {kind}")
+        return fn(self.lookup)
+
+    # -- calls
+    def call_function(self, name, args):
+        node, fname = self.funcs[name]
+        decl = node.child_by_field_name("declarator")
+        while decl.type != "function_declarator":
+            decl = decl.child_by_field_name("declarator")
+        scope = Scope()
+        self._bind(decl.child_by_field_name("parameters"), args, scope)
+        saved = self.file
+        self.file = fname
+        try:
+            return self._run_body(node.child_by_field_name("body"), scope)
+        finally:
+            self.file = saved
+
+    def call_closure(self, clo, args):
+        decl = clo.node.child_by_field_name("declarator")
+        scope = Scope(clo.scope)
+        if decl is not None:
+            self._bind(decl.child_by_field_name("parameters"), args, scope)
+        return self._run_body(clo.node.child_by_field_name("body"), scope)
+
+    def _bind(self, params, args, scope):
+        names = []
+        for p in params.named_children if params is not None else []:
+            if p.type in ("parameter_declaration", "optional_parameter_declaration"):
+                d = p.child_by_field_name("declarator")
+                names.append(re.sub(r"[&*\s]", "", txt(d)) if d is not None else None)
+        if len(names) != len(args):
+            raise ExtractError(f"{self.role}: call with {len(args)} args, {len(names)} params")
+        for n, a in zip(names, args, strict=True):
+            if n:
+                scope.vars[n] = a
+
+    def _run_body(self, body, scope):
+        self.stack.append(scope)
+        try:
+            self.block(body, scope)
+        except _Return as r:
+            return r.value
+        finally:
+            self.stack.pop()
+        return None
+
+    # -- statements
+    def block(self, node, scope):
+        inner = Scope(scope)
+        prev, self.stack[-1] = self.stack[-1], inner  # the innermost scope, for tags
+        try:
+            for c in node.named_children:
+                self.stmt(c, inner)
+        finally:
+            self.stack[-1] = prev
+
+    def stmt(self, n, scope):
+        t = n.type
+        if t == "comment":
+            return
+        if has_error(n):
+            if OP_RE.search(txt(n)):
+                raise ExtractError(f"{self.role}: unparsed statement with a sync/data op: "
+                                   f"{txt(n)[:80]}")  # fmt: skip
+            return
+        if t == "compound_statement":
+            self.block(n, scope)
+        elif t == "declaration":
+            self.declaration(n, scope)
+        elif t == "expression_statement":
+            if n.named_children:
+                self.expr(n.named_children[0], scope)
+        elif t == "for_statement":
+            self.for_stmt(n, scope)
+        elif t == "if_statement":
+            self.if_stmt(n, scope)
+        elif t == "switch_statement":
+            self.switch_stmt(n, scope)
+        elif t == "break_statement":
+            raise _Break
+        elif t == "continue_statement":
+            raise _Continue
+        elif t == "return_statement":
+            kids = n.named_children
+            raise _Return(self.expr(kids[0], scope) if kids else None)
+        elif t in ("preproc_if", "preproc_ifdef"):  # the arch guard: its body is the kernel
+            for c in n.named_children[1:]:
+                if c.type not in ("preproc_else", "preproc_elif"):
+                    self.stmt(c, scope)
+        elif t in ("alias_declaration", "using_declaration", "static_assert_declaration",
+                   "type_definition", "preproc_call"):  # fmt: skip
+            return
+        else:
+            if OP_RE.search(txt(n)):
+                raise ExtractError(f"{self.role}: unsupported statement {t} with an op")
+            return
+
+    def declaration(self, n, scope):
+        typ = txt(n.child_by_field_name("type"))
+        for d in n.children_by_field_name("declarator"):
+            init = None
+            if d.type == "init_declarator":
+                init = d.child_by_field_name("value")
+                d = d.child_by_field_name("declarator")
+            name, size = self._declarator(d)
+            if name is None:
+                if init is not None and OP_RE.search(txt(init)):
+                    raise ExtractError(f"{self.role}: unsupported declarator {txt(d)}")
+                continue
+            if init is not None:
+                val = self.expr(init, scope)
+            elif typ == "Ring":
+                val = [Ring() for _ in range(size)] if size else Ring()
+            else:
+                val = OPAQUE
+            scope.vars[name] = val
+
+    def _declarator(self, d):
+        """(name, array size or 0); (None, 0) for declarators the interpreter ignores."""
+        if d.type == "identifier":
+            return txt(d), 0
+        if d.type in ("reference_declarator", "pointer_declarator"):
+            inner = d.child_by_field_name("declarator") or d.named_children[-1]
+            return self._declarator(inner)
+        if d.type == "array_declarator":
+            name, _ = self._declarator(d.child_by_field_name("declarator"))
+            size = d.child_by_field_name("size")
+            try:
+                return name, int(txt(size)) if size is not None else 0
+            except ValueError:
+                return name, 0
+        return None, 0
+
+    def _cond(self, node, scope):
+        """A condition's value; OPAQUE when the interpreter cannot know it."""
+        c = node
+        if c.type == "condition_clause":
+            c = c.child_by_field_name("value") or c.named_children[-1]
+        v = self.expr(c, scope)
+        if v is OPAQUE:
+            key = " ".join(txt(c).split())
+            if key in self.env.oracles:
+                return self.env.oracles[key]
+        return v
+
+    def if_stmt(self, n, scope):
+        v = self._cond(n.child_by_field_name("condition"), scope)
+        then, alt = n.child_by_field_name("consequence"), n.child_by_field_name("alternative")
+        if alt is not None and alt.type == "else_clause":
+            alt = alt.named_children[0]
+        if v is OPAQUE:
+            for part in (then, alt):
+                if part is not None and self.effects(part, scope):
+                    cond = txt(n.child_by_field_name("condition"))
+                    raise ExtractError(f"{self.role}: opaque condition {cond} guards ops "
+                                       "(add an ORACLES entry or model it)")  # fmt: skip
+            return
+        if v:
+            self.stmt(then, scope)
+        elif alt is not None:
+            self.stmt(alt, scope)
+
+    def effects(self, node, scope) -> bool:
+        """Whether a subtree may record an op: a primitive, a function of the parsed files, a
+        lambda in scope, or an access of an annotated buffer."""
+        text = txt(node)
+        if OP_RE.search(text) or re.search(r"\b(stat_a|items)\[|\bsO\(", text):
+            return True
+        for name in re.findall(r"\b(\w+)\s*(?:<[^<>()]*>)?\s*\(", text):
+            s = scope.find(name)
+            if name in self.funcs or (s is not None and isinstance(s.vars[name], Closure)):
+                return True
+        return False
+
+    def for_stmt(self, n, scope):
+        inner = Scope(scope)
+        prev, self.stack[-1] = self.stack[-1], inner
+        try:
+            self._loop(n, inner)
+        finally:
+            self.stack[-1] = prev
+
+    def _loop(self, n, inner):
+        init = n.child_by_field_name("initializer")
+        if init is not None:
+            if init.type == "declaration":
+                self.declaration(init, inner)
+            else:
+                self.expr(init, inner)
+        cond = n.child_by_field_name("condition")
+        update = n.child_by_field_name("update")
+        body = n.child_by_field_name("body")
+        first = True
+        while True:
+            v = True if cond is None else self._cond(cond, inner)
+            if v is False or (v is not OPAQUE and not v):
+                return
+            before = sum(1 for op in self.ops if _is_sync(op.step))
+            try:
+                self.stmt(body, inner)
+            except _Break:
+                return
+            except _Continue:
+                pass
+            synced = sum(1 for op in self.ops if _is_sync(op.step))
+            if first and synced == before:
+                return  # a data-only loop: its first iteration stands for all
+            if v is OPAQUE:
+                raise ExtractError(f"{self.role}: loop with sync ops and an unknown bound: "
+                                   f"{txt(cond)}")  # fmt: skip
+            first = False
+            if update is not None:
+                self.expr(update, inner)
+
+    def switch_stmt(self, n, scope):
+        v = self._cond(n.child_by_field_name("condition"), scope)
+        if v is OPAQUE:
+            raise ExtractError(f"{self.role}: switch on an unknown value")
+        body = n.child_by_field_name("body")
+        matched = False
+        try:
+            for case in body.named_children:
+                if case.type != "case_statement":
+                    continue
+                value = case.child_by_field_name("value")
+                if not matched:
+                    matched = value is None or self.expr(value, scope) == v
+                if matched:
+                    for s in case.named_children:
+                        if s is not value:
+                            self.stmt(s, scope)
+        except _Break:
+            pass
+
+    # -- expressions
+    def expr(self, n, scope):  # noqa: C901 (one dispatch over node types)
+        t = n.type
+        if t == "number_literal":
+            s = txt(n).rstrip("uUlLf")
+            try:
+                return int(s, 0)
+            except ValueError:
+                return float(s) if re.match(r"^[\d.eE+-]+$", s) else OPAQUE
+        if t in ("true", "false"):
+            return t == "true"
+        if t == "null" or t == "nullptr":
+            return None
+        if t == "parenthesized_expression":
+            return self.expr(n.named_children[0], scope)
+        if t == "identifier":
+            s = scope.find(txt(n))
+            return s.vars[txt(n)] if s is not None else self.env.consts.get(txt(n), OPAQUE)
+        if t == "qualified_identifier":
+            return self.qualified(txt(n))
+        if t == "field_expression":
+            return self.field(n, scope)
+        if t == "call_expression":
+            return self.call(n, scope)
+        if t == "binary_expression":
+            return self.binary(n, scope)
+        if t == "unary_expression":
+            v = self.expr(n.child_by_field_name("argument"), scope)
+            op = txt(n.child_by_field_name("operator"))
+            if v is OPAQUE:
+                return OPAQUE
+            return {"!": lambda: not v, "-": lambda: -v, "~": lambda: ~v, "+": lambda: v}[op]()
+        if t == "pointer_expression":  # *p and &x: the same barrier / value
+            return self.expr(n.child_by_field_name("argument"), scope)
+        if t == "conditional_expression":
+            c = self.expr(n.child_by_field_name("condition"), scope)
+            if c is OPAQUE:
+                if self.effects(n, scope):
+                    raise ExtractError(f"{self.role}: opaque ?: with ops: {txt(n)[:60]}")
+                return OPAQUE
+            return self.expr(n.child_by_field_name("consequence" if c else "alternative"), scope)
+        if t == "update_expression":
+            return self.update(n, scope)
+        if t == "assignment_expression":
+            return self.assign(n, scope)
+        if t == "subscript_expression":
+            return self.subscript(n, scope)
+        if t == "lambda_expression":
+            return Closure(n, scope)
+        if t == "compound_literal_expression":  # TileCoord{-1, 0, 0}: the end marker
+            if txt(n.child_by_field_name("type")) == "TileCoord":
+                vals = [self.expr(c, scope) for c in n.child_by_field_name("value").named_children]
+                return Coord(-1, vals[0])
+            return OPAQUE
+        if t == "initializer_list":
+            return [self.expr(c, scope) for c in n.named_children]
+        if t == "cast_expression":
+            return self.expr(n.child_by_field_name("value"), scope)
+        if OP_RE.search(txt(n)):
+            raise ExtractError(f"{self.role}: unsupported expression {t} with an op")
+        return OPAQUE
+
+    def qualified(self, text):
+        text = "".join(text.split())
+        if text in self.env.consts:
+            return self.env.consts[text]
+        m = re.fullmatch(r"(?:Bar|Role)::(k\w+)", text)
+        return m.group(1) if m else OPAQUE
+
+    def field(self, n, scope):
+        obj = self.expr(n.child_by_field_name("argument"), scope)
+        name = txt(n.child_by_field_name("field"))
+        if obj is OPAQUE:
+            if txt(n).startswith("kp."):
+                return self.env.kp.get(txt(n), OPAQUE)
+            return OPAQUE
+        return getattr(obj, name, OPAQUE)
+
+    def binary(self, n, scope):
+        op = txt(n.child_by_field_name("operator"))
+        a = self.expr(n.child_by_field_name("left"), scope)
+        if op == "&&" and a is False:
+            return False
+        if op == "||" and a is True:
+            return True
+        b = self.expr(n.child_by_field_name("right"), scope)
+        if op in ("&&", "||"):
+            if OPAQUE in (a, b):
+                return OPAQUE
+            return (a and b) if op == "&&" else (a or b)
+        if a is OPAQUE or b is OPAQUE:
+            return OPAQUE
+        if op in ("==", "!="):
+            return (a == b) == (op == "==")
+        if isinstance(a, (BarRef, Ring, list)) or isinstance(b, (BarRef, Ring, list)):
+            return OPAQUE
+        if op == "/":
+            return int(a / b) if isinstance(a, int) and isinstance(b, int) else a / b
+        if op == "%":
+            return a - int(a / b) * b if isinstance(a, int) and isinstance(b, int) else OPAQUE
+        ops = {
+            "+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "<<": lambda: a << b,
+            ">>": lambda: a >> b, "&": lambda: a & b, "|": lambda: a | b, "^": lambda: a ^ b,
+            "<": lambda: a < b, "<=": lambda: a <= b, ">": lambda: a > b, ">=": lambda: a >= b,
+        }  # fmt: skip
+        try:
+            return ops[op]()
+        except (KeyError, TypeError):
+            return OPAQUE
+
+    def _lvalue(self, n, scope):
+        """(getter, setter) of an lvalue the interpreter tracks, or None."""
+        if n.type == "identifier":
+            s = scope.find(txt(n))
+            if s is None:
+                return None
+            name = txt(n)
+            return (lambda: s.vars[name]), (lambda v: s.vars.__setitem__(name, v))
+        if n.type == "field_expression":
+            obj = self.expr(n.child_by_field_name("argument"), scope)
+            name = txt(n.child_by_field_name("field"))
+            if isinstance(obj, Ring) and name == "count":
+                return (lambda: obj.count), (lambda v: setattr(obj, "count", v))
+        if n.type == "parenthesized_expression":
+            return self._lvalue(n.named_children[0], scope)
+        return None
+
+    def update(self, n, scope):
+        arg = n.child_by_field_name("argument")
+        lv = self._lvalue(arg, scope)
+        if lv is None:
+            return OPAQUE
+        get, put = lv
+        old = get()
+        if old is OPAQUE:
+            return OPAQUE
+        delta = 1 if "++" in txt(n) else -1
+        put(old + delta)
+        return old if txt(n).startswith(txt(arg)) else old + delta
+
+    def assign(self, n, scope):
+        left, right = n.child_by_field_name("left"), n.child_by_field_name("right")
+        op = txt(n.child_by_field_name("operator"))
+        lt = txt(left)
+        ann = self.annotated_store(left, scope)
+        v = self.expr(right, scope)
+        if ann:
+            return v
+        lv = self._lvalue(left, scope)
+        if lv is None:
+            return OPAQUE
+        get, put = lv
+        if op != "=":
+            old = get()
+            if old is OPAQUE or v is OPAQUE:
+                put(OPAQUE)
+                return OPAQUE
+            v = {"+=": old + v, "-=": old - v}.get(op, OPAQUE)
+        if lt:
+            put(v)
+        return v
+
+    # -- annotated buffers (shared memory the roles read and write directly)
+    def annotated_store(self, left, scope) -> bool:
+        base, idx = _array_base(left)
+        if base == "ss.stat_a":
+            q = self.expr(idx, scope)
+            self.data(pm.Write(f"stats{q}", self.tag("stats", "write"), 0))
+            return True
+        if base == "ss.stat_b":  # written and read beside stat_a, under the same barriers
+            return True
+        if base == "items":
+            slot = self.expr(idx, scope)
+            self.data(pm.Write(f"tile{slot}", self.tag("tile", "write"), 0))
+            return True
+        if re.search(r"\bsO\(", txt(left)):
+            self.data(pm.Write("sO", self.tag("sO", "write"), 0))
+            return True
+        return False
+
+    def subscript(self, n, scope):
+        base, idx = _array_base(n)
+        if base == "ss.stat_a":
+            self.data(pm.Read(f"stats{self.expr(idx, scope)}", self.tag("stats", "read")))
+            return OPAQUE
+        if base == "ss.stat_b":
+            return OPAQUE
+        if base == "items":
+            slot = self.expr(idx, scope)
+            self.data(pm.Read(f"tile{slot}", self.tag("tile", "read")))
+            k = self.lookup("n")
+            return Coord(k, 0 if k < len(self.env.tiles) else -1)
+        arr = self.expr(n.child_by_field_name("argument"), scope)
+        i = self.expr(n.child_by_field_name("indices").named_children[0], scope)
+        if isinstance(arr, list) and isinstance(i, int):
+            return arr[i]
+        if isinstance(arr, BarRef) and isinstance(i, int):  # &full[slot]: copy slot of a row
+            return BarRef(arr.name, arr.idx + i)
+        return OPAQUE
+
+    # -- calls
+    def args(self, n):
+        return n.child_by_field_name("arguments").named_children
+
+    def call(self, n, scope):  # noqa: C901 (one dispatch over the primitives)
+        fn = n.child_by_field_name("function")
+        name = callee_name(fn)
+        args = self.args(n)
+        if name == "bar_ptr":  # bar_ptr<T, Bar::kX>(ss, i)
+            targs = fn.child_by_field_name("arguments").named_children
+            return BarRef(self.qualified(txt(targs[-1])), self.expr(args[-1], scope))
+        if fn.type == "field_expression":
+            obj = self.expr(fn.child_by_field_name("argument"), scope)
+            if obj is not OPAQUE and callable(getattr(obj, name, None)):  # Ring, TileWork, ...
+                return getattr(obj, name)(*[self.expr(a, scope) for a in args])
+            if name == "with":  # kp.tma_x.with(bar, 0): the barrier the copy completes
+                return ("tma", txt(fn.child_by_field_name("argument")), self.expr(args[0], scope))
+        site = (self.file, n.start_byte)
+        if name in WAITS:
+            bar = self.expr(args[0], scope)
+            par = self.expr(args[1], scope)
+            _need_known(self.role, bar, par, n)
+            self.sync(pm.Wait(bar.name, bar.idx, par & 1), site)
+            return None
+        if name in ARRIVES:
+            bar = self.expr(args[0], scope)
+            _need_known(self.role, bar, 0, n)
+            self.sync(pm.Arrive(bar.name, bar.idx, self.threads), site)
+            return None
+        if name in COMMITS:
+            bar = self.expr(args[0], scope)
+            _need_known(self.role, bar, 0, n)
+            self.sync(pm.Commit(bar.name, bar.idx), site)
+            return None
+        if name in EXPECTS:
+            bar = self.expr(args[0], scope)
+            _need_known(self.role, bar, 0, n)
+            self.sync(pm.Arrive("expect", 0, 0), site)  # placeholder, replaced by its copy
+            self.ops.pop()
+            self.expect = bar
+            return None
+        if name == "copy":
+            return self.tma(n, args, scope, site)
+        if name in ("umma_ss", "umma_ts"):
+            return self.mma(name, args, scope, site)
+        if name in ("tmem_load_32", "tmem_store_16", "tmem_store_32"):
+            col = self.expr(args[0], scope)
+            buf = self.tmem_buffer(col, n)
+            kind = buf.rstrip("0123456789")
+            if name == "tmem_load_32":
+                self.data(pm.Read(buf, self.tag(kind, "ld")))
+            else:
+                self.data(pm.Write(buf, self.tag(kind, "st"), 0))
+            return None
+        if name in self.env.consts.get("@overrides", {}):
+            return self.env.consts["@overrides"][name](*[self.expr(a, scope) for a in args])
+        s = scope.find(name) if fn.type == "identifier" else None
+        if s is not None and isinstance(s.vars[name], Closure):
+            return self.call_closure(s.vars[name], [self.expr(a, scope) for a in args])
+        if name in self.funcs and fn.type in ("identifier", "template_function"):
+            return self.call_function(name, [self.expr(a, scope) for a in args])
+        if name in ("uint32_t", "int", "int64_t", "float", "static_cast", "Role"):
+            v = self.expr(args[0], scope) if args else OPAQUE
+            if name == "Role" and isinstance(v, int):
+                return self.env.consts["@roles"][v]
+            return v
+        if OP_RE.search(txt(n.child_by_field_name("arguments"))):
+            raise ExtractError(f"{self.role}: op inside an unknown call {name}(...)")
+        return OPAQUE
+
+    def tmem_buffer(self, col, n):
+        if isinstance(col, int):
+            for buf, (first, width) in self.env.tmem.items():
+                if first <= col < first + width:
+                    return buf
+        raise ExtractError(f"{self.role}: TMEM address {col} of {txt(n)[:60]} in no buffer")
+
+    def tma(self, n, args, scope, site):
+        src = self.expr(args[0], scope)
+        if isinstance(src, tuple) and src[0] == "tma":  # a load: copy(tma.with(bar), g, s)
+            _, which, bar = src
+            kind = {"kp.tma_q": "sQ", "kp.tma_k": "sK", "kp.tma_v": "sV"}.get(which)
+            if kind is None:
+                raise ExtractError(f"{self.role}: TMA load {which} with no buffer")
+            if self.expect is None or self.expect != bar:
+                raise ExtractError(f"{self.role}: TMA copy on {bar} without its "
+                                   "arrive_and_expect_tx")  # fmt: skip
+            self.expect = None
+            idx = self.expr(self.args(args[2])[-1], scope)
+            self.ops.append(Op(pm.Tma(bar.name, bar.idx, f"{kind}{idx}", self.tag(kind, "tma"),
+                                      0), site))  # fmt: skip
+            return None
+        if txt(args[0]) == "kp.tma_o":  # the TMA store reads the staging buffer
+            self.data(pm.Read("sO", self.tag("sO", "read")))
+            return None
+        if OP_RE.search(txt(n.child_by_field_name("arguments"))):
+            raise ExtractError(f"{self.role}: copy(...) of an unknown kind: {txt(n)[:60]}")
+        return None
+
+    def mma(self, name, args, scope, site):
+        reads = []
+        if name == "umma_ss":  # A and B: shared-memory descriptors dQ(.., q), dK(.., stage)
+            for a in args[:2]:
+                reads.append(self._smem_operand(a, scope))
+        else:  # umma_ts: A is P in TMEM, B a descriptor
+            buf = self.tmem_buffer(self.expr(args[0], scope), args[0])
+            reads.append((buf, self.tag(buf.rstrip("0123456789"), "mma-read")))
+            reads.append(self._smem_operand(args[1], scope))
+        dst = self.tmem_buffer(self.expr(args[2], scope), args[2])
+        kind = dst.rstrip("0123456789")
+        acc = self.expr(args[3], scope)
+        if acc is OPAQUE:
+            raise ExtractError(f"{self.role}: accumulate flag of {name} unknown")
+        if acc:
+            reads.append((dst, self.tag(kind, "mma-acc")))
+        self.ops.append(Op(pm.Mma(tuple(reads), dst, self.tag(kind, "mma-write"), 0), site))
+        return None
+
+    def _smem_operand(self, a, scope):
+        if a.type != "call_expression":
+            raise ExtractError(f"{self.role}: MMA operand {txt(a)} is not a descriptor call")
+        which = txt(a.child_by_field_name("function"))
+        kind = {"dQ": "sQ", "dK": "sK", "dV": "sV"}.get(which)
+        if kind is None:
+            raise ExtractError(f"{self.role}: MMA operand {which} with no buffer")
+        idx = self.expr(self.args(a)[-1], scope)
+        return (f"{kind}{idx}", self.tag(kind, "mma"))
+
+
+def _array_base(n):
+    """('ss.stat_a', first index node) for ss.stat_a[q][row]; (None, None) otherwise."""
+    idx = None
+    while n.type == "subscript_expression":
+        idx = n.child_by_field_name("indices").named_children[0]
+        n = n.child_by_field_name("argument")
+    return ("".join(txt(n).split()), idx) if idx is not None else (None, None)
+
+
+def _need_known(role, bar, parity, n):
+    if not isinstance(bar, BarRef) or not isinstance(bar.idx, int) or not isinstance(parity, int):
+        raise ExtractError(f"{role}: barrier or parity not known at {txt(n)[:70]}")
+
+
+def _is_sync(step):
+    return isinstance(step, (pm.Wait, pm.Arrive, pm.Commit, pm.Tma))
+
+
+# ---- The SM100 forward -----------------------------------------------------------------------
+def _ring(name, offset=0):
+    return lambda v: v(name).count + offset
+
+
+def _per_q(name, offset=0):
+    return lambda v: v(name)[v("q")].count + offset
+
+
+def fwd_tags(rescale: bool) -> dict:
+    """The data-flow specification: the logical index of the value each access means, from
+    the accessing role's own counters (every counter counts across the CTA's work tiles)."""
+    kv = lambda kind, name: lambda v: (kind, v(name).count)  # noqa: E731
+    return {
+        ("sQ", "tma"): kv("Q", "q_free"),
+        ("sQ", "mma"): lambda v: ("Q", v("q_ready").count - 1),  # counted before the S MMAs
+        ("sK", "tma"): kv("K", "k_free"),
+        ("sK", "mma"): kv("K", "k_ready"),
+        ("sV", "tma"): kv("V", "v_free"),
+        ("sV", "mma"): kv("V", "v_ready"),
+        # S of KV block g (g counts blocks across tiles): written by the g-th S MMA, read by
+        # softmax; P_g over it, read by PV(g); O after PV(g), rescaled by correction ("R")
+        ("S", "mma-write"): kv("S", "k_ready"),
+        ("S", "ld"): lambda v: ("S", v("s_ready").count - 1),
+        ("S", "st"): lambda v: ("P", v("s_ready").count - 1),
+        ("S", "mma-read"): kv("P", "v_ready"),
+        ("O", "mma-write"): kv("O", "v_ready"),
+        ("O", "mma-acc"): lambda v: ("R" if rescale else "O", v("v_ready").count - 1),
+        ("O", "ld"): lambda v: ("O", v("o_done")[v("q")].count - 1),
+        ("O", "st"): lambda v: ("R", v("o_done")[v("q")].count - 1),
+        ("stats", "write"): lambda v: ("st", v("st_free").count - 1),
+        ("stats", "read"): lambda v: ("st", v("st_ready")[v("q")].count - 1),
+        ("tile", "write"): lambda v: ("T", v("n")),
+        ("tile", "read"): lambda v: ("T", v("n")),
+        ("sO", "write"): lambda v: ("out", v("staged").count - 1),
+        ("sO", "read"): lambda v: ("out", v("staged").count - 1),
+    }
+
+
+@dataclass
+class FwdConfig:
+    tiles: tuple = (3,)
+    q_tiles: int = 2  # 1: hd 256 (Note [one-tile order])
+    tma_store_o: bool | None = None  # None: the traits' kTmaStoreO (hd 128 / hd 256)
+    rescale: bool = True  # the correction warps' vote (Note [conditional rescale])
+
+
+def fwd_env(cfg: FwdConfig, text: str, stages: int, tile_slots: int) -> Env:
+    """Trait constants of an hd 128 (two Q tiles) or hd 256 (one Q tile) instance: only their
+    relations matter (TMEM columns of S0 | S1 | O0 | O1, the staging decision)."""
+    block_n, dv = (128, 128) if cfg.q_tiles == 2 else (64, 256)
+    store = cfg.tma_store_o if cfg.tma_store_o is not None else cfg.q_tiles == 2
+    s0, s1, o0 = 0, block_n, 2 * block_n
+    tmem = {"S0": (s0, block_n), "S1": (s1, block_n), "O0": (o0, dv)}
+    if cfg.q_tiles == 2:
+        tmem["O1"] = (o0 + dv, dv)
+    tiles = cfg.tiles
+    roles = re.search(r"enum class Role : int \{([^}]*)\}", text)
+    if not roles:
+        raise ExtractError("enum class Role not found")
+    consts = {
+        "T::kQTiles": cfg.q_tiles, "T::kStages": stages, "kSBuffers": 2,
+        "kTileSlots": tile_slots, "T::kBlockN": block_n, "T::kHeadDimV": dv,
+        "T::kHeadDim": dv, "T::kMmaK": 16, "T::kTmaStoreO": store,
+        "Plan::kS0": s0, "Plan::kS1": s1, "Plan::kO0": o0, "Plan::kO1": o0 + dv,
+        "Plan::kP0": s0, "Plan::kP1": s1, "blockIdx": ThreadIdx(0),
+        "@roles": [r.strip() for r in roles.group(1).split(",") if r.strip()],
+        "@overrides": {
+            # the run-time work list of this CTA: tile w has tiles[w] KV blocks
+            "tile_work": lambda kp, coord: TileWork(coord, 0, tiles[coord.n]),
+            "next_item": lambda counter, w: w + 1,
+            "tmem_allocate_for_cta": lambda *a: 0,
+        },
+    }  # fmt: skip
+    sched = type("Sched", (), {"total": lambda self: len(tiles),
+                               "at": lambda self, w: Coord(w, 0)})()  # fmt: skip
+    kp = {"kp.sched": sched, "kp.tma_store_o": store}
+    oracles = {
+        "__any_sync(0xffffffffu, factor != 1.0f)": cfg.rescale,  # some row of the warp rescales
+        "__any_sync(0xffffffffu, in_seq)": True,  # the warp has rows in the sequence
+    }
+    return Env(tiles, consts, oracles, kp, tmem, fwd_tags(cfg.rescale))
+
+
+class ThreadIdx:
+    def __init__(self, x):
+        self.x = x
+
+
+def read_sources(root: Path, files=FWD_FILES) -> dict[str, str]:
+    """Reads the files now (other work may edit them): {relative path: text}."""
+    return {f: (Path(root) / f).read_text() for f in files}
+
+
+def extract_fwd(cfg: FwdConfig, sources: dict[str, str]) -> dict[str, list[Op]]:
+    """{role: ops} of every role of fwd_kernel that records an op: each role's first thread
+    (threadIdx.x = 32 · its first warp) runs the kernel entry; a role's arrive counts all its
+    threads (its warps x 32 when lane 1 records the same program, else one thread)."""
+    funcs = {}
+    for fname, text in sources.items():
+        funcs.update(functions(parse(text), fname))
+    kernel = sources[FWD_FILES[0]]
+    table = pm.parse_kernel(kernel)
+    slots = int(re.search(r"constexpr int kTileSlots = (\d+);", sources[FWD_FILES[3]]).group(1))
+    env = fwd_env(cfg, kernel, table.stages, slots)
+    warps = int(re.search(r"constexpr int kWarps = (\d+);", kernel).group(1))
+    by_role = {}
+    for w in range(warps):
+        role = Interp(funcs, env, "?", 1).call_function("warp_role", [w])
+        by_role.setdefault(role, []).append(w)
+    progs = {}
+    for role, ws in by_role.items():
+        name = role[1:].lower()
+        lane0 = _run_thread(funcs, env, name, 32 * ws[0], 1)
+        if not lane0:
+            continue
+        wide = _run_thread(funcs, env, name, 32 * ws[0] + 1, 1)
+        threads = 32 * len(ws) if wide else 1
+        progs[name] = _run_thread(funcs, env, name, 32 * ws[0], threads)
+    return progs
+
+
+def _run_thread(funcs, env, name, tid, threads):
+    it = Interp(funcs, env, name, threads)
+    env.consts["threadIdx"] = ThreadIdx(tid)
+    it.call_function(FWD_ENTRY, [OPAQUE])
+    if it.expect is not None:
+        raise ExtractError(f"{name}: arrive_and_expect_tx on {it.expect} without its copy")
+    return it.ops
+
+
+# ---- From extracted ops to the explorer's programs -------------------------------------------
+def finish(progs: dict[str, list[Op]], needs: dict | None = None):
+    """protocol_model steps: each write declares the reads its value gets (summed over every
+    role's reads of that tag), each wait the completion it means: by occurrence on the
+    unmutated source (annotate), carried to a mutant through the wait's site and the
+    occurrence at that site (`needs`, from wait_needs of the original). Returns
+    (programs, needs of these programs)."""
+    reads = {}
+    for ops in progs.values():
+        for op in ops:
+            st = op.step
+            for buf, tag in _reads_of(st):
+                reads[(buf, tag)] = reads.get((buf, tag), 0) + 1
+    out, own = {}, {}
+    for role, ops in progs.items():
+        steps, seen = [], {}
+        raw = [op.step for op in ops]
+        annotated = pm.annotate(raw, free_at_start=_free_at_start(raw))
+        for op, ann in zip(ops, annotated, strict=True):
+            st = _with_reads(op.step, reads)
+            if isinstance(st, pm.Wait):
+                k = seen.get(op.site, 0)
+                seen[op.site] = k + 1
+                key = (role, op.site, k)
+                own[key] = ann.need
+                need = needs.get(key, ann.need) if needs is not None else ann.need
+                st = pm.replace(st, need=need)
+            steps.append(st)
+        out[role] = fuse(steps)
+    return out, own
+
+
+def fuse(prog):
+    """The hand model's reductions (protocol_model.Take, Publish), applied where the source
+    has the exact pattern: a wait, the one read (write) of the slot it guards, and the
+    release (publish) arrival, adjacent in the role's program. Between the wait and the
+    arrival only this role touches the slot, so interleavings inside the triple change
+    nothing the checks see (a producer that does not wait rewrites the slot before the wait
+    passes as well, and that is reported). A mutant that breaks the pattern is explored
+    unfused."""
+    out, i = [], 0
+    while i < len(prog):
+        a, b, c = (prog[i : i + 3] + [None, None])[:3]
+        if type(a) is pm.Wait and isinstance(c, pm.Arrive) and c.idx == a.idx:
+            if type(b) is pm.Read:
+                out.append(pm.Take(a.bar, a.idx, a.parity, a.need, buf=b.buf, tag=b.tag,
+                                   empty=c.bar, count=c.count))  # fmt: skip
+                i += 3
+                continue
+            if type(b) is pm.Write:
+                out.append(pm.Publish(a.bar, a.idx, a.parity, a.need, buf=b.buf, tag=b.tag,
+                                      reads=b.reads, full=c.bar, count=c.count))  # fmt: skip
+                i += 3
+                continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def _free_at_start(prog):
+    """The hand model's rule: an "...Empty" barrier guards a buffer free before its first use,
+    except the tile ring's (a slot's first use does not wait)."""
+    return {st.bar for st in prog if isinstance(st, pm.Wait) and st.bar.endswith("Empty")} - {
+        "kTileEmpty"
+    }
+
+
+def _reads_of(st):
+    if isinstance(st, pm.Read):
+        return ((st.buf, st.tag),)
+    if isinstance(st, pm.Mma):
+        return st.reads
+    return ()
+
+
+def _with_reads(st, reads):
+    if isinstance(st, pm.Tma):
+        return pm.replace(st, reads=reads.get((st.buf, st.tag), 0))
+    if isinstance(st, pm.Mma):
+        return pm.replace(st, reads_of_result=reads.get((st.buf, st.tag), 0))
+    if isinstance(st, pm.Write):
+        return pm.replace(st, reads=reads.get((st.buf, st.tag), 0))
+    return st
+
+
+def machine(table: pm.Table, cfg: FwdConfig, progs: dict[str, list]) -> pm.Machine:
+    bars = {n: (spec.count(cfg.q_tiles, table.stages), spec.arrivals)
+            for n, spec in table.bars.items()}  # fmt: skip
+    return pm.Machine(bars, progs, mma_in_order=True)
+
+
+def explore_fwd(cfg: FwdConfig, sources: dict[str, str], needs=None, stop_on=None):
+    """Extracts, explores; returns (Result, needs of the extracted programs)."""
+    table = pm.parse_kernel(sources[FWD_FILES[0]])
+    progs, own = finish(extract_fwd(cfg, sources), needs)
+    return pm.search(machine(table, cfg, progs), stop_on), own
+
+
+def main(argv):
+    sources = read_sources(ROOT)
+    tiles = tuple(int(a) for a in argv) or (3,)
+    for q_tiles in (2, 1):
+        cfg = FwdConfig(tiles=tiles, q_tiles=q_tiles)
+        res, _ = explore_fwd(cfg, sources)
+        print(f"SM100 fwd, {q_tiles} Q tile(s), tiles {tiles}: {res.states} states, "
+              f"{len(res.violations)} violations")  # fmt: skip
+        for kind, msg in res.violations[:10]:
+            print(f"  {kind}: {msg}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
