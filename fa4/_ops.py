@@ -82,21 +82,6 @@ class Serving(NamedTuple):
 
 NO_SERVING = Serving()
 
-# Shown once per process when a forward takes the decode kernel (csrc/decode): its current
-# version was compiled but not yet run on a GPU (docs/perf.md, "Decode").
-DECODE_UNVERIFIED = (
-    "fa4: this forward runs the decode kernel (csrc/decode), whose current version has not yet "
-    "run on a GPU in this project's tests; verify it here with `pytest tests/gpu/test_decode.py` "
-    "before trusting its results (docs/perf.md, Decode)"
-)
-
-
-SINK_UNVERIFIED = (
-    "fa4: the SM90 forward's learnable sink (Note [learnable sink]) has not yet run on a GPU in "
-    "this project's tests; verify it here with `pytest tests/api/test_inference.py` first"
-)
-
-
 def takes_decode(cu_k, seqused_k, sv: Serving, arch: str) -> bool:
     """csrc/decode/plan.h takes_decode: the serving arguments, or a sink on SM100."""
     return (
@@ -158,6 +143,19 @@ def fwd(
 
 
 @fwd.register_kernel("cuda")
+def fwd_route(q, k, v, cu_q, cu_k, seqused_k, sv: Serving, backend: str) -> str | None:
+    """The kernel _fwd_cuda runs for these CUDA tensors: "decode" (csrc/decode), the prefill
+    family "sm90" / "sm100", or None for the fp32 reference. Varlen with no sequence
+    (cu_seqlens = [0]) has nothing to compute and the C++ API wants batch >= 1, so its empty
+    outputs come from the reference. fa4.support routes its matrix cells through it."""
+    if cu_q is not None and cu_q.shape[0] < 2:
+        return None
+    arch = dispatch.kernel_for(q, v, backend, "fwd", (q, k, v))
+    if arch is None:
+        return None
+    return "decode" if takes_decode(cu_k, seqused_k, sv, arch) else arch
+
+
 def _fwd_cuda(
     q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det, backend,
     seqused_q=None, page_table=None, cache_batch_idx=None, leftpad_k=None, learnable_sink=None,
@@ -165,15 +163,7 @@ def _fwd_cuda(
 ):  # fmt: skip
     sv = Serving(seqused_q, page_table, cache_batch_idx, leftpad_k, learnable_sink, num_splits)
     _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k, sv)
-    # Varlen with no sequence (cu_seqlens = [0]) has nothing to compute; the C++ API wants
-    # batch >= 1, so the empty outputs come from the reference.
-    no_batch = cu_q is not None and cu_q.shape[0] < 2
-    arch = None if no_batch else dispatch.kernel_for(q, v, backend, "fwd", (q, k, v))
-    if arch is not None:
-        if takes_decode(cu_k, seqused_k, sv, arch):
-            dispatch.warn_once(DECODE_UNVERIFIED)
-        elif sv.learnable_sink is not None:
-            dispatch.warn_once(SINK_UNVERIFIED)
+    if fwd_route(q, k, v, cu_q, cu_k, seqused_k, sv, backend) is not None:
         knobs = dispatch.runtime_knobs("fwd")  # num_sms, tile_schedule, tile_order
         # fa4::_fwd_kernel's order (csrc/api/bindings.cpp; /tmp/spec/inference_spec.md)
         return torch.ops.fa4._fwd_kernel(

@@ -84,6 +84,15 @@ SM90_RUN = Run(
     "2026-12-06", "2871554", "NVIDIA H100 80GB HBM3",
     "bash tools/gpu_suite.sh, every head dim (pytest tests/gpu tests/api: 510 passed)",
 )  # fmt: skip
+# The decode kernel (cp.async gather), the SM90 sink and the inference API on a GPU: build
+# FA4_CUDA_ARCHS=90a FA4_HDIMS=64,128, tree of 7136377 (docs/testing.md, "Last GPU run").
+SERVING_RUN = Run(
+    "2026-12-06", "7136377", "NVIDIA H100 80GB HBM3",
+    "pytest tests/gpu/test_decode.py (48 passed), tests/api/test_inference.py "
+    "tests/gpu/test_kvcache_append_gpu.py (146 passed), tests/gpu/test_transformers_gpu.py "
+    "(gpt-oss: SM90 sink forward and backward); compute-sanitizer memcheck and racecheck "
+    "tools/sanitize_decode.py: 0 errors, 0 hazards",
+)  # fmt: skip
 KV_APPEND_RUN = Run(
     "2026-12-06", "087e8b9", "NVIDIA H100 80GB HBM3",
     "python3 -m pytest tests/gpu/test_kvcache_append_gpu.py (88 passed)",
@@ -93,6 +102,7 @@ _F90, _B90 = "tests/gpu/test_fwd_sm90.py::", "tests/gpu/test_bwd_sm90.py::"
 _F100, _B100 = "tests/gpu/test_fwd_sm100.py::", "tests/gpu/test_bwd_sm100.py::"
 _DEC, _INF = "tests/gpu/test_decode.py::", "tests/api/test_inference.py::"
 _APPEND = "tests/gpu/test_kvcache_append_gpu.py::"
+_HF = "tests/gpu/test_transformers_gpu.py::"
 
 
 def _sm90(feature, direction, *tests):
@@ -103,8 +113,8 @@ def _sm100(feature, direction, *tests):
     return Evidence(feature, "sm100", direction, "sm100", tests)
 
 
-def _decode(feature, *tests):  # the decode kernel's current version has not passed on a GPU
-    return Evidence(feature, "sm90", "fwd", "decode", tests)
+def _decode(feature, *tests):
+    return Evidence(feature, "sm90", "fwd", "decode", tests, SERVING_RUN)
 
 
 EVIDENCE: tuple[Evidence, ...] = (
@@ -124,8 +134,11 @@ EVIDENCE: tuple[Evidence, ...] = (
           _B90 + "test_default_and_deterministic_modes_both_match_reference"),  # fmt: skip
     _sm90("lse", "fwd", _F90 + "test_dense"),  # checks the LSE; no GPU test has a dLSE
     _sm90("seqused_k", "fwd", _F90 + "test_varlen_seqused_k"),
-    Evidence("sink", "sm90", "bwd", "sm90", (_INF + "test_sink_and_seqused_q_on_cuda",)),
-    Evidence("seqused_q", "sm90", "bwd", "sm90", (_INF + "test_sink_and_seqused_q_on_cuda",)),
+    Evidence("sink", "sm90", "fwd", "sm90", (_HF + "test_logits",), SERVING_RUN),
+    Evidence("sink", "sm90", "bwd", "sm90", (_INF + "test_sink_and_seqused_q_on_cuda",
+                                             _HF + "test_gradients"), SERVING_RUN),
+    Evidence("seqused_q", "sm90", "bwd", "sm90", (_INF + "test_sink_and_seqused_q_on_cuda",),
+             SERVING_RUN),
     _decode("paged", _DEC + "test_paged", _DEC + "test_varlen_paged_seqused_q"),
     _decode("seqused_q", _DEC + "test_varlen_paged_seqused_q",
             _INF + "test_sink_and_seqused_q_on_cuda"),  # fmt: skip
@@ -315,18 +328,10 @@ def simulated_build(arch: str, config: dict | None = None):
 
 def fwd_family(call: dict) -> str | None:
     """The kernel family that _ops._fwd_cuda runs for a recorded fa4::fwd call on CUDA tensors
-    (backend "auto"): its three steps (empty batch, kernel_for, takes_decode) as one pure
-    function of the call; None: the fp32 reference."""
-    q, k, v, cu_q = call["q"], call["k"], call["v"], call["cu_seqlens_q"]
-    if cu_q is not None and cu_q.shape[0] < 2:
-        return None
-    arch = dispatch.kernel_for(q, v, "auto", "fwd", (q, k, v))
-    if arch is None:
-        return None
-    names = _ops.Serving._fields
-    serving = _ops.Serving(**{n: call[n] for n in names})
-    decode = _ops.takes_decode(call["cu_seqlens_k"], call["seqused_k"], serving, arch)
-    return "decode" if decode else arch
+    (backend "auto"): _ops.fwd_route on the call; None: the fp32 reference."""
+    serving = _ops.Serving(**{n: call[n] for n in _ops.Serving._fields})
+    return _ops.fwd_route(call["q"], call["k"], call["v"], call["cu_seqlens_q"],
+                          call["cu_seqlens_k"], call["seqused_k"], serving, "auto")  # fmt: skip
 
 
 def bwd_family(call: dict) -> str | None:

@@ -78,9 +78,9 @@ bool uses_inference_features(const Params& p) {
 // Whether the forward takes the decode kernel: every inference feature is its alone. The learnable
 // sink is also the SM90 forward's (Note [learnable sink] in common/softmax.cuh), not yet the
 // SM100 forward's (cc_major 10), whose sink problems go here. Plain dense problems with a small
-// query block stay on the prefill kernels until the decode kernel's current version has run on
-// a GPU (docs/perf.md, "Decode"); packed, they would fit one tile when
-// seqlen_q * heads_q / heads_kv <= kMaxRows.
+// query block stay on the prefill kernels: the decode kernel ran correctly on an H100 (tree of
+// 7136377) but no run has yet timed both kernels on those shapes to choose the boundary; packed,
+// they would fit one tile when seqlen_q * heads_q / heads_kv <= kMaxRows.
 template <class Params>
 bool takes_decode(const Params& p, int cc_major) {
   return uses_inference_features(p) || (p.learnable_sink != nullptr && cc_major != 9);
