@@ -228,6 +228,7 @@ class Interp:
         self.stack: list[Scope] = []  # innermost scope of each active call, for tag lookup
         self.expect: BarRef | None = None
         self.file = None
+        self.called: set[str] = set()  # functions of the parsed files this role ran
 
     # -- recording
     def sync(self, step, site=None):
@@ -255,6 +256,7 @@ class Interp:
 
     # -- calls
     def call_function(self, name, args):
+        self.called.add(name)
         node, fname = self.funcs[name]
         decl = node.child_by_field_name("declarator")
         while decl.type != "function_declarator":
@@ -926,10 +928,11 @@ def read_sources(root: Path, files=FWD_FILES) -> dict[str, str]:
     return {f: (Path(root) / f).read_text() for f in files}
 
 
-def extract_fwd(cfg: FwdConfig, sources: dict[str, str]) -> dict[str, list[Op]]:
+def extract_fwd(cfg: FwdConfig, sources: dict[str, str], called=None) -> dict[str, list[Op]]:
     """{role: ops} of every role of fwd_kernel that records an op: each role's first thread
     (threadIdx.x = 32 · its first warp) runs the kernel entry; a role's arrive counts all its
-    threads (its warps x 32 when lane 1 records the same program, else one thread)."""
+    threads (its warps x 32 when lane 1 records a program too, else one thread). `called`
+    (a set) collects the names of the functions the roles ran."""
     funcs = {}
     for fname, text in sources.items():
         funcs.update(functions(parse(text), fname))
@@ -945,7 +948,7 @@ def extract_fwd(cfg: FwdConfig, sources: dict[str, str]) -> dict[str, list[Op]]:
     progs = {}
     for role, ws in by_role.items():
         name = role[1:].lower()
-        lane0 = _run_thread(funcs, env, name, 32 * ws[0], 1)
+        lane0 = _run_thread(funcs, env, name, 32 * ws[0], 1, called)
         if not lane0:
             continue
         wide = _run_thread(funcs, env, name, 32 * ws[0] + 1, 1)
@@ -954,10 +957,12 @@ def extract_fwd(cfg: FwdConfig, sources: dict[str, str]) -> dict[str, list[Op]]:
     return progs
 
 
-def _run_thread(funcs, env, name, tid, threads):
+def _run_thread(funcs, env, name, tid, threads, called=None):
     it = Interp(funcs, env, name, threads)
     env.consts["threadIdx"] = ThreadIdx(tid)
     it.call_function(FWD_ENTRY, [OPAQUE])
+    if called is not None:
+        called |= it.called
     if it.expect is not None:
         raise ExtractError(f"{name}: arrive_and_expect_tx on {it.expect} without its copy")
     return it.ops

@@ -1,0 +1,362 @@
+#!/usr/bin/env python3
+"""Mutation harness for the extracted protocol models (tools/sync_extract.py).
+
+Enumerates every sync operation of the covered sources (the functions the SM100 forward's
+extraction runs: csrc/sm100/fwd/*.cuh and csrc/common/tile_ring.cuh) and applies one mutation
+at a time to a copy of the source text, in memory (the real files are only read):
+  delete-wait     blank a bar_wait / ClusterBarrier::wait call
+  delete-arrive   blank a bar_arrive / ClusterBarrier::arrive / arrive_and_expect_tx call
+  delete-commit   blank a umma_commit call
+  flip-parity     parity P of a wait -> (P) ^ 1u
+  move-wait       the wait's statement moved after the next statement of its block that
+                  performs an operation (the operation it guards)
+  arrivals+1/-1   one kBarriers row's arrival count changed
+Each mutant is extracted and explored in CONFIGS (stop at the first violation):
+  killed          a violation (deadlock, overwrite, stale read, phase, arrivals), or the
+                  extractor refuses the mutant (a TMA copy without its expect_tx)
+  equivalent      no violation, and every configuration reaches exactly the data states
+                  (buffer contents and unread counts) of the unmutated kernel: the op is
+                  redundant in the model
+  survived        no violation, but new data states: a gap of the model (or of its tags)
+A wait keeps the completion it meant in the unmutated source (its site and occurrence), so a
+deleted or moved wait does not shift the meaning of the others.
+
+Usage: python tools/mutate_sync.py --all          (every mutant; prints the score table)
+       python tools/mutate_sync.py --sample N [--seed S]
+       python tools/mutate_sync.py --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import protocol_model as pm  # noqa: E402
+import sync_extract as se  # noqa: E402
+
+# Cheapest first: a killed mutant usually stops in the first one. Each op must matter in one
+# of them: two work tiles (the tile ring wraps; kQEmpty and kOEmpty are waited on a second
+# time after a tile of one block, (1, 1), and of three, (3, 1), whose kQEmpty commit is the
+# loop's), and four K blocks (a K stage released by the MMA loop's commit is reused). An op
+# no configuration needs is reported equivalent: the claim holds for these configurations.
+CONFIGS = (
+    se.FwdConfig(tiles=(1, 1), q_tiles=1),
+    se.FwdConfig(tiles=(3, 1), q_tiles=1),
+    se.FwdConfig(tiles=(3,), q_tiles=2),
+    se.FwdConfig(tiles=(1, 1), q_tiles=2),
+    se.FwdConfig(tiles=(3, 1), q_tiles=2),
+)
+# Ops the full run finds equivalent (docs/testing.md, "Mutation score"): the kOEmpty wait of
+# both MMA roles is implied by kORescaled (the correction warpgroup arrives on the next tile's
+# first kORescaled only after its epilogue read O). The CI sample skips them: showing
+# equivalence explores every configuration to the end.
+REDUNDANT = {
+    "delete-wait bar_wait(kOEmpty) in mma_role",
+    "move-wait bar_wait(kOEmpty) in mma_role",
+    "delete-wait bar_wait(kOEmpty) in mma_role_one_tile",
+    "move-wait bar_wait(kOEmpty) in mma_role_one_tile",
+}
+KINDS = ("deadlock", "overwrite", "stale read", "phase", "arrivals")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    op: str  # delete-wait, delete-arrive, delete-commit, flip-parity, move-wait, arrivals+1/-1
+    file: str
+    line: int
+    what: str  # the call or table row
+    edits: tuple  # ((start, end, replacement),): one edit of file
+    moved: int = 0  # move-wait: length of the moved statement (last in the replacement)
+
+    def describe(self):
+        return f"{self.op} {self.what} ({self.file}:{self.line})"
+
+    def apply(self, sources):
+        """The sources with the edit made (offsets are UTF-8 bytes, as tree-sitter's)."""
+        raw = sources[self.file].encode()
+        ((start, end, repl),) = self.edits
+        return {**sources, self.file: (raw[:start] + repl.encode() + raw[end:]).decode()}
+
+
+# ---- Enumeration -------------------------------------------------------------------------
+def reached_functions(sources):
+    """Names of the functions the extraction runs, over CONFIGS."""
+    seen = set()
+    for cfg in CONFIGS:
+        se.extract_fwd(cfg, sources, called=seen)
+    return seen
+
+
+def _sync_calls(tree):
+    """(call node, callee name, enclosing function name) of every sync primitive call."""
+    out = []
+
+    def walk(n, fn):
+        if n.type == "function_definition":
+            d = n.child_by_field_name("declarator")
+            while d is not None and d.type != "function_declarator":
+                d = d.child_by_field_name("declarator")
+            fn = se.txt(d.child_by_field_name("declarator")).split("::")[-1] if d else fn
+        if n.type == "call_expression":
+            name = se.callee_name(n.child_by_field_name("function"))
+            if name in se.SYNC_NAMES:
+                out.append((n, name, fn))
+        for c in n.children:
+            walk(c, fn)
+
+    walk(tree.root_node, None)
+    return out
+
+
+def _what(node, name):
+    m = re.search(r"Bar::(k\w+)", se.txt(node))
+    arg = m.group(1) if m else se.txt(node.child_by_field_name("arguments").named_children[0])
+    return f"{name}({arg})"
+
+
+def _statement(call):
+    """The statement of a block that holds the call: its expression statement, or the if
+    statement whose whole body it is."""
+    s = call.parent
+    if s.type != "expression_statement":
+        return None
+    while s.parent is not None and s.parent.type != "compound_statement":
+        s = s.parent
+        if s.type not in ("if_statement", "condition_clause", "else_clause"):
+            return None
+    return s if s.parent is not None else None
+
+
+EFFECT_RE = re.compile(se.OP_RE.pattern + r"|\b(stat_a|items)\[|\bsO\(")
+# Not the guarded operation: another wait, or the expect_tx that announces the guarded copy.
+WAIT_RE = re.compile(r"\b(bar_wait|wait|arrive_and_expect_tx)\s*\(")
+
+
+def _guarded_next(stmt, callable_names):
+    """The first later statement of stmt's block that performs an operation other than a
+    wait or an expect_tx (the operation the wait guards: a copy, an MMA, a read, ...)."""
+    s = stmt.next_named_sibling
+    while s is not None:
+        text = WAIT_RE.sub("(", se.txt(s))
+        calls = set(re.findall(r"\b(\w+)\s*(?:<[^<>()]*>)?\s*\(", text))
+        if EFFECT_RE.search(text) or calls & callable_names:
+            return s
+        s = s.next_named_sibling
+    return None
+
+
+def enumerate_mutants(sources) -> list[Mutant]:
+    reached = reached_functions(sources)
+    mutants = []
+    for fname, text in sources.items():
+        tree = se.parse(text)
+        callable_names = set(se.functions(tree, fname)) | set(
+            re.findall(r"auto (\w+) = \[", text)
+        )  # the file's functions and lambdas
+        for call, name, fn in _sync_calls(tree):
+            if fn not in reached:
+                continue
+            what = f"{_what(call, name)} in {fn}"
+            line = call.start_point[0] + 1
+            a, b = call.start_byte, call.end_byte
+            kind = (
+                "delete-wait" if name in se.WAITS
+                else "delete-commit" if name in se.COMMITS
+                else "delete-arrive"
+            )  # fmt: skip
+            mutants.append(Mutant(kind, fname, line, what, ((a, b, " " * (b - a)),)))
+            if name not in se.WAITS:
+                continue
+            par = call.child_by_field_name("arguments").named_children[1]
+            p = se.txt(par)
+            mutants.append(
+                Mutant("flip-parity", fname, line, what,
+                       ((par.start_byte, par.end_byte, f"({p}) ^ 1u"),))
+            )  # fmt: skip
+            stmt = _statement(call)
+            nxt = _guarded_next(stmt, callable_names) if stmt is not None else None
+            if nxt is not None:
+                s0, s1, n1 = stmt.start_byte, stmt.end_byte, nxt.end_byte
+                raw = text.encode()
+                moved = (raw[s1:n1] + b"\n" + raw[s0:s1]).decode()
+                mutants.append(Mutant("move-wait", fname, line, what, ((s0, n1, moved),), s1 - s0))
+        if fname == se.FWD_FILES[0]:
+            mutants += _table_mutants(fname, text)
+    return mutants
+
+
+def _table_mutants(fname, text):
+    out = []
+    raw = text.encode()
+    for m in re.finditer(rb"\{Bar::(k\w+),\s*BarCopies::\w+,\s*(\d+)\}", raw):
+        n = int(m.group(2))
+        line = raw.count(b"\n", 0, m.start()) + 1
+        for delta in (1, -1):
+            if n + delta < 1:
+                continue
+            edit = (m.start(2), m.end(2), str(n + delta))
+            op = f"arrivals{delta:+d}"
+            what = f"kBarriers {m.group(1).decode()} {n}"
+            out.append(Mutant(op, fname, line, what, (edit,)))
+    return out
+
+
+# ---- Evaluation --------------------------------------------------------------------------
+def back_map(mutant):
+    """Offset in the mutant's file -> offset in the original (the sites of the waits)."""
+    ((start, end, repl),) = mutant.edits
+    repl = repl.encode()
+    delta = len(repl) - (end - start)
+    if mutant.op != "move-wait":
+        return lambda off: off - delta if off >= end else off
+    stmt = mutant.moved  # repl = guarded stretch + "\n" + the wait's statement
+    stretch = end - start - stmt
+
+    def f(off):
+        if start <= off < start + stretch:  # the guarded stretch, moved up
+            return off + stmt
+        if start + stretch + 1 <= off < start + len(repl):  # the wait, moved down
+            return off - stretch - 1
+        return off - delta if off >= end + delta else off
+
+    return f
+
+
+def observe(m: pm.Machine, stop_on=None):
+    """pm.search, also collecting the reachable data states (buffer contents)."""
+    start = m.initial()
+    seen, stack, violations, data = {start}, [start], [], set()
+    lens = tuple(len(m.progs[r]) for r in m.roles)
+    while stack:
+        state = stack.pop()
+        data.add(state[3])
+        succ, bad = m.successors(state)
+        violations.extend(bad)
+        if not succ and not bad and (state[0] != lens or state[4] or state[5]):
+            violations.append(("deadlock", f"at {state[0]}"))
+        if stop_on and violations:
+            break
+        for _, nxt in reversed(succ):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return violations, data
+
+
+def _model(cfg, sources, needs, remap=None):
+    raw = se.extract_fwd(cfg, sources)
+    if remap is not None:
+        for ops in raw.values():
+            for op in ops:
+                if op.site is not None and op.site[0] == remap[0]:
+                    op.site = (op.site[0], remap[1](op.site[1]))
+    progs, own = se.finish(raw, needs)
+    table = pm.parse_kernel(sources[se.FWD_FILES[0]])
+    return se.machine(table, cfg, progs), own, (progs, table)
+
+
+class Baseline:
+    """The unmutated kernel: the waits' meanings and, lazily, its data states per config."""
+
+    def __init__(self, sources):
+        self.sources = sources
+        self.needs, self.programs = {}, {}
+        for cfg in CONFIGS:
+            _, own, progs = _model(cfg, sources, None)
+            self.needs[_key(cfg)] = own
+            self.programs[_key(cfg)] = progs
+        self._data = {}
+
+    def data(self, cfg):
+        if _key(cfg) not in self._data:
+            m, _, _ = _model(cfg, self.sources, None)
+            violations, data = observe(m)
+            if violations:
+                raise RuntimeError(f"the unmutated kernel fails: {violations[:3]}")
+            self._data[_key(cfg)] = data
+        return self._data[_key(cfg)]
+
+
+def _key(cfg):
+    return (cfg.tiles, cfg.q_tiles)
+
+
+def evaluate(mutant: Mutant, base: Baseline):
+    """('killed' | 'equivalent' | 'survived', reason)."""
+    sources = mutant.apply(base.sources)
+    remap = (mutant.file, back_map(mutant))
+    survivors = []
+    for cfg in CONFIGS:
+        try:
+            m, _, progs = _model(cfg, sources, base.needs[_key(cfg)], remap)
+        except se.ExtractError as e:
+            return "killed", f"extractor: {e}"
+        except ValueError as e:  # parse_kernel refuses the table
+            return "killed", f"table: {e}"
+        if progs == base.programs[_key(cfg)]:
+            continue  # the mutant does not change this configuration's programs
+        violations, _ = observe(m, stop_on=True)
+        if violations:
+            kind, msg = violations[0]
+            return "killed", f"{kind} (tiles {cfg.tiles}, {cfg.q_tiles} Q tiles): {msg[:100]}"
+        survivors.append(cfg)
+    for cfg in survivors:
+        m, _, _ = _model(cfg, sources, base.needs[_key(cfg)], remap)
+        _, data = observe(m)
+        if data != base.data(cfg):
+            return "survived", f"new data states with tiles {cfg.tiles}, {cfg.q_tiles} Q tiles"
+    return "equivalent", "same reachable data states in every configuration"
+
+
+def score(results):
+    """{op: {status: count}}."""
+    table = {}
+    for mutant, (status, _) in results:
+        row = table.setdefault(mutant.op, {"killed": 0, "equivalent": 0, "survived": 0})
+        row[status] += 1
+    return table
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--all", action="store_true")
+    ap.add_argument("--sample", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args(argv)
+    sources = se.read_sources(se.ROOT)
+    mutants = enumerate_mutants(sources)
+    if args.list:
+        for mu in mutants:
+            print(mu.describe())
+        print(f"{len(mutants)} mutants")
+        return 0
+    if not args.all:
+        seed = args.seed if args.seed is not None else int(time.time())
+        print(f"seed {seed}")
+        mutants = random.Random(seed).sample(mutants, min(args.sample or 10, len(mutants)))
+    base = Baseline(sources)
+    results = []
+    t0 = time.time()
+    for mu in mutants:
+        t = time.time()
+        status, why = evaluate(mu, base)
+        results.append((mu, (status, why)))
+        print(f"{status:10s} {mu.describe()} [{time.time() - t:.1f} s]: {why}", flush=True)
+    print(f"\n{len(mutants)} mutants in {time.time() - t0:.0f} s")
+    print("| mutation | mutants | killed | equivalent | survived |")
+    print("|---|---|---|---|---|")
+    for op, row in sorted(score(results).items()):
+        print(f"| {op} | {sum(row.values())} | {row['killed']} | {row['equivalent']} | "
+              f"{row['survived']} |")  # fmt: skip
+    return 1 if any(s == "survived" for _, (s, _) in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
