@@ -117,3 +117,31 @@ def test_random_mutants(mutants, baseline):
     for m in random.Random(seed).sample(pool, min(10, len(pool))):
         status, why = ms.evaluate(m, baseline)
         assert status == "killed", f"{m.describe()}: {status}: {why}"
+
+
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        # a barrier op in a construct the interpreter does not model
+        (
+            "bar_wait(bar_ptr<T, Bar::kPFull>(ss, q), p_ready[q].parity(1));",
+            "while (false) bar_wait(bar_ptr<T, Bar::kPFull>(ss, q), p_ready[q].parity(1));",
+            "unsupported statement",
+        ),
+        # a barrier op under a run-time condition with no ORACLES entry
+        (
+            "bar_wait(bar_ptr<T, Bar::kPFull>(ss, q), p_ready[q].parity(1));",
+            "if (kp.p.seqlen_q) bar_wait(bar_ptr<T, Bar::kPFull>(ss, q), p_ready[q].parity(1));",
+            "opaque condition",
+        ),
+        # a parity the interpreter cannot evaluate
+        ("p_ready[q].parity(1));", "kp.p.parity);", "not known"),
+    ],
+    ids=["while", "opaque-if", "opaque-parity"],
+)
+def test_extractor_fails_loudly(old, new, message):
+    kernel = SOURCES[se.FWD_FILES[0]]
+    assert kernel.count(old) == 1
+    sources = {**SOURCES, se.FWD_FILES[0]: kernel.replace(old, new)}
+    with pytest.raises(se.ExtractError, match=message):
+        se.extract_fwd(se.FwdConfig(tiles=(2,)), sources)
