@@ -28,8 +28,9 @@ Decisions (each one fails loudly rather than guess):
     concretely and raises if its condition is not a known value
   - an if whose condition is opaque must either contain no recorded op or have an ORACLES
     entry; otherwise ExtractError
-  - a statement tree-sitter could not parse, or a call of an unknown function, must not
-    mention a sync or data primitive (ExtractError)
+  - a statement tree-sitter could not parse, or of a kind the interpreter does not know (while,
+    do, goto, ...), must not mention a primitive, a parsed function or a lambda in scope; an
+    unknown function's arguments must not mention a primitive (ExtractError)
   - a TMA copy must follow an arrive_and_expect_tx on its barrier, and that expect must be
     consumed before the next sync op (ExtractError otherwise: the real kernel would hang or
     complete the phase without data)
@@ -190,10 +191,6 @@ def functions(tree, fname) -> dict:
     return out
 
 
-def has_error(node) -> bool:
-    return node.has_error
-
-
 def callee_name(fn) -> str:
     """Last name component of a call's function node: bar_ptr<T, ...> -> bar_ptr."""
     if fn.type == "template_function":
@@ -313,8 +310,8 @@ class Interp:
         t = n.type
         if t == "comment":
             return
-        if has_error(n):
-            if OP_RE.search(txt(n)):
+        if n.has_error:
+            if self.effects(n, scope):
                 raise ExtractError(f"{self.role}: unparsed statement with a sync/data op: "
                                    f"{txt(n)[:80]}")  # fmt: skip
             return
@@ -345,10 +342,8 @@ class Interp:
         elif t in ("alias_declaration", "using_declaration", "static_assert_declaration",
                    "type_definition", "preproc_call"):  # fmt: skip
             return
-        else:
-            if OP_RE.search(txt(n)):
-                raise ExtractError(f"{self.role}: unsupported statement {t} with an op")
-            return
+        elif self.effects(n, scope):
+            raise ExtractError(f"{self.role}: unsupported statement {t} with an op")
 
     def declaration(self, n, scope):
         typ = txt(n.child_by_field_name("type"))
