@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Role programs of the SM100 forward kernel, extracted from its source (docs/sm100.md,
-"Extracted role programs").
+"""Role programs of the SM100 forward kernel and of the SM100 1-CTA backward (with its
+head-dim split), extracted from their source (docs/sm100.md, "Extracted role programs").
 
 The kernel's C++ is parsed with tree-sitter-cpp and each role is *run* by a small abstract
 interpreter for the subset of C++ the roles are written in: integer locals and arithmetic,
@@ -33,7 +33,13 @@ Decisions (each one fails loudly rather than guess):
     unknown function's arguments must not mention a primitive (ExtractError)
   - a TMA copy must follow an arrive_and_expect_tx on its barrier, and that expect must be
     consumed before the next sync op (ExtractError otherwise: the real kernel would hang or
-    complete the phase without data)
+    complete the phase without data); every copy naming the barrier until that sync op is
+    one more write of the same transaction (the backward's K and V; Q with lse2 and D)
+  - a data-only loop with a known bound (the backward's MMA K slices and dQ chunks, which
+    cross the warpgroup halves of a TMEM region) runs every iteration; its ops are collapsed
+    into one iteration's (repeated accesses dropped, the K slices of an MMA merged)
+  - the elected MMA / commit variants are one operation of the role; an MMA's destination
+    is every TMEM buffer in its instruction descriptor's N columns
 """
 
 from __future__ import annotations
@@ -67,10 +73,13 @@ _BLANK = re.compile(
 
 WAITS = {"bar_wait", "wait"}
 ARRIVES = {"bar_arrive", "arrive"}
-COMMITS = {"umma_commit"}
+# The elected variants (sm100/common.cuh: one lane of a converged warp issues) are one
+# operation of the role, as the plain ones.
+COMMITS = {"umma_commit", "elected_umma_commit"}
 EXPECTS = {"arrive_and_expect_tx"}
 SYNC_NAMES = WAITS | ARRIVES | COMMITS | EXPECTS
-DATA_NAMES = {"umma_ss", "umma_ts", "tmem_load_32", "tmem_store_16", "tmem_store_32", "copy"}
+MMAS = {"umma_ss", "umma_ts", "elected_umma_ss", "elected_umma_ts"}
+DATA_NAMES = MMAS | {"tmem_load_32", "tmem_store_16", "tmem_store_32", "copy"}
 OP_RE = re.compile(r"\b(" + "|".join(sorted(SYNC_NAMES | DATA_NAMES)) + r")\s*\(")
 
 
@@ -214,6 +223,11 @@ class Env:
     tmem: dict  # buffer name -> (first column, columns)
     tags: dict  # (buffer kind, access) -> fn(lookup) -> tag
     role_threads: dict = field(default_factory=dict)
+    # The backward's additions (empty for the forward):
+    arrays: dict = field(default_factory=dict)  # 'ss.lse2' -> buffer kind: x[s] reads kind<s>
+    tensors: dict = field(default_factory=dict)  # 'sDS' -> fn(args) -> buffer: a store to it
+    descs: dict = field(default_factory=dict)  # descriptor call -> fn(index) -> buffers
+    mma_products: dict = field(default_factory=dict)  # (A kind, B kind) -> product name
 
 
 class Interp:
@@ -224,15 +238,23 @@ class Interp:
         self.ops: list[Op] = []
         self.stack: list[Scope] = []  # innermost scope of each active call, for tag lookup
         self.expect: BarRef | None = None
+        self.expect_op: Op | None = None  # the Tma step of the open expect_tx, once copied
         self.file = None
         self.called: set[str] = set()  # functions of the parsed files this role ran
 
     # -- recording
     def sync(self, step, site=None):
+        self.close_expect()
         if self.expect is not None:
             raise ExtractError(f"{self.role}: arrive_and_expect_tx on {self.expect} not "
                                f"followed by its TMA copy before {step}")  # fmt: skip
         self.ops.append(Op(step, site))
+
+    def close_expect(self):
+        """An expect_tx with its copies is complete at the next sync op (or the role's end):
+        every copy naming its barrier until then is one more write of the transaction."""
+        if self.expect is not None and self.expect_op is not None:
+            self.expect = self.expect_op = None
 
     def data(self, step):
         self.ops.append(Op(step))
@@ -245,8 +267,14 @@ class Interp:
                 return s.vars[name]
         raise ExtractError(f"{self.role}: tag needs '{name}', not in scope")
 
+    def acc_tag(self, kind):
+        """The accumulated value's tag; None where the spec has no rule (a later K slice's
+        accumulate, dropped by _collapse; finish refuses a None that remains)."""
+        fn = self.env.tags.get((kind, "mma-acc"))
+        return fn(self.lookup) if fn is not None else None
+
     def tag(self, kind, access):
-        fn = self.env.tags.get((kind, access))
+        fn = self.env.tags.get((kind, access, self.role)) or self.env.tags.get((kind, access))
         if fn is None:
             raise ExtractError(f"{self.role}: no tag rule for {access} of {kind}")
         return fn(self.lookup)
@@ -416,6 +444,10 @@ class Interp:
         text = txt(node)
         if OP_RE.search(text) or re.search(r"\b(stat_a|items)\[|\bsO\(", text):
             return True
+        if any(a in text for a in self.env.arrays) or any(
+            re.search(rf"\b{t}\(", text) for t in self.env.tensors
+        ):
+            return True
         for name in re.findall(r"\b(\w+)\s*(?:<[^<>()]*>)?\s*\(", text):
             s = scope.find(name)
             if name in self.funcs or (s is not None and isinstance(s.vars[name], Closure)):
@@ -440,27 +472,41 @@ class Interp:
         cond = n.child_by_field_name("condition")
         update = n.child_by_field_name("update")
         body = n.child_by_field_name("body")
-        first = True
-        while True:
-            v = True if cond is None else self._cond(cond, inner)
-            if v is False or (v is not OPAQUE and not v):
-                return
-            before = sum(1 for op in self.ops if _is_sync(op.step))
-            try:
-                self.stmt(body, inner)
-            except _Break:
-                return
-            except _Continue:
-                pass
-            synced = sum(1 for op in self.ops if _is_sync(op.step))
-            if first and synced == before:
-                return  # a data-only loop: its first iteration stands for all
-            if v is OPAQUE:
-                raise ExtractError(f"{self.role}: loop with sync ops and an unknown bound: "
-                                   f"{txt(cond)}")  # fmt: skip
-            first = False
-            if update is not None:
-                self.expr(update, inner)
+        first, start, data_only = True, len(self.ops), False
+        try:
+            while True:
+                v = True if cond is None else self._cond(cond, inner)
+                if v is False or (v is not OPAQUE and not v):
+                    return
+                before = sum(1 for op in self.ops if _is_sync(op.step))
+                recorded = len(self.ops)
+                try:
+                    self.stmt(body, inner)
+                except _Break:
+                    return
+                except _Continue:
+                    pass
+                synced = sum(1 for op in self.ops if _is_sync(op.step))
+                if first and synced == before:
+                    # A data-only loop. Nothing recorded, or an unknown bound: its first
+                    # iteration stands for all. Data ops and a known bound (the backward's
+                    # K slices and dQ chunks cross the warpgroup halves of a TMEM region):
+                    # every iteration runs and the loop's ops are collapsed (_collapse).
+                    if len(self.ops) == recorded or v is OPAQUE:
+                        return
+                    data_only = True
+                elif data_only and synced != before:
+                    raise ExtractError(f"{self.role}: loop with sync ops after its first "
+                                       f"iteration: {txt(cond)}")  # fmt: skip
+                if v is OPAQUE:
+                    raise ExtractError(f"{self.role}: loop with sync ops and an unknown bound: "
+                                       f"{txt(cond)}")  # fmt: skip
+                first = False
+                if update is not None:
+                    self.expr(update, inner)
+        finally:
+            if data_only:
+                self.ops[start:] = _collapse(self.ops[start:])
 
     def switch_stmt(self, n, scope):
         v = self._cond(n.child_by_field_name("condition"), scope)
@@ -517,7 +563,7 @@ class Interp:
         if t == "pointer_expression":  # *p and &x: the same barrier / value
             return self.expr(n.child_by_field_name("argument"), scope)
         if t == "conditional_expression":
-            c = self.expr(n.child_by_field_name("condition"), scope)
+            c = self._cond(n.child_by_field_name("condition"), scope)
             if c is OPAQUE:
                 if self.effects(n, scope):
                     raise ExtractError(f"{self.role}: opaque ?: with ops: {txt(n)[:60]}")
@@ -657,6 +703,12 @@ class Interp:
             slot = self.expr(idx, scope)
             self.data(pm.Write(f"tile{slot}", self.tag("tile", "write"), 0))
             return True
+        for call in _calls(left):
+            name = txt(call.child_by_field_name("function"))
+            if name in self.env.tensors:
+                buf = self.env.tensors[name]([self.expr(a, scope) for a in self.args(call)])
+                self.data(pm.Write(buf, self.tag(_kind(buf), "write"), 0))
+                return True
         if re.search(r"\bsO\(", txt(left)):
             self.data(pm.Write("sO", self.tag("sO", "write"), 0))
             return True
@@ -668,6 +720,10 @@ class Interp:
             self.data(pm.Read(f"stats{self.expr(idx, scope)}", self.tag("stats", "read")))
             return OPAQUE
         if base == "ss.stat_b":
+            return OPAQUE
+        if base in self.env.arrays:  # x[s] + offset: the stage's row statistics, read
+            kind = self.env.arrays[base]
+            self.data(pm.Read(f"{kind}{self.expr(idx, scope)}", self.tag(kind, "read")))
             return OPAQUE
         if base == "items":
             slot = self.expr(idx, scope)
@@ -692,7 +748,8 @@ class Interp:
         args = self.args(n)
         if name == "bar_ptr":  # bar_ptr<T, Bar::kX>(ss, i)
             targs = fn.child_by_field_name("arguments").named_children
-            return BarRef(self.qualified(txt(targs[-1])), self.expr(args[-1], scope))
+            idx = self.expr(args[1], scope) if len(args) > 1 else 0  # bar_ptr(ss): copy 0
+            return BarRef(self.qualified(txt(targs[-1])), idx)
         if fn.type == "field_expression":
             obj = self.expr(fn.child_by_field_name("argument"), scope)
             if obj is not OPAQUE and callable(getattr(obj, name, None)):  # Ring, TileWork, ...
@@ -727,10 +784,19 @@ class Interp:
             return self.tma(n, args, scope, site)
         if name in ("umma_ss", "umma_ts"):
             return self.mma(name, args, scope, site)
+        if name in ("elected_umma_ss", "elected_umma_ts"):
+            return self.mma_elected(name, args, scope, site)
+        if name == "make_instr_desc" and fn.type == "template_function":
+            # the instruction descriptor stands for its N (template argument 4: M, N after
+            # the three element types), the destination's TMEM columns
+            targs = fn.child_by_field_name("arguments").named_children
+            if len(targs) < 5:
+                raise ExtractError(f"{self.role}: make_instr_desc without M, N: {txt(n)[:60]}")
+            return self.qualified(txt(targs[4]))
         if name in ("tmem_load_32", "tmem_store_16", "tmem_store_32"):
             col = self.expr(args[0], scope)
             buf = self.tmem_buffer(col, n)
-            kind = buf.rstrip("0123456789")
+            kind = _kind(buf)
             if name == "tmem_load_32":
                 self.data(pm.Read(buf, self.tag(kind, "ld")))
             else:
@@ -760,26 +826,94 @@ class Interp:
         raise ExtractError(f"{self.role}: TMEM address {col} of {txt(n)[:60]} in no buffer")
 
     def tma(self, n, args, scope, site):
+        fn = txt(n.child_by_field_name("function"))
+        if "BULK_COPY_G2S" in fn:  # SM90_BULK_COPY_G2S::copy(src, bar, ss.x[s], bytes)
+            bar = self.expr(args[1], scope)
+            base, idx = _array_base(args[2])
+            kind = self.env.arrays.get(base)
+            if kind is None:
+                raise ExtractError(f"{self.role}: bulk copy into {txt(args[2])}: no buffer")
+            self._load(bar, f"{kind}{self.expr(idx, scope)}", kind, site)
+            return None
         src = self.expr(args[0], scope)
         if isinstance(src, tuple) and src[0] == "tma":  # a load: copy(tma.with(bar), g, s)
             _, which, bar = src
-            kind = {"kp.tma_q": "sQ", "kp.tma_k": "sK", "kp.tma_v": "sV"}.get(which)
+            kind = {"kp.tma_q": "sQ", "kp.tma_k": "sK", "kp.tma_v": "sV",
+                    "kp.tma_do": "sDO"}.get(which)  # fmt: skip
             if kind is None:
                 raise ExtractError(f"{self.role}: TMA load {which} with no buffer")
-            if self.expect is None or self.expect != bar:
-                raise ExtractError(f"{self.role}: TMA copy on {bar} without its "
-                                   "arrive_and_expect_tx")  # fmt: skip
-            self.expect = None
             idx = self.expr(self.args(args[2])[-1], scope)
-            self.ops.append(Op(pm.Tma(bar.name, bar.idx, f"{kind}{idx}", self.tag(kind, "tma"),
-                                      0), site))  # fmt: skip
+            self._load(bar, f"{kind}{idx}", kind, site)
             return None
         if txt(args[0]) == "kp.tma_o":  # the TMA store reads the staging buffer
             self.data(pm.Read("sO", self.tag("sO", "read")))
             return None
+        if txt(args[0]) == "kp.tma_dq":
+            # The backward's dQ reduce-adds read the reduce warpgroup's own staging buffers,
+            # ordered by its named barrier and bulk-group waits, not by an mbarrier: not part
+            # of the model (as in the hand-written one).
+            return None
         if OP_RE.search(txt(n.child_by_field_name("arguments"))):
             raise ExtractError(f"{self.role}: copy(...) of an unknown kind: {txt(n)[:60]}")
         return None
+
+    def _load(self, bar, buf, kind, site):
+        """A TMA / bulk load completing bar: the first copy after the expect_tx is the Tma
+        step, every further one before the next sync op one more write of it (K and V under
+        one expect_tx; Q with its lse2 and D rows)."""
+        if self.expect is None or self.expect != bar:
+            raise ExtractError(f"{self.role}: TMA copy on {bar} without its "
+                               "arrive_and_expect_tx")  # fmt: skip
+        tag = self.tag(kind, "tma")
+        if self.expect_op is None:
+            self.expect_op = Op(pm.Tma(bar.name, bar.idx, buf, tag, 0), site)
+            self.ops.append(self.expect_op)
+        else:
+            st = self.expect_op.step
+            self.expect_op.step = pm.replace(st, more=st.more + ((buf, tag, 0),))
+
+    def mma_elected(self, name, args, scope, site):
+        """elected_umma_ss / _ts(a, b, tmem_d, accumulate, idesc): the destination is every
+        TMEM buffer in the idesc's N columns from tmem_d (S over both warpgroups' halves);
+        the MMA is named by its operand kinds (env.mma_products) and its tags by that name."""
+        if name == "elected_umma_ss":
+            a_bufs = self._desc_bufs(args[0], scope)
+        else:
+            a_bufs = [self.tmem_buffer(self.expr(args[0], scope), args[0])]
+        b_bufs = self._desc_bufs(args[1], scope)
+        kinds = (_kind(a_bufs[0]), _kind(b_bufs[0]))
+        product = self.env.mma_products.get(kinds)
+        if product is None:
+            raise ExtractError(f"{self.role}: MMA of {kinds} not in the spec")
+        col, width = self.expr(args[2], scope), self.expr(args[4], scope)
+        if not isinstance(col, int) or not isinstance(width, int):
+            raise ExtractError(f"{self.role}: MMA destination unknown: {txt(args[2])}")
+        dsts = [b for b, (first, w) in self.env.tmem.items()
+                if first < col + width and col < first + w]  # fmt: skip
+        if not dsts:
+            raise ExtractError(f"{self.role}: TMEM columns {col}+{width} in no buffer")
+        reads = [(b, self.tag(_kind(b), f"mma-{product}")) for b in a_bufs + b_bufs]
+        acc = self.expr(args[3], scope)
+        if acc is OPAQUE:
+            raise ExtractError(f"{self.role}: accumulate flag of {name} unknown")
+        if acc:
+            reads += [(d, self.acc_tag(product)) for d in dsts]
+        tag = self.tag(product, "mma-write")
+        more = tuple((d, tag, 0) for d in dsts[1:])
+        self.ops.append(Op(pm.Mma(tuple(reads), dsts[0], tag, 0, more), site))
+        return None
+
+    def _desc_bufs(self, a, scope):
+        if a.type != "call_expression":
+            raise ExtractError(f"{self.role}: MMA operand {txt(a)} is not a descriptor call")
+        which = txt(a.child_by_field_name("function"))
+        fn = self.env.descs.get(which)
+        if fn is None:
+            raise ExtractError(f"{self.role}: MMA operand {which} with no buffer")
+        idx = self.expr(self.args(a)[-1], scope)
+        if not isinstance(idx, int):
+            raise ExtractError(f"{self.role}: MMA operand {txt(a)[:60]}: stage unknown")
+        return fn(idx)
 
     def mma(self, name, args, scope, site):
         reads = []
@@ -788,15 +922,15 @@ class Interp:
                 reads.append(self._smem_operand(a, scope))
         else:  # umma_ts: A is P in TMEM, B a descriptor
             buf = self.tmem_buffer(self.expr(args[0], scope), args[0])
-            reads.append((buf, self.tag(buf.rstrip("0123456789"), "mma-read")))
+            reads.append((buf, self.tag(_kind(buf), "mma-read")))
             reads.append(self._smem_operand(args[1], scope))
         dst = self.tmem_buffer(self.expr(args[2], scope), args[2])
-        kind = dst.rstrip("0123456789")
+        kind = _kind(dst)
         acc = self.expr(args[3], scope)
         if acc is OPAQUE:
             raise ExtractError(f"{self.role}: accumulate flag of {name} unknown")
         if acc:
-            reads.append((dst, self.tag(kind, "mma-acc")))
+            reads.append((dst, self.acc_tag(kind)))
         self.ops.append(Op(pm.Mma(tuple(reads), dst, self.tag(kind, "mma-write"), 0), site))
         return None
 
@@ -809,6 +943,42 @@ class Interp:
             raise ExtractError(f"{self.role}: MMA operand {which} with no buffer")
         idx = self.expr(self.args(a)[-1], scope)
         return (f"{kind}{idx}", self.tag(kind, "mma"))
+
+
+def _kind(buf):
+    """A buffer's kind: sQ1 -> sQ, S_0 -> S, O1 -> O."""
+    return re.sub(r"_?\d+$", "", buf)
+
+
+def _calls(node):
+    """The call expressions of a subtree."""
+    out = [node] if node.type == "call_expression" else []
+    for c in node.named_children:
+        out += _calls(c)
+    return out
+
+
+def _collapse(ops):
+    """The ops of every iteration of a data-only loop as one iteration: an op equal to an
+    earlier one of the loop is the same access again (chunks of one buffer); an MMA with the
+    destination and tag of an earlier one is a further K slice of it, whose operands join the
+    first slice's and whose accumulate read of the destination (the partial sum of the same
+    MMA) is dropped."""
+    out = []
+    for op in ops:
+        st = op.step
+        if isinstance(st, pm.Mma):
+            dst = {b for b, _, _ in st.writes()}
+            prev = next((o for o in out if isinstance(o.step, pm.Mma)
+                         and o.step.writes() == st.writes()), None)  # fmt: skip
+            if prev is not None:
+                extra = tuple(r for r in st.reads if r[0] not in dst and r not in prev.step.reads)
+                prev.step = pm.replace(prev.step, reads=prev.step.reads + extra)
+                continue
+        if any(o.step == st for o in out):
+            continue
+        out.append(op)
+    return out
 
 
 def _array_base(n):
@@ -928,13 +1098,17 @@ def extract_fwd(cfg: FwdConfig, sources: dict[str, str], called=None) -> dict[st
     (threadIdx.x = 32 · its first warp) runs the kernel entry; a role's arrive counts all its
     threads (its warps x 32 when lane 1 records a program too, else one thread). `called`
     (a set) collects the names of the functions the roles ran."""
-    funcs = {}
-    for fname, text in sources.items():
-        funcs.update(functions(parse(text), fname))
     kernel = sources[FWD_FILES[0]]
     table = pm.parse_kernel(kernel)
     slots = int(re.search(r"constexpr int kTileSlots = (\d+);", sources[FWD_FILES[3]]).group(1))
     env = fwd_env(cfg, kernel, table.stages, slots)
+    return _extract(sources, kernel, FWD_ENTRY, env, called)
+
+
+def _extract(sources, kernel, entry, env, called):
+    funcs = {}
+    for fname, text in sources.items():
+        funcs.update(functions(parse(text), fname))
     warps = int(re.search(r"constexpr int kWarps = (\d+);", kernel).group(1))
     by_role = {}
     for w in range(warps):
@@ -943,44 +1117,236 @@ def extract_fwd(cfg: FwdConfig, sources: dict[str, str], called=None) -> dict[st
     progs = {}
     for role, ws in by_role.items():
         name = role[1:].lower()
-        lane0 = _run_thread(funcs, env, name, 32 * ws[0], 1, called)
+        lane0 = _run_thread(funcs, env, name, 32 * ws[0], 1, entry, called)
         if not lane0:
             continue
-        wide = _run_thread(funcs, env, name, 32 * ws[0] + 1, 1)
+        wide = _run_thread(funcs, env, name, 32 * ws[0] + 1, 1, entry)
         threads = 32 * len(ws) if wide else 1
-        progs[name] = _run_thread(funcs, env, name, 32 * ws[0], threads)
+        progs[name] = _run_thread(funcs, env, name, 32 * ws[0], threads, entry)
     return progs
 
 
-def _run_thread(funcs, env, name, tid, threads, called=None):
+def _run_thread(funcs, env, name, tid, threads, entry, called=None):
     it = Interp(funcs, env, name, threads)
     env.consts["threadIdx"] = ThreadIdx(tid)
-    it.call_function(FWD_ENTRY, [OPAQUE])
+    it.call_function(entry, [OPAQUE])
     if called is not None:
         called |= it.called
+    it.close_expect()
     if it.expect is not None:
         raise ExtractError(f"{name}: arrive_and_expect_tx on {it.expect} without its copy")
     return it.ops
 
 
+# ---- The SM100 backward (1 CTA per kv tile, or kSplit = 2 at d > 128) -----------------------
+BWD_FILES = (
+    "csrc/sm100/bwd/kernel.cuh",
+    "csrc/sm100/bwd/roles.cuh",
+    "csrc/sm100/bwd/compute.cuh",
+)
+BWD_ENTRY = "bwd_kernel"
+
+
+def bwd_tags() -> dict:
+    """The backward's data-flow specification. Q block i of the CTA (every role's loop
+    variable i, or its own Ring count where S(i) / dP(i) are issued outside the loop) names
+    every value: Q(i) (with its lse2 and D rows), dO(i), S(i) -> P(i) over it, dP(i) -> dS(i)
+    over it -> dQ(i) over that (Note [bwd TMEM plan]), dS(i) in shared memory, and the dK / dV
+    accumulators after the i-th MMA. MMAs are named by their operands (bwd_env's
+    mma_products); K and V are loaded once."""
+    i = lambda name: lambda v: (name, v("i"))  # noqa: E731
+    prev = lambda name: lambda v: (name, v("i") - 1)  # noqa: E731
+    last = lambda name: lambda v: (name, v("t").iters - 1)  # noqa: E731
+    return {
+        ("sK", "tma"): lambda v: ("K",),
+        ("sV", "tma"): lambda v: ("V",),
+        ("sQ", "tma"): i("Q"),
+        ("sLSE", "tma"): i("Q"),
+        ("sDPS", "tma"): i("Q"),
+        ("sDO", "tma"): i("dO"),
+        # S(i) and dP(i) are issued right after the wait that counted their Q / dO stage
+        ("sK", "mma-S"): lambda v: ("K",),
+        ("sQ", "mma-S"): lambda v: ("Q", v("q_ready").count - 1),
+        ("S", "mma-write"): lambda v: ("S", v("q_ready").count - 1),
+        ("sV", "mma-dP"): lambda v: ("V",),
+        ("sDO", "mma-dP"): lambda v: ("dO", v("do_ready").count - 1),
+        ("dP", "mma-write"): lambda v: ("dP", v("do_ready").count - 1),
+        ("S", "mma-dV"): i("P"),
+        ("sDO", "mma-dV"): i("dO"),
+        ("dV", "mma-acc"): prev("dV"),
+        ("dV", "mma-write"): i("dV"),
+        ("DP", "mma-dK"): i("dS"),
+        ("sQ", "mma-dK"): i("Q"),
+        ("dK", "mma-acc"): prev("dK"),
+        ("dK", "mma-write"): i("dK"),
+        ("sDS", "mma-dQ"): i("dS"),
+        ("sK", "mma-dQ"): lambda v: ("K",),
+        ("dQ", "mma-write"): i("dQ"),
+        # the compute warpgroups (their half of S / dP, P and dS over it, dS to shared memory)
+        ("S", "ld"): i("S"),
+        ("S", "st"): i("P"),
+        ("DP", "ld"): i("dP"),
+        ("DP", "st"): i("dS"),
+        ("sDS", "write"): i("dS"),
+        ("sLSE", "read"): i("Q"),
+        ("sDPS", "read"): i("Q"),
+        ("dK", "ld"): last("dK"),
+        ("dV", "ld"): last("dV"),
+        # the reduce warpgroup loads dQ(i) from the dP columns
+        ("DP", "ld", "reduce"): i("dQ"),
+    }
+
+
+@dataclass
+class BwdConfig:
+    iters: int = 3  # Q blocks of the CTA (t.iters)
+    head_dim: int = 128  # d = d_v: 64, 96, 128; 192, 256 split in two CTAs (one modelled)
+    head_dim_v: int | None = None  # None: head_dim; (192, 128) is a kStageTable row
+
+
+def bwd_shape(d, dv):
+    """BwdShape and BwdTmemPlan (csrc/tmem.cuh), restated: the split, the slices, kBlockM and
+    the TMEM columns. The formulas are the header's; the model needs only which buffer a
+    column falls in."""
+    split = 2 if d > 128 or dv > 128 else 1
+    sd, sdv, bm = d // split, dv // split, 128 if split == 1 else 64
+    dq_cols = max(sd, bm)
+    cols = {"kS": 0, "kDP": bm}
+    cols["kDQ"] = cols["kDP"]
+    cols["kDK"] = cols["kDP"] + dq_cols
+    cols["kDV"] = cols["kDK"] + sd
+    return split, sd, sdv, bm, cols
+
+
+def bwd_env(cfg: BwdConfig, text: str, stages_q: int, stages_do: int) -> Env:
+    d = cfg.head_dim
+    dv = cfg.head_dim_v if cfg.head_dim_v is not None else d
+    split, sd, sdv, bm, cols = bwd_shape(d, dv)
+    half = bm // 2  # query columns of one compute warpgroup
+    # TMEM: each compute warpgroup's half of S (P over it) and dP (dS, then dQ over it); the
+    # dQ columns beyond dP's (kSliceD > kBlockM in the split) belong to the second half.
+    tmem = {
+        "S_0": (cols["kS"], half), "S_1": (cols["kS"] + half, half),
+        "DP_0": (cols["kDP"], half), "DP_1": (cols["kDP"] + half, cols["kDK"] - cols["kDP"] - half),
+        "dK": (cols["kDK"], sd), "dV": (cols["kDV"], sdv),
+    }  # fmt: skip
+    roles = re.search(r"enum class Role : int \{([^}]*)\}", text)
+    if not roles:
+        raise ExtractError("enum class Role not found")
+    iters = cfg.iters
+
+    def slice_column(region, k):  # BwdTmemPlan::slice_column
+        per_wg = bm // 2 // 16
+        return region + (k // per_wg) * (bm // 2) + (k % per_wg) * 8
+
+    consts = {
+        "T::kStagesQ": stages_q, "T::kStagesDo": stages_do, "T::kSplit": split,
+        "T::kBlockM": bm, "T::kBlockN": 128, "T::kHeadDim": d, "T::kHeadDimV": dv,
+        "T::kSliceD": sd, "T::kSliceDV": sdv, "T::kMmaK": 16, "T::kDqCols": 32,
+        "T::kDqBuffers": 2, "blockIdx": ThreadIdx(0),
+        **{f"Plan::{k}": v for k, v in cols.items()},
+        "@roles": [r.strip() for r in roles.group(1).split(",") if r.strip()],
+        "@overrides": {
+            # CTA h = 0 of the tile (the split's CTAs share no barrier or buffer); its Q
+            # blocks are iterations 0 .. iters - 1
+            "tile_work": lambda kp: type("TileWork", (), {
+                "iters": iters, "h": 0, "n": 0,
+                "m_of": lambda self, i: i, "g_of": lambda self, i: 0})(),
+            "tmem_allocate_for_cta": lambda *a: 0,
+            "make_runtime_instr_desc": lambda desc: desc,
+            "slice_column": slice_column,
+        },
+    }  # fmt: skip
+    oracles = {
+        # the per-block mask and softcap choices select one of four instances of the same
+        # loop (compute_p's run): no barrier or buffer depends on them
+        "masked": False,
+        "score.softcap": False,
+        "!__any_sync(0xffffffffu, in_seq)": False,  # the warp has rows in the sequence
+    }
+    stage = lambda kind: lambda s: [f"{kind}{s // split}"]  # noqa: E731 (s·kSplit + h)
+    descs = {
+        "dK": lambda s: [f"sK{s}"], "dQ": lambda s: [f"sQ{s}"], "dV": lambda s: [f"sV{s}"],
+        "dDO": lambda s: [f"sDO{s}"], "dDOt": stage("sDO"), "dQt": stage("sQ"),
+        "dKt": stage("sK"),
+        # dQ's A is dSᵀ: every K slice (16 kv rows) spans all query columns, both halves
+        "dDSt": lambda s: ["sDS_0", "sDS_1"],
+    }  # fmt: skip
+
+    def sds_half(args):  # sDS(row, column, 0): the warpgroup half the column falls in
+        if not isinstance(args[1], int):
+            raise ExtractError("store to sDS at an unknown column")
+        return f"sDS_{args[1] // half}"
+
+    products = {("sK", "sQ"): "S", ("sV", "sDO"): "dP", ("S", "sDO"): "dV", ("DP", "sQ"): "dK",
+                ("sDS", "sK"): "dQ"}  # fmt: skip
+    return Env(
+        tiles=(),
+        consts=consts,
+        oracles=oracles,
+        kp={},
+        tmem=tmem,
+        tags=bwd_tags(),
+        arrays={"ss.lse2": "sLSE", "ss.dpsum": "sDPS"},
+        tensors={"sDS": sds_half},
+        descs=descs,
+        mma_products=products,
+    )
+
+
+def _pmb():
+    import protocol_model_bwd as pmb
+
+    return pmb
+
+
+def extract_bwd(cfg: BwdConfig, sources: dict[str, str], called=None) -> dict[str, list[Op]]:
+    """{role: ops} of bwd_kernel's roles (as extract_fwd)."""
+    kernel = sources[BWD_FILES[0]]
+    table = _pmb().parse_kernel(kernel)
+    sq, sdo = table.stages_of(cfg.head_dim, cfg.head_dim_v)
+    env = bwd_env(cfg, kernel, sq, sdo)
+    return _extract(sources, kernel, BWD_ENTRY, env, called)
+
+
+def machine_bwd(table, cfg: BwdConfig, progs) -> pm.Machine:
+    sq, sdo = table.stages_of(cfg.head_dim, cfg.head_dim_v)
+    bars = {n: (table.copies(n, sq, sdo), spec.arrivals) for n, spec in table.bars.items()}
+    return pm.Machine(bars, progs, mma_in_order=True)
+
+
+def finish_bwd(progs, needs=None):
+    return finish(progs, needs, free_at_start=_pmb().FREE_AT_START)
+
+
+def explore_bwd(cfg: BwdConfig, sources: dict[str, str], needs=None, stop_on=None):
+    table = _pmb().parse_kernel(sources[BWD_FILES[0]])
+    progs, own = finish_bwd(extract_bwd(cfg, sources), needs)
+    return pm.search(machine_bwd(table, cfg, progs), stop_on), own
+
+
 # ---- From extracted ops to the explorer's programs -------------------------------------------
-def finish(progs: dict[str, list[Op]], needs: dict | None = None):
+def finish(progs: dict[str, list[Op]], needs: dict | None = None, free_at_start=None):
     """protocol_model steps: each write declares the reads its value gets (summed over every
     role's reads of that tag), each wait the completion it means: by occurrence on the
     unmutated source (annotate), carried to a mutant through the wait's site and the
-    occurrence at that site (`needs`, from wait_needs of the original). Returns
+    occurrence at that site (`needs`, from wait_needs of the original). free_at_start: the
+    barriers whose buffer is free before its first use (None: the forward's rule). Returns
     (programs, needs of these programs)."""
     reads = {}
-    for ops in progs.values():
+    for role, ops in progs.items():
         for op in ops:
             st = op.step
             for buf, tag in _reads_of(st):
+                if tag is None:
+                    raise ExtractError(f"{role}: accumulate into {buf} with no tag rule")
                 reads[(buf, tag)] = reads.get((buf, tag), 0) + 1
     out, own = {}, {}
     for role, ops in progs.items():
         steps, seen = [], {}
         raw = [op.step for op in ops]
-        annotated = pm.annotate(raw, free_at_start=_free_at_start(raw))
+        free = _free_at_start(raw) if free_at_start is None else free_at_start
+        annotated = pm.annotate(raw, free_at_start=free)
         for op, ann in zip(ops, annotated, strict=True):
             st = _with_reads(op.step, reads)
             if isinstance(st, pm.Wait):
@@ -1039,10 +1405,11 @@ def _reads_of(st):
 
 
 def _with_reads(st, reads):
+    more = tuple((b, t, reads.get((b, t), 0)) for b, t, _ in getattr(st, "more", ()))
     if isinstance(st, pm.Tma):
-        return pm.replace(st, reads=reads.get((st.buf, st.tag), 0))
+        return pm.replace(st, reads=reads.get((st.buf, st.tag), 0), more=more)
     if isinstance(st, pm.Mma):
-        return pm.replace(st, reads_of_result=reads.get((st.buf, st.tag), 0))
+        return pm.replace(st, reads_of_result=reads.get((st.buf, st.tag), 0), more=more)
     if isinstance(st, pm.Write):
         return pm.replace(st, reads=reads.get((st.buf, st.tag), 0))
     return st
