@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Mutation harness for the extracted protocol models (tools/sync_extract.py).
 
-Enumerates every sync operation of the covered sources (the functions the SM100 forward's
-extraction runs: csrc/sm100/fwd/*.cuh and csrc/common/tile_ring.cuh) and applies one mutation
-at a time to a copy of the source text, in memory (the real files are only read):
+Enumerates every sync operation of the covered sources (the functions a kernel's extraction
+runs; --kernel fwd: the SM100 forward, csrc/sm100/fwd/*.cuh and csrc/common/tile_ring.cuh;
+--kernel bwd: the SM100 1-CTA backward with its head-dim split, csrc/sm100/bwd/kernel.cuh,
+roles.cuh, compute.cuh) and applies one mutation at a time to a copy of the source text, in
+memory (the real files are only read):
   delete-wait     blank a bar_wait / ClusterBarrier::wait call
   delete-arrive   blank a bar_arrive / ClusterBarrier::arrive / arrive_and_expect_tx call
   delete-commit   blank a umma_commit call
@@ -21,9 +23,9 @@ Each mutant is extracted and explored in CONFIGS (stop at the first violation):
 A wait keeps the completion it meant in the unmutated source (its site and occurrence), so a
 deleted or moved wait does not shift the meaning of the others.
 
-Usage: python tools/mutate_sync.py --all          (every mutant; prints the score table)
-       python tools/mutate_sync.py --sample N [--seed S]
-       python tools/mutate_sync.py --list
+Usage: python tools/mutate_sync.py --all [--kernel fwd|bwd|all]   (every mutant; the score)
+       python tools/mutate_sync.py --sample N [--seed S] [--kernel ...]
+       python tools/mutate_sync.py --list [--kernel ...]
 """
 
 from __future__ import annotations
@@ -62,7 +64,59 @@ REDUNDANT = {
     "delete-wait bar_wait(kOEmpty) in mma_role_one_tile",
     "move-wait bar_wait(kOEmpty) in mma_role_one_tile",
 }
+# The backward: one Q stage (d = 256: S(i+1) after dQ(i)) and two (d = 128 with one dO
+# stage, d = 64 with two), with 2 and 3 Q blocks (the Q stages wrap; kDsEmpty and kDqEmpty
+# are waited on from the second block). The split's (192, 128) and 192 rows have d = 64's
+# stages and orders; only their TMEM columns differ (the clean runs of the test cover them).
+CONFIGS_BWD = (
+    se.BwdConfig(iters=2, head_dim=256),
+    se.BwdConfig(iters=3, head_dim=256),
+    se.BwdConfig(iters=2, head_dim=128),
+    se.BwdConfig(iters=3, head_dim=128),
+    se.BwdConfig(iters=3, head_dim=64),
+)
+# Ops the full backward run finds equivalent (docs/testing.md, "Mutation score"), skipped by
+# the CI sample as REDUNDANT: compute's kQFull wait (implied by kSFull: the MMA waited for
+# the same transaction before S(i)), compute's kDsEmpty wait (implied by kDpFull: dP(i) is
+# issued after dQ(i - 1), and a commit waits for every earlier MMA), and the kKVFull wait
+# moved after wait_q (the harness's "next operation" is the lambda holding another wait).
+REDUNDANT_BWD = {
+    "delete-wait bar_wait(kQFull) in compute_role",
+    "delete-wait bar_wait(kDsEmpty) in compute_role",
+    "move-wait bar_wait(kKVFull) in mma_role",
+}
 KINDS = ("deadlock", "overwrite", "stale read", "phase", "arrivals")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """What the harness needs of a covered kernel."""
+
+    name: str
+    files: tuple
+    configs: tuple
+    redundant: set
+    extract: object  # (cfg, sources, called=None) -> {role: ops}
+    finish: object  # (raw, needs) -> (programs, needs)
+    machine: object  # (kernel text, cfg, programs) -> pm.Machine
+    describe: object  # cfg -> str
+
+
+def _fwd_machine(text, cfg, progs):
+    return se.machine(pm.parse_kernel(text), cfg, progs)
+
+
+def _bwd_machine(text, cfg, progs):
+    return se.machine_bwd(se._pmb().parse_kernel(text), cfg, progs)
+
+
+KERNELS = {
+    "fwd": Kernel("fwd", se.FWD_FILES, CONFIGS, REDUNDANT, se.extract_fwd, se.finish,
+                  _fwd_machine, lambda c: f"tiles {c.tiles}, {c.q_tiles} Q tiles"),
+    "bwd": Kernel("bwd", se.BWD_FILES, CONFIGS_BWD, REDUNDANT_BWD, se.extract_bwd,
+                  se.finish_bwd, _bwd_machine,
+                  lambda c: f"d {c.head_dim}, {c.iters} Q blocks"),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -85,11 +139,11 @@ class Mutant:
 
 
 # ---- Enumeration -------------------------------------------------------------------------
-def reached_functions(sources):
-    """Names of the functions the extraction runs, over CONFIGS."""
+def reached_functions(sources, kernel=KERNELS["fwd"]):
+    """Names of the functions the extraction runs, over the kernel's configurations."""
     seen = set()
-    for cfg in CONFIGS:
-        se.extract_fwd(cfg, sources, called=seen)
+    for cfg in kernel.configs:
+        kernel.extract(cfg, sources, called=seen)
     return seen
 
 
@@ -133,7 +187,7 @@ def _statement(call):
     return s if s.parent is not None else None
 
 
-EFFECT_RE = re.compile(se.OP_RE.pattern + r"|\b(stat_a|items)\[|\bsO\(")
+EFFECT_RE = re.compile(se.OP_RE.pattern + r"|\b(stat_a|items|lse2|dpsum)\[|\b(sO|sDS)\(")
 # Not the guarded operation: another wait, or the expect_tx that announces the guarded copy.
 WAIT_RE = re.compile(r"\b(bar_wait|wait|arrive_and_expect_tx)\s*\(")
 
@@ -151,8 +205,9 @@ def _guarded_next(stmt, callable_names):
     return None
 
 
-def enumerate_mutants(sources) -> list[Mutant]:
-    reached = reached_functions(sources)
+def enumerate_mutants(sources, kernel="fwd") -> list[Mutant]:
+    kernel = KERNELS[kernel]
+    reached = reached_functions(sources, kernel)
     mutants = []
     for fname, text in sources.items():
         tree = se.parse(text)
@@ -186,7 +241,7 @@ def enumerate_mutants(sources) -> list[Mutant]:
                 raw = text.encode()
                 moved = (raw[s1:n1] + b"\n" + raw[s0:s1]).decode()
                 mutants.append(Mutant("move-wait", fname, line, what, ((s0, n1, moved),), s1 - s0))
-        if fname == se.FWD_FILES[0]:
+        if fname == kernel.files[0]:
             mutants += _table_mutants(fname, text)
     return mutants
 
@@ -249,33 +304,33 @@ def observe(m: pm.Machine, stop_on=None):
     return violations, data
 
 
-def _model(cfg, sources, needs, remap=None):
-    raw = se.extract_fwd(cfg, sources)
+def _model(cfg, sources, needs, remap=None, kernel=KERNELS["fwd"]):
+    raw = kernel.extract(cfg, sources)
     if remap is not None:
         for ops in raw.values():
             for op in ops:
                 if op.site is not None and op.site[0] == remap[0]:
                     op.site = (op.site[0], remap[1](op.site[1]))
-    progs, own = se.finish(raw, needs)
-    table = pm.parse_kernel(sources[se.FWD_FILES[0]])
-    return se.machine(table, cfg, progs), own, (progs, table)
+    progs, own = kernel.finish(raw, needs)
+    text = sources[kernel.files[0]]
+    return kernel.machine(text, cfg, progs), own, (progs, text)
 
 
 class Baseline:
     """The unmutated kernel: the waits' meanings and, lazily, its data states per config."""
 
-    def __init__(self, sources):
-        self.sources = sources
+    def __init__(self, sources, kernel="fwd"):
+        self.sources, self.kernel = sources, KERNELS[kernel]
         self.needs, self.programs = {}, {}
-        for cfg in CONFIGS:
-            _, own, progs = _model(cfg, sources, None)
+        for cfg in self.kernel.configs:
+            _, own, progs = _model(cfg, sources, None, kernel=self.kernel)
             self.needs[_key(cfg)] = own
             self.programs[_key(cfg)] = progs
         self._data = {}
 
     def data(self, cfg):
         if _key(cfg) not in self._data:
-            m, _, _ = _model(cfg, self.sources, None)
+            m, _, _ = _model(cfg, self.sources, None, kernel=self.kernel)
             violations, data = observe(m)
             if violations:
                 raise RuntimeError(f"the unmutated kernel fails: {violations[:3]}")
@@ -284,17 +339,17 @@ class Baseline:
 
 
 def _key(cfg):
-    return (cfg.tiles, cfg.q_tiles)
+    return repr(cfg)
 
 
 def evaluate(mutant: Mutant, base: Baseline):
     """('killed' | 'equivalent' | 'survived', reason)."""
     sources = mutant.apply(base.sources)
     remap = (mutant.file, back_map(mutant))
-    survivors = []
-    for cfg in CONFIGS:
+    survivors, kernel = [], base.kernel
+    for cfg in kernel.configs:
         try:
-            m, _, progs = _model(cfg, sources, base.needs[_key(cfg)], remap)
+            m, _, progs = _model(cfg, sources, base.needs[_key(cfg)], remap, kernel)
         except se.ExtractError as e:
             return "killed", f"extractor: {e}"
         except ValueError as e:  # parse_kernel refuses the table
@@ -304,13 +359,13 @@ def evaluate(mutant: Mutant, base: Baseline):
         violations, _ = observe(m, stop_on=True)
         if violations:
             kind, msg = violations[0]
-            return "killed", f"{kind} (tiles {cfg.tiles}, {cfg.q_tiles} Q tiles): {msg[:100]}"
+            return "killed", f"{kind} ({kernel.describe(cfg)}): {msg[:100]}"
         survivors.append(cfg)
     for cfg in survivors:
-        m, _, _ = _model(cfg, sources, base.needs[_key(cfg)], remap)
+        m, _, _ = _model(cfg, sources, base.needs[_key(cfg)], remap, kernel)
         _, data = observe(m)
         if data != base.data(cfg):
-            return "survived", f"new data states with tiles {cfg.tiles}, {cfg.q_tiles} Q tiles"
+            return "survived", f"new data states with {kernel.describe(cfg)}"
     return "equivalent", "same reachable data states in every configuration"
 
 
@@ -329,19 +384,31 @@ def main(argv):
     ap.add_argument("--sample", type=int, default=0)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--kernel", choices=(*KERNELS, "all"), default="fwd")
     args = ap.parse_args(argv)
-    sources = se.read_sources(se.ROOT)
-    mutants = enumerate_mutants(sources)
+    names = list(KERNELS) if args.kernel == "all" else [args.kernel]
+    seed = args.seed if args.seed is not None else int(time.time())
+    if not args.all and not args.list:
+        print(f"seed {seed}")
+    survived = False
+    for name in names:
+        survived |= run_kernel(name, args, seed)
+    return 1 if survived else 0
+
+
+def run_kernel(name, args, seed):
+    """Lists, samples or runs every mutant of one kernel; True when one survived."""
+    sources = se.read_sources(se.ROOT, KERNELS[name].files)
+    mutants = enumerate_mutants(sources, name)
+    print(f"== {name}")
     if args.list:
         for mu in mutants:
             print(mu.describe())
         print(f"{len(mutants)} mutants")
-        return 0
+        return False
     if not args.all:
-        seed = args.seed if args.seed is not None else int(time.time())
-        print(f"seed {seed}")
         mutants = random.Random(seed).sample(mutants, min(args.sample or 10, len(mutants)))
-    base = Baseline(sources)
+    base = Baseline(sources, name)
     results = []
     t0 = time.time()
     for mu in mutants:
@@ -349,13 +416,13 @@ def main(argv):
         status, why = evaluate(mu, base)
         results.append((mu, (status, why)))
         print(f"{status:10s} {mu.describe()} [{time.time() - t:.1f} s]: {why}", flush=True)
-    print(f"\n{len(mutants)} mutants in {time.time() - t0:.0f} s")
+    print(f"\n{name}: {len(mutants)} mutants in {time.time() - t0:.0f} s")
     print("| mutation | mutants | killed | equivalent | survived |")
     print("|---|---|---|---|---|")
     for op, row in sorted(score(results).items()):
         print(f"| {op} | {sum(row.values())} | {row['killed']} | {row['equivalent']} | "
               f"{row['survived']} |")  # fmt: skip
-    return 1 if any(s == "survived" for _, (s, _) in results) else 0
+    return any(s == "survived" for _, (s, _) in results)
 
 
 if __name__ == "__main__":
