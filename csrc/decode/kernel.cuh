@@ -121,13 +121,10 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 }
 
 // 16 bytes global -> shared, bypassing L1; src_bytes = 0 writes 16 zero bytes and reads nothing.
-// No "memory" clobber: the producer's loads of its row offsets may then move ahead of earlier
-// copies and overlap their latency (with the clobber each copy waited for its own offset's
-// shared-memory load); the copies stay ordered against the barrier operations, which are
-// volatile asm as well, and the consumers read the stage only after its full barrier.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
+               "r"(src_bytes)
+               : "memory");
 }
 
 // One arrival on bar once all of this thread's earlier cp.async have landed (.noinc: the
@@ -309,15 +306,12 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
       const char* k_base = static_cast<const char*>(p.k);
       const char* v_base = static_cast<const char*>(p.v);
       // Chunks past the row's end or past d / d_v (Note [padded head dims]) are zero-filled.
-      static_assert(kBlockN * kChunksK % 32 == 0 && kBlockN * kChunksV % 32 == 0, "whole warps");
-      FA4_UNROLL
       for (int c = lane; c < kBlockN * kChunksK; c += 32) {
         const int r = c / kChunksK, x = c % kChunksK;
         const int64_t off = x * 8 < p.head_dim ? row_off[2 * r] : -1;
         detail::cp_async_16(k_smem + r * T::kPitchK + x * 16,
                             off < 0 ? k_base : k_base + off + x * 16, off < 0 ? 0 : 16);
       }
-      FA4_UNROLL
       for (int c = lane; c < kBlockN * kChunksV; c += 32) {
         const int r = c / kChunksV, x = c % kChunksV;
         const int64_t off = x * 8 < p.head_dim_v ? row_off[2 * r + 1] : -1;
