@@ -3,8 +3,9 @@
 
 Plain CPU test; needs tree-sitter and tree-sitter-cpp (requirements.txt). Covered: the SM100
 forward kernel, two Q tiles (hd <= 192) and one Q tile (hd 256, Note [one-tile order]), with
-the TMA-store epilogue and without it. The full mutation run is `python tools/mutate_sync.py
---all` (docs/testing.md, "Mutation score").
+the TMA-store epilogue and without it; the SM100 1-CTA backward at every kStageTable row (the
+head-dim split's rows included). The full mutation run is `python tools/mutate_sync.py --all
+--kernel all` (docs/testing.md, "Mutation score").
 """
 
 import os
@@ -21,8 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 pm = load_script(ROOT / "tools" / "protocol_model.py", "protocol_model")
 se = load_script(ROOT / "tools" / "sync_extract.py", "sync_extract")
 ms = load_script(ROOT / "tools" / "mutate_sync.py", "mutate_sync")
+pmb = load_script(ROOT / "tools" / "protocol_model_bwd.py", "protocol_model_bwd")
 
 SOURCES = se.read_sources(ROOT)
+BWD_SOURCES = se.read_sources(ROOT, se.BWD_FILES)
+BWD_ROWS = [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
 
 
 @pytest.mark.parametrize(
@@ -145,3 +149,90 @@ def test_extractor_fails_loudly(old, new, message):
     sources = {**SOURCES, se.FWD_FILES[0]: kernel.replace(old, new)}
     with pytest.raises(se.ExtractError, match=message):
         se.extract_fwd(se.FwdConfig(tiles=(2,)), sources)
+
+
+# ---- The SM100 1-CTA backward (and its head-dim split) ----------------------------------------
+def test_bwd_rows_are_the_stage_table():
+    assert sorted(pmb.parse_kernel(BWD_SOURCES[se.BWD_FILES[0]]).stages) == sorted(BWD_ROWS)
+
+
+@pytest.mark.parametrize("d, dv", BWD_ROWS)
+def test_extracted_bwd_is_clean(d, dv):
+    # 3 Q blocks where a stage is reused twice (d = 128: one dO stage; d = 256: one Q and one
+    # dO stage), 2 elsewhere (the two-stage rows differ only in TMEM columns; ~0.3 s each).
+    iters = 3 if d in (128, 256) else 2
+    res, _ = se.explore_bwd(se.BwdConfig(iters=iters, head_dim=d, head_dim_v=dv), BWD_SOURCES)
+    print(f"d ({d}, {dv}): {res.states} states")
+    assert res.violations == []
+    assert res.states > 1000
+
+
+@pytest.mark.parametrize("iters", [0, 1, 2, 4])
+@pytest.mark.parametrize("d, dv", BWD_ROWS)
+def test_extracted_bwd_equals_hand_written(d, dv, iters):
+    # Cross-check against tools/protocol_model_bwd.py (roles with no op at iters = 0, the
+    # compute warpgroups with nothing to wait for, are absent from the extraction).
+    sq, sdo = pmb.parse_kernel().stages_of(d, dv)
+    hand = pmb.programs(pmb.Config(iters=iters, head_dim=d, head_dim_v=dv), sq, sdo)
+    hand = {r: p for r, p in hand.items() if p}
+    cfg = se.BwdConfig(iters=iters, head_dim=d, head_dim_v=dv)
+    ext, _ = se.finish_bwd(se.extract_bwd(cfg, BWD_SOURCES))
+    assert sorted(ext) == sorted(hand)
+    for role in hand:
+        assert _skeleton(ext[role]) == _skeleton(hand[role]), role
+
+
+@pytest.fixture(scope="module")
+def baseline_bwd():
+    return ms.Baseline(BWD_SOURCES, "bwd")
+
+
+@pytest.fixture(scope="module")
+def mutants_bwd():
+    return ms.enumerate_mutants(BWD_SOURCES, "bwd")
+
+
+def test_bwd_mutants_cover_every_sync_site(mutants_bwd):
+    ops = {m.op for m in mutants_bwd}
+    assert {"delete-wait", "delete-arrive", "delete-commit", "flip-parity", "move-wait"} <= ops
+    # every elected commit of the MMA role, every expect_tx of the load thread
+    assert len([m for m in mutants_bwd if m.op == "delete-commit"]) == 7
+    assert len([m for m in mutants_bwd if "arrive_and_expect_tx" in m.what]) == 3
+
+
+def test_random_bwd_mutants(mutants_bwd, baseline_bwd):
+    # As test_random_mutants, 8 backward mutants (FA4_MUTANT_SEED reproduces a sample).
+    seed = int(os.environ.get("FA4_MUTANT_SEED", time.time()))
+    print(f"FA4_MUTANT_SEED={seed}")
+    pool = [m for m in mutants_bwd if m.describe().split(" (")[0] not in ms.REDUNDANT_BWD]
+    for m in random.Random(seed).sample(pool, min(8, len(pool))):
+        status, why = ms.evaluate(m, baseline_bwd)
+        assert status == "killed", f"{m.describe()}: {status}: {why}"
+
+
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        # an elected commit in a construct the interpreter does not model
+        (
+            "elected_umma_commit(bar_ptr<T, Bar::kDkvFull>(ss));",
+            "while (false) elected_umma_commit(bar_ptr<T, Bar::kDkvFull>(ss));",
+            "unsupported statement",
+        ),
+        # the Q copy and its two bulk copies with no expect_tx before them
+        (
+            "cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(q_full, T::kQBytes);",
+            "",
+            "without its arrive_and_expect_tx",
+        ),
+        # an MMA whose operands the spec does not name
+        ("dDOt(_0{}, _0{}, k, ds * kSplit + h)", "dQt(_0{}, _0{}, k, ds * kSplit + h)", "spec"),
+    ],
+    ids=["while", "copy-without-expect", "unknown-mma"],
+)
+def test_bwd_extractor_fails_loudly(old, new, message):
+    roles = BWD_SOURCES[se.BWD_FILES[1]]
+    assert roles.count(old) == 1
+    sources = {**BWD_SOURCES, se.BWD_FILES[1]: roles.replace(old, new)}
+    with pytest.raises(se.ExtractError, match=message):
+        se.extract_bwd(se.BwdConfig(iters=2), sources)
