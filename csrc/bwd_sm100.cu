@@ -11,9 +11,7 @@ namespace fa4 {
 Status run_bwd_sm100(const BwdParams& p, const DeviceInfo& dev, void* workspace,
                      cudaStream_t stream) {
   const FwdParams& f = p.fwd;
-#define FA4_DIMS(D, DV, E) HeadDims{D, DV},
-  constexpr HeadDims kCompiled[] = {FA4_INSTANCES_SM100_BWD(FA4_DIMS)};
-#undef FA4_DIMS
+  constexpr HeadDims kCompiled[] = {FA4_INSTANCES_SM100_BWD(FA4_HEAD_DIMS_ENTRY)};
   // Note [padded head dims]: the compiled instance that covers the problem's head dims.
   const HeadDims k = cover(kCompiled, f.head_dim, f.head_dim_v);
 #define FA4_CASE(D, DV, E)                                                  \

@@ -7,9 +7,7 @@
 namespace fa4 {
 
 Status run_fwd_decode(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
-#define FA4_DIMS(D, DV, E) HeadDims{D, DV},
-  constexpr HeadDims kCompiled[] = {FA4_INSTANCES_DECODE_FWD(FA4_DIMS)};
-#undef FA4_DIMS
+  constexpr HeadDims kCompiled[] = {FA4_INSTANCES_DECODE_FWD(FA4_HEAD_DIMS_ENTRY)};
   // Note [padded head dims]: the compiled instance that covers the problem's head dims.
   const HeadDims k = cover(kCompiled, p.head_dim, p.head_dim_v);
 #define FA4_CASE(D, DV, E)                                        \

@@ -541,16 +541,14 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept {
 namespace {
 int workspace_head_dim(const FwdParams& f) {
   int width = f.head_dim;
-#define FA4_DIMS(D, DV, E) HeadDims{D, DV},
 #if defined(FA4_INSTANCES_SM90_BWD)
-  constexpr HeadDims kSm90[] = {FA4_INSTANCES_SM90_BWD(FA4_DIMS)};
+  constexpr HeadDims kSm90[] = {FA4_INSTANCES_SM90_BWD(FA4_HEAD_DIMS_ENTRY)};
   width = std::max(width, cover(kSm90, f.head_dim, f.head_dim_v).d);
 #endif
 #if defined(FA4_INSTANCES_SM100_BWD)
-  constexpr HeadDims kSm100[] = {FA4_INSTANCES_SM100_BWD(FA4_DIMS)};
+  constexpr HeadDims kSm100[] = {FA4_INSTANCES_SM100_BWD(FA4_HEAD_DIMS_ENTRY)};
   width = std::max(width, cover(kSm100, f.head_dim, f.head_dim_v).d);
 #endif
-#undef FA4_DIMS
   return width;
 }
 }  // namespace

@@ -36,6 +36,10 @@ constexpr HeadDims cover(const HeadDims (&list)[N], int d, int dv) {
   return cover(list, N, d, dv);
 }
 
+// One entry of an FA4_INSTANCES_* X-macro list (fa4_instances.h) as a HeadDims, for the lists
+// cover() picks from: {FA4_INSTANCES_SM90_FWD(FA4_HEAD_DIMS_ENTRY)}.
+#define FA4_HEAD_DIMS_ENTRY(D, DV, E) ::fa4::HeadDims{D, DV},
+
 // The head dims the API admits: multiples of 8 from 8 to 256 (Note [padded head dims]).
 constexpr bool admissible_head_dim(int d) {
   return d >= 8 && d <= 256 && d % 8 == 0;
