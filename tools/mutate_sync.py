@@ -4,8 +4,9 @@
 Enumerates every sync operation of the covered sources (the functions a kernel's extraction
 runs; --kernel fwd: the SM100 forward, csrc/sm100/fwd/*.cuh and csrc/common/tile_ring.cuh;
 --kernel bwd: the SM100 1-CTA backward with its head-dim split, csrc/sm100/bwd/kernel.cuh,
-roles.cuh, compute.cuh) and applies one mutation at a time to a copy of the source text, in
-memory (the real files are only read):
+roles.cuh, compute.cuh; --kernel bwd2: the 2-CTA backward, kernel_2cta.cuh, roles_2cta.cuh)
+and applies one mutation at a time to a copy of the source text, in memory (the real files
+are only read):
   delete-wait     blank a bar_wait / ClusterBarrier::wait call
   delete-arrive   blank a bar_arrive / ClusterBarrier::arrive / arrive_and_expect_tx call
   delete-commit   blank a umma_commit call
@@ -85,6 +86,10 @@ REDUNDANT_BWD = {
     "delete-wait bar_wait(kDsEmpty) in compute_role",
     "move-wait bar_wait(kKVFull) in mma_role",
 }
+# The 2-CTA backward: 1 and 2 Q blocks of the pair (one stage each: the second block reuses
+# every buffer and flips every parity; 713k states at 2 blocks, 3 would be ~2M).
+CONFIGS_BWD2 = (se.Bwd2Config(iters=1), se.Bwd2Config(iters=2))
+REDUNDANT_BWD2: set = set()
 KINDS = ("deadlock", "overwrite", "stale read", "phase", "arrivals")
 
 
@@ -110,12 +115,18 @@ def _bwd_machine(text, cfg, progs):
     return se.machine_bwd(se._pmb().parse_kernel(text), cfg, progs)
 
 
+def _bwd2_machine(text, cfg, progs):
+    return se.machine_bwd2(se._pmb2().parse_kernel(text), cfg, progs)
+
+
 KERNELS = {
     "fwd": Kernel("fwd", se.FWD_FILES, CONFIGS, REDUNDANT, se.extract_fwd, se.finish,
                   _fwd_machine, lambda c: f"tiles {c.tiles}, {c.q_tiles} Q tiles"),
     "bwd": Kernel("bwd", se.BWD_FILES, CONFIGS_BWD, REDUNDANT_BWD, se.extract_bwd,
                   se.finish_bwd, _bwd_machine,
                   lambda c: f"d {c.head_dim}, {c.iters} Q blocks"),
+    "bwd2": Kernel("bwd2", se.BWD2_FILES, CONFIGS_BWD2, REDUNDANT_BWD2, se.extract_bwd2,
+                   se.finish_bwd2, _bwd2_machine, lambda c: f"2-CTA, {c.iters} Q blocks"),
 }  # fmt: skip
 
 

@@ -67,20 +67,31 @@ FWD_ENTRY = "fwd_kernel"
 _PARSER = Parser(Language(tree_sitter_cpp.language()))
 # CUDA keywords tree-sitter-cpp does not know, blanked with spaces (offsets are kept).
 _BLANK = re.compile(
-    r"__launch_bounds__\([^)]*\)|__device__|__forceinline__|__host__|__global__|"
+    r"__launch_bounds__\([^)]*\)|__cluster_dims__\([^)]*\)|__device__|__forceinline__|__host__|__global__|"
     r"__grid_constant__|__shared__|FA4_UNROLL|typename(?=\s+T::)"
 )
 
-WAITS = {"bar_wait", "wait"}
-ARRIVES = {"bar_arrive", "arrive"}
+# The 2-CTA kernel's cluster primitives (kernel_2cta.cuh): bar_wait_cluster waits on this
+# CTA's copy, bar_arrive_cta(bar, cta) arrives on CTA cta's, elected_umma_commit_pair commits
+# to both CTAs' copies (two commits, issued together).
+WAITS = {"bar_wait", "wait", "bar_wait_cluster"}
+ARRIVES = {"bar_arrive", "arrive", "bar_arrive_cta"}
 # The elected variants (sm100/common.cuh: one lane of a converged warp issues) are one
 # operation of the role, as the plain ones.
-COMMITS = {"umma_commit", "elected_umma_commit"}
+COMMITS = {"umma_commit", "elected_umma_commit", "elected_umma_commit_pair"}
 EXPECTS = {"arrive_and_expect_tx"}
 SYNC_NAMES = WAITS | ARRIVES | COMMITS | EXPECTS
 MMAS = {"umma_ss", "umma_ts", "elected_umma_ss", "elected_umma_ts"}
-DATA_NAMES = MMAS | {"tmem_load_32", "tmem_store_16", "tmem_store_32", "copy"}
+DATA_NAMES = MMAS | {"tmem_load_32", "tmem_store_16", "tmem_store_32", "copy", "st_cluster_16"}
 OP_RE = re.compile(r"\b(" + "|".join(sorted(SYNC_NAMES | DATA_NAMES)) + r")\s*\(")
+
+
+# TMA descriptors of the loads -> the shared-memory buffer kind they fill (the 2-CTA
+# backward's Kd, Qd, dOd: column halves, its dQ, dK, dV operands).
+TMA_LOADS = {
+    "kp.tma_q": "sQ", "kp.tma_k": "sK", "kp.tma_v": "sV", "kp.tma_do": "sDO",
+    "kp.tma_kd": "sKd", "kp.tma_qd": "sQd", "kp.tma_dod": "sDOd",
+}  # fmt: skip
 
 
 class ExtractError(Exception):
@@ -303,11 +314,15 @@ class Interp:
         return self._run_body(clo.node.child_by_field_name("body"), scope)
 
     def _bind(self, params, args, scope):
-        names = []
+        names, defaults = [], []
         for p in params.named_children if params is not None else []:
             if p.type in ("parameter_declaration", "optional_parameter_declaration"):
                 d = p.child_by_field_name("declarator")
                 names.append(re.sub(r"[&*\s]", "", txt(d)) if d is not None else None)
+                defaults.append(p.child_by_field_name("default_value"))
+        # omitted trailing arguments take their default values (store_dk_dv's h)
+        while len(args) < len(names) and defaults[len(args)] is not None:
+            args = [*args, self.expr(defaults[len(args)], scope)]
         if len(names) != len(args):
             raise ExtractError(f"{self.role}: call with {len(args)} args, {len(names)} params")
         for n, a in zip(names, args, strict=True):
@@ -603,7 +618,11 @@ class Interp:
         if obj is OPAQUE:
             if txt(n).startswith("kp."):
                 return self.env.kp.get(txt(n), OPAQUE)
-            return OPAQUE
+            if txt(n) in self.env.arrays:  # ss.lse2 + c0: the (one-stage) array, read
+                kind = self.env.arrays[txt(n)]
+                self.data(pm.Read(kind, self.tag(kind, "read")))
+                return OPAQUE
+            return self.env.consts.get(txt(n), OPAQUE)  # ss.tmem_base
         return getattr(obj, name, OPAQUE)
 
     def binary(self, n, scope):
@@ -766,12 +785,32 @@ class Interp:
         if name in ARRIVES:
             bar = self.expr(args[0], scope)
             _need_known(self.role, bar, 0, n)
-            self.sync(pm.Arrive(bar.name, bar.idx, self.threads), site)
+            bname = bar.name
+            if name == "bar_arrive_cta":  # CTA cta's copy
+                cta = self.expr(args[1], scope)
+                if not isinstance(cta, int):
+                    raise ExtractError(f"{self.role}: arrival on an unknown CTA: {txt(n)[:60]}")
+                bname = f"{bar.name}@{cta}"
+            self.sync(pm.Arrive(bname, bar.idx, self.threads), site)
             return None
         if name in COMMITS:
             bar = self.expr(args[0], scope)
             _need_known(self.role, bar, 0, n)
+            if name == "elected_umma_commit_pair":  # multicast to both CTAs' copies
+                self.sync(pm.Commit(f"{bar.name}@0", bar.idx), site)
+                self.sync(pm.Commit(f"{bar.name}@1", bar.idx), site)
+                return None
             self.sync(pm.Commit(bar.name, bar.idx), site)
+            return None
+        if name == "st_cluster_16":  # st_cluster_16(&sDS(...), cta, v): CTA cta's copy
+            cta = self.expr(args[1], scope)
+            calls = [c for c in _calls(args[0])
+                     if txt(c.child_by_field_name("function")) in self.env.tensors]  # fmt: skip
+            if not isinstance(cta, int) or len(calls) != 1:
+                raise ExtractError(f"{self.role}: DSMEM store not modelled: {txt(n)[:60]}")
+            fname = txt(calls[0].child_by_field_name("function"))
+            buf = self.env.tensors[fname]([self.expr(a, scope) for a in self.args(calls[0])])
+            self.data(pm.Write(f"{buf}@{cta}", self.tag(_kind(buf), "write"), 0))
             return None
         if name in EXPECTS:
             bar = self.expr(args[0], scope)
@@ -785,14 +824,14 @@ class Interp:
         if name in ("umma_ss", "umma_ts"):
             return self.mma(name, args, scope, site)
         if name in ("elected_umma_ss", "elected_umma_ts"):
-            return self.mma_elected(name, args, scope, site)
+            return self.mma_elected(n, name, args, scope, site)
         if name == "make_instr_desc" and fn.type == "template_function":
             # the instruction descriptor stands for its N (template argument 4: M, N after
             # the three element types), the destination's TMEM columns
             targs = fn.child_by_field_name("arguments").named_children
             if len(targs) < 5:
                 raise ExtractError(f"{self.role}: make_instr_desc without M, N: {txt(n)[:60]}")
-            return self.qualified(txt(targs[4]))
+            return InstrDesc(self.qualified(txt(targs[3])), self.qualified(txt(targs[4])))
         if name in ("tmem_load_32", "tmem_store_16", "tmem_store_32"):
             col = self.expr(args[0], scope)
             buf = self.tmem_buffer(col, n)
@@ -807,7 +846,15 @@ class Interp:
         s = scope.find(name) if fn.type == "identifier" else None
         if s is not None and isinstance(s.vars[name], Closure):
             return self.call_closure(s.vars[name], [self.expr(a, scope) for a in args])
-        if name in self.funcs and fn.type in ("identifier", "template_function"):
+        if (
+            name in self.funcs
+            and fn.type in ("identifier", "template_function")
+            or (
+                fn.type == "qualified_identifier"
+                and txt(fn).startswith("bwd::")
+                and name in self.funcs
+            )
+        ):  # bwd::compute_p<T>(...): the 1-CTA backward's functions, called by the 2-CTA one
             return self.call_function(name, [self.expr(a, scope) for a in args])
         if name in ("uint32_t", "int", "int64_t", "float", "static_cast", "Role"):
             v = self.expr(args[0], scope) if args else OPAQUE
@@ -830,16 +877,18 @@ class Interp:
         if "BULK_COPY_G2S" in fn:  # SM90_BULK_COPY_G2S::copy(src, bar, ss.x[s], bytes)
             bar = self.expr(args[1], scope)
             base, idx = _array_base(args[2])
+            if base is None:  # ss.lse2: one stage (the 2-CTA kernel)
+                base = "".join(txt(args[2]).split())
             kind = self.env.arrays.get(base)
             if kind is None:
                 raise ExtractError(f"{self.role}: bulk copy into {txt(args[2])}: no buffer")
-            self._load(bar, f"{kind}{self.expr(idx, scope)}", kind, site)
+            stage = self.expr(idx, scope) if idx is not None else ""
+            self._load(bar, f"{kind}{stage}", kind, site)
             return None
         src = self.expr(args[0], scope)
         if isinstance(src, tuple) and src[0] == "tma":  # a load: copy(tma.with(bar), g, s)
             _, which, bar = src
-            kind = {"kp.tma_q": "sQ", "kp.tma_k": "sK", "kp.tma_v": "sV",
-                    "kp.tma_do": "sDO"}.get(which)  # fmt: skip
+            kind = TMA_LOADS.get(which)
             if kind is None:
                 raise ExtractError(f"{self.role}: TMA load {which} with no buffer")
             idx = self.expr(self.args(args[2])[-1], scope)
@@ -872,27 +921,38 @@ class Interp:
             st = self.expect_op.step
             self.expect_op.step = pm.replace(st, more=st.more + ((buf, tag, 0),))
 
-    def mma_elected(self, name, args, scope, site):
+    def mma_elected(self, n, name, args, scope, site):
         """elected_umma_ss / _ts(a, b, tmem_d, accumulate, idesc): the destination is every
         TMEM buffer in the idesc's N columns from tmem_d (S over both warpgroups' halves);
         the MMA is named by its operand kinds (env.mma_products) and its tags by that name."""
+        fn = n.child_by_field_name("function")
+        group = 1
+        if fn.type == "template_function":  # elected_umma_ss<2>: cta_group::2, the CTA pair
+            group = int(txt(fn.child_by_field_name("arguments").named_children[0]))
+        if group not in (1, 2):
+            raise ExtractError(f"{self.role}: cta_group {group}")
+        ctas = [""] if group == 1 else ["@0", "@1"]  # TMEM of this CTA, or of both
         if name == "elected_umma_ss":
             a_bufs = self._desc_bufs(args[0], scope)
         else:
-            a_bufs = [self.tmem_buffer(self.expr(args[0], scope), args[0])]
+            a = self.tmem_buffer(self.expr(args[0], scope), args[0])
+            a_bufs = [a + c for c in ctas]
         b_bufs = self._desc_bufs(args[1], scope)
-        kinds = (_kind(a_bufs[0]), _kind(b_bufs[0]))
+        kinds = (_kind(a_bufs[0].split("@")[0]), _kind(b_bufs[0].split("@")[0]))
         product = self.env.mma_products.get(kinds)
         if product is None:
             raise ExtractError(f"{self.role}: MMA of {kinds} not in the spec")
-        col, width = self.expr(args[2], scope), self.expr(args[4], scope)
-        if not isinstance(col, int) or not isinstance(width, int):
+        col, desc = self.expr(args[2], scope), self.expr(args[4], scope)
+        if not isinstance(col, int) or not isinstance(desc, InstrDesc):
             raise ExtractError(f"{self.role}: MMA destination unknown: {txt(args[2])}")
-        dsts = [b for b, (first, w) in self.env.tmem.items()
-                if first < col + width and col < first + w]  # fmt: skip
+        # N columns; a pair MMA of M = 128 (64 rows per CTA) has the 2 x 2 layout: N / 2
+        # columns of all 128 lanes in each CTA (Note [bwd 2-CTA])
+        width = desc.n // 2 if group == 2 and desc.m == 128 else desc.n
+        dsts = [b + c for b, (first, w) in self.env.tmem.items()
+                if first < col + width and col < first + w for c in ctas]  # fmt: skip
         if not dsts:
             raise ExtractError(f"{self.role}: TMEM columns {col}+{width} in no buffer")
-        reads = [(b, self.tag(_kind(b), f"mma-{product}")) for b in a_bufs + b_bufs]
+        reads = [(b, self.tag(_kind(b.split("@")[0]), f"mma-{product}")) for b in a_bufs + b_bufs]
         acc = self.expr(args[3], scope)
         if acc is OPAQUE:
             raise ExtractError(f"{self.role}: accumulate flag of {name} unknown")
@@ -1081,6 +1141,12 @@ def fwd_env(cfg: FwdConfig, text: str, stages: int, tile_slots: int) -> Env:
         "__any_sync(0xffffffffu, in_seq)": True,  # the warp has rows in the sequence
     }
     return Env(tiles, consts, oracles, kp, tmem, fwd_tags(cfg.rescale))
+
+
+@dataclass(frozen=True)
+class InstrDesc:  # an MMA instruction descriptor: its M and N
+    m: int
+    n: int
 
 
 class ThreadIdx:
@@ -1323,6 +1389,113 @@ def explore_bwd(cfg: BwdConfig, sources: dict[str, str], needs=None, stop_on=Non
     table = _pmb().parse_kernel(sources[BWD_FILES[0]])
     progs, own = finish_bwd(extract_bwd(cfg, sources), needs)
     return pm.search(machine_bwd(table, cfg, progs), stop_on), own
+
+
+# ---- The SM100 2-CTA backward (d = 128, a CTA pair per 256 kv rows) ---------------------------
+BWD2_FILES = (
+    "csrc/sm100/bwd/kernel_2cta.cuh",
+    "csrc/sm100/bwd/roles_2cta.cuh",
+    "csrc/sm100/bwd/compute.cuh",
+)
+BWD2_ENTRY = "bwd_kernel_2cta"
+
+
+@dataclass
+class Bwd2Config:
+    iters: int = 2  # Q blocks of the pair
+
+
+def bwd2_env(cfg: Bwd2Config, text: str) -> Env:
+    """Traits2 (kernel_2cta.cuh): d = 128, kBlockM = 128, the 1-CTA kernel's TMEM plan per CTA.
+    Each role runs once per CTA rank (tile_work's rank); its own barriers and buffers get the
+    rank as a suffix (name@rank), the pair MMAs' operands and destinations, the multicast
+    commits, the arrivals on a named CTA and the DSMEM stores name theirs."""
+    _, sd, sdv, bm, cols = bwd_shape(128, 128)
+    env = bwd_env(BwdConfig(iters=cfg.iters, head_dim=128), text, 1, 1)
+    iters = cfg.iters
+    env.consts.update({
+        "T::kHalfM": bm // 2, "T::kHalfD": 64, "T::kPairN": 256, "T::kDqChunks": 4,
+        "ss.tmem_base": 0,
+    })  # fmt: skip
+    env.consts["@overrides"]["tile_work"] = lambda kp: type("TileWork", (), {
+        "iters": iters, "h": 0, "n": env.consts["@rank"], "rank": env.consts["@rank"],
+        "pair": 0, "m_of": lambda self, i: i, "g_of": lambda self, i: 0})()  # fmt: skip
+    both = lambda kind: lambda s: [f"{kind}{s}@0", f"{kind}{s}@1"]  # noqa: E731
+    env.descs = {
+        "dK": both("sK"), "dQ": both("sQ"), "dV": both("sV"), "dDO": both("sDO"),
+        "dDOdT": both("sDOd"), "dQdT": both("sQd"), "dKdT": both("sKd"),
+        # dQ's A is dSᵀ of the pair: both CTAs' sDS, each holding both CTAs' kv rows
+        "dDSt": lambda s: [f"sDS_{r}@{c}" for c in (0, 1) for r in (0, 1)],
+    }  # fmt: skip
+    env.mma_products = {("sK", "sQ"): "S", ("sV", "sDO"): "dP", ("S", "sDOd"): "dV",
+                        ("DP", "sQd"): "dK", ("sDS", "sKd"): "dQ"}  # fmt: skip
+    env.arrays = {"ss.lse2": "sLSE", "ss.dpsum": "sDPS"}
+
+    def sds_rows(args):  # sDS(ds_row, column, 0): the pair's kv row -> the writing CTA
+        if not isinstance(args[0], int):
+            raise ExtractError("DSMEM store to sDS at an unknown row")
+        return f"sDS_{args[0] // 128}"
+
+    env.tensors = {"sDS": sds_rows}
+    i = lambda name: lambda v: (name, v("i"))  # noqa: E731
+    env.tags.update({
+        ("sKd", "tma"): lambda v: ("Kd",), ("sQd", "tma"): i("Q"), ("sDOd", "tma"): i("dO"),
+        # issue_s(i) / issue_dp(i) take the Q block
+        ("sQ", "mma-S"): i("Q"), ("S", "mma-write"): i("S"),
+        ("sDO", "mma-dP"): i("dO"), ("dP", "mma-write"): i("dP"),
+        ("sDOd", "mma-dV"): i("dO"), ("sQd", "mma-dK"): i("Q"),
+        ("sKd", "mma-dQ"): lambda v: ("Kd",),
+    })  # fmt: skip
+    return env
+
+
+def extract_bwd2(cfg: Bwd2Config, sources: dict[str, str], called=None) -> dict[str, list[Op]]:
+    """{role@rank: ops} of bwd_kernel_2cta's roles in both CTAs of the pair."""
+    kernel = sources[BWD2_FILES[0]]
+    env = bwd2_env(cfg, kernel)
+    progs = {}
+    for rank in (0, 1):
+        env.consts["@rank"] = rank
+        for role, ops in _extract(sources, kernel, BWD2_ENTRY, env, called).items():
+            progs[f"{role}@{rank}"] = [Op(_at(op.step, rank), op.site) for op in ops]
+    return progs
+
+
+def _at(st, rank):
+    """A step of CTA rank's role: its own barriers and buffers (no @ yet) get @rank."""
+    loc = lambda name: name if "@" in name else f"{name}@{rank}"  # noqa: E731
+    if isinstance(st, (pm.Wait, pm.Arrive, pm.Commit)):
+        return pm.replace(st, bar=loc(st.bar))
+    if isinstance(st, pm.Tma):
+        more = tuple((loc(b), t, r) for b, t, r in st.more)
+        return pm.replace(st, bar=loc(st.bar), buf=loc(st.buf), more=more)
+    if isinstance(st, pm.Mma):
+        reads = tuple((loc(b), t) for b, t in st.reads)
+        more = tuple((loc(b), t, r) for b, t, r in st.more)
+        return pm.replace(st, reads=reads, buf=loc(st.buf), more=more)
+    if isinstance(st, (pm.Read, pm.Write)):
+        return pm.replace(st, buf=loc(st.buf))
+    raise ExtractError(f"step {st} of CTA {rank}")
+
+
+def _pmb2():
+    import protocol_model_bwd2 as pmb2
+
+    return pmb2
+
+
+def finish_bwd2(progs, needs=None):
+    return finish(progs, needs, free_at_start=_pmb2().FREE_AT_START)
+
+
+def machine_bwd2(specs, cfg, progs) -> pm.Machine:
+    return pm.Machine({n: (1, a) for n, a in _pmb2()._bars(specs).items()}, progs, True)
+
+
+def explore_bwd2(cfg: Bwd2Config, sources: dict[str, str], needs=None, stop_on=None):
+    specs = _pmb2().parse_kernel(sources[BWD2_FILES[0]])
+    progs, own = finish_bwd2(extract_bwd2(cfg, sources), needs)
+    return pm.search(machine_bwd2(specs, cfg, progs), stop_on), own
 
 
 # ---- From extracted ops to the explorer's programs -------------------------------------------
