@@ -5,6 +5,8 @@
   python3 bench/bench.py --replot /tmp/bench/results.csv   # table + plots from a CSV, no GPU
   python3 bench/bench.py --decode --out /tmp/decode        # the decode sweep, GB/s
                                                            # (bench_decode.py says what it does)
+  python3 bench/bench.py --sustained 10 --rounds 3 --out /tmp/sus   # steady-state TFLOP/s,
+                                                           # clock, J/PFLOP (bench_sustained.py)
 
 Implementations: fa4 (ours; fa4.attention(backend="sm90"), skipped with the reason while the
 build has no kernel for the point: the fp32 reference is never timed), torch SDPA with the
@@ -40,6 +42,7 @@ if str(_HERE.parent) not in sys.path:  # the repo's fa4, unless an installed one
     sys.path.append(str(_HERE.parent))
 
 import bench_decode  # noqa: E402
+import bench_sustained  # noqa: E402
 import bench_util as bu  # noqa: E402
 
 IMPLS = ("fa4", "sdpa-flash", "sdpa-cudnn", "flash-attn-4")
@@ -127,6 +130,38 @@ def parse_args(argv=None):
         "call); by default they run in the checked first call only, as under CUDA-graph capture",
     )
     dec.add_argument("--decode-worker", metavar="STATE", help=argparse.SUPPRESS)
+    sus = ap.add_argument_group("sustained mode (bench_sustained.py)")
+    sus.add_argument(
+        "--sustained",
+        type=float,
+        nargs="?",
+        const=bench_sustained.DEFAULT_SECONDS,
+        metavar="SECONDS",
+        help="each implementation loops a training step (fwd+bwd; --dirs fwd: forward) back to "
+        "back for SECONDS (>= 10, default 10) at the model-shaped GQA points: TFLOP/s, SM "
+        "clock, power and J/PFLOP (results_sustained.csv); --rounds N rotates the order",
+    )
+    sus.add_argument(
+        "--sustained-warmup-s",
+        type=float,
+        default=bench_sustained.DEFAULT_WARMUP_S,
+        help="loop this long before each window (the steady power state)",
+    )
+    sus.add_argument(
+        "--cooldown-s",
+        type=float,
+        default=bench_sustained.DEFAULT_COOLDOWN_S,
+        help="idle this long after each window",
+    )
+    sus.add_argument(
+        "--model-points",
+        help="comma list of the model-shaped points to run (default all: "
+        + ", ".join(p.label for p in bu.MODEL_POINTS)
+        + ")",
+    )
+    sus.add_argument(
+        "--allow-short", action="store_true", help="accept --sustained below 10 s (tests only)"
+    )
     args = ap.parse_args(argv)
     budget, stop = (
         (bench_decode.DEFAULT_BUDGET_S, bench_decode.DEFAULT_STOP_S)
@@ -410,6 +445,8 @@ def main(argv=None) -> int:
         return 0
     if args.decode:
         return bench_decode.main(args, argv)
+    if args.sustained is not None:
+        return bench_sustained.main(args, IMPLS + EXTRA_IMPLS, IMPLS)
     points, dirs, impl_names = config_from(args)
     import torch
 

@@ -50,10 +50,48 @@ class Point:
     seqlen: int
     batch: int
     heads: int
+    # GQA: k and v have heads_kv heads (0: as many as q). The standard sweep's points are MHA;
+    # the model-shaped points (MODEL_POINTS) are GQA and carry a label naming the model.
+    heads_kv: int = 0
+    label: str = ""
 
     @property
     def key(self) -> tuple:
         return (self.hdim, self.causal, self.seqlen)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.heads_kv or self.heads
+
+    @property
+    def name(self) -> str:
+        """The label, or the standard sweep's hd / causal / seqlen spelled out."""
+        return self.label or f"hd{self.hdim}{' causal' if self.causal else ''} {_k(self.seqlen)}"
+
+
+# Model-shaped GQA points (bench.py --sustained runs them): attention of one layer of a training
+# step, causal, q heads : kv heads and head dim as the models'. FLOPs count the q heads (each q
+# head does the full QK^T and PV whatever kv head it reads). gpt-oss alternates full-attention
+# layers with sliding-window (128) layers; only the full layers are modelled here.
+MODEL_POINTS = (
+    Point(128, True, 8192, 1, 32, 8, "llama3-8b-8k"),  # 32 : 8, hd128
+    Point(128, True, 4096, 4, 32, 8, "llama3-8b-4x4k"),  # the same layer, batch 4 x 4k training
+    Point(128, True, 8192, 1, 28, 4, "qwen2.5-7b-8k"),  # 28 : 4, hd128
+    Point(128, True, 4096, 4, 28, 4, "qwen2.5-7b-4x4k"),
+    Point(64, True, 8192, 1, 64, 8, "gpt-oss-8k"),  # 64 : 8, hd64 (full-attention layers)
+)
+
+
+def model_points(names: str | None = None) -> list[Point]:
+    """MODEL_POINTS, or those whose labels are in the comma list `names`."""
+    if not names:
+        return list(MODEL_POINTS)
+    by = {p.label: p for p in MODEL_POINTS}
+    want = [n.strip() for n in names.split(",") if n.strip()]
+    bad = [n for n in want if n not in by]
+    if bad:
+        raise ValueError(f"unknown model points {bad}: choose from {', '.join(by)}")
+    return [by[n] for n in want]
 
 
 def flops(
