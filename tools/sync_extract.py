@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Role programs of the SM100 forward kernel and of the SM100 1-CTA backward (with its
-head-dim split), extracted from their source (docs/sm100.md, "Extracted role programs").
+"""Role programs of the SM100 forward kernel, the SM100 1-CTA backward (with its head-dim
+split) and the 2-CTA backward (both CTAs of the pair), extracted from their source
+(docs/sm100.md, "Extracted role programs").
 
 The kernel's C++ is parsed with tree-sitter-cpp and each role is *run* by a small abstract
 interpreter for the subset of C++ the roles are written in: integer locals and arithmetic,
