@@ -108,6 +108,30 @@ def test_backward(dims, case):
         assert_tolerance(name, x.grad, r, lo, torch.bfloat16)
 
 
+@pytest.mark.parametrize("dims", [(40, 40), (80, 80), (128, 64), (64, 128)])
+def test_backward_varlen(dims):
+    """Varlen takes the register epilogues of dK / dV (no TMA store across packed sequences)."""
+    _served("bwd", dims)
+    lens_q, lens_k = [0, 1, 17, 300, 129], [5, 0, 40, 300, 128]
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    q, k, v = (x[0] for x in _make(1, sum(lens_q), sum(lens_k), 4, 2, dims, torch.bfloat16, 11))
+    dout = torch.randn(sum(lens_q), 4, dims[1], device="cuda").to(torch.bfloat16)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    poison()
+    out = fa4.attention_varlen(*leaves, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                               backend="sm90")  # fmt: skip
+    out.backward(dout)
+    qc, kc, vc = (x.contiguous() for x in (q, k, v))
+    ref_out, ref_lse = reference.attention_varlen_ref(qc, kc, vc, cu_q, cu_k, causal=True)
+    ref = reference.attention_varlen_ref_bwd(dout, qc, kc, vc, ref_out, ref_lse, cu_q, cu_k,
+                                             causal=True)  # fmt: skip
+    low = reference.attention_varlen_ref_bwd(dout, qc, kc, vc, ref_out, ref_lse, cu_q, cu_k,
+                                             causal=True, upcast=False)  # fmt: skip
+    for name, x, r, lo in zip(("dq", "dk", "dv"), leaves, ref, low, strict=True):
+        assert_tolerance(name, x.grad, r, lo, torch.bfloat16)
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("dims", [(40, 40), (80, 80), (128, 64), (200, 200)])
 def test_decode(dims, splits):
