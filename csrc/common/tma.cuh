@@ -56,6 +56,28 @@ inline GmemView gmem_view(const FwdParams& f, const void* ptr, bool kv, int cols
           varlen ? 0 : batch_stride};
 }
 
+// q, k, v (and the backward's dO) as TMA sees them, each with its true head dim (Note [padded
+// head dims]): the views every kernel's launch builds its TMA tiles from.
+struct FwdViews {
+  GmemView q, k, v;
+};
+inline FwdViews fwd_views(const FwdParams& f) {
+  return {gmem_view(f, f.q, false, f.head_dim, f.q_row_stride, f.q_head_stride, f.q_batch_stride),
+          gmem_view(f, f.k, true, f.head_dim, f.k_row_stride, f.k_head_stride, f.k_batch_stride),
+          gmem_view(f, f.v, true, f.head_dim_v, f.v_row_stride, f.v_head_stride, f.v_batch_stride)};
+}
+struct BwdViews {
+  GmemView q, dout, k, v;
+};
+inline BwdViews bwd_views(const BwdParams& p) {
+  const FwdParams& f = p.fwd;
+  const FwdViews fv = fwd_views(f);
+  return {fv.q,
+          gmem_view(f, p.dout, false, f.head_dim_v, p.dout_row_stride, p.dout_head_stride,
+                    p.dout_batch_stride),
+          fv.k, fv.v};
+}
+
 // TMA loads of kRows × kCols tiles of a GmemView into one stage of SmemLayout (the stage mode,
 // if any, dropped), and its type for kernel parameter structs. g.cols <= kCols: the columns of a
 // box past g.cols are filled with zeros (Note [padded head dims], common/head_dims.h).

@@ -398,14 +398,7 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
   kp.ws = workspace_of(f, workspace, D);
   kp.score = ScoreScale::make(f.softmax_scale, f.softcap);
   kp.group = f.heads_q / f.heads_kv;
-  const GmemView q =
-      gmem_view(f, f.q, false, f.head_dim, f.q_row_stride, f.q_head_stride, f.q_batch_stride);
-  const GmemView dout = gmem_view(f, p.dout, false, f.head_dim_v, p.dout_row_stride,
-                                  p.dout_head_stride, p.dout_batch_stride);
-  const GmemView k =
-      gmem_view(f, f.k, true, f.head_dim, f.k_row_stride, f.k_head_stride, f.k_batch_stride);
-  const GmemView v =
-      gmem_view(f, f.v, true, f.head_dim_v, f.v_row_stride, f.v_head_stride, f.v_batch_stride);
+  const auto [q, dout, k, v] = bwd_views(p);
   kp.shape_q = q.shape();
   kp.shape_do = dout.shape();
   kp.shape_k = k.shape();

@@ -471,12 +471,7 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   kp.p = p;
   kp.group = p.heads_q / p.heads_kv;
   kp.score = ScoreScale::make(p.softmax_scale, p.softcap);
-  const GmemView q =
-      gmem_view(p, p.q, false, p.head_dim, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
-  const GmemView k =
-      gmem_view(p, p.k, true, p.head_dim, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
-  const GmemView v =
-      gmem_view(p, p.v, true, p.head_dim_v, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+  const auto [q, k, v] = fwd_views(p);
   kp.shape_q = q.shape();
   kp.shape_k = k.shape();
   kp.shape_v = v.shape();
