@@ -281,8 +281,7 @@ def _seqused_q_inputs(cu_q, seqused_q, opts, q, out, lse, dout, dlse):
     whole segment of cu_seqlens_q; so with such a mask every segment is rotated to put its used
     rows last, where the bottom-right alignment puts them at the forward's offsets, and dq is
     rotated back by the caller (src)."""
-    causal, window_left, window_right = opts[0], opts[2], opts[3]
-    align_end = causal or window_left != -1 or window_right != -1
+    align_end = dispatch.window_bounded(opts[0], opts[2], opts[3])  # causal, left, right
     src, used = _seqused_q_rows(cu_q, seqused_q, lse.shape[-1], align_end)
     if src is not None:
         q, out, dout, lse = q[src], out[src], dout[src], lse[:, src]

@@ -139,10 +139,10 @@ def window_entries(window_size, causal: bool) -> tuple[int, int]:
     return left, 0 if causal else right
 
 
-def window_bounded(opts) -> bool:
-    """Whether causal or a window edge limits the keys a row sees: FA3 then places q's rows at
-    their own positions (rotary, the seqused_q alignment)."""
-    return opts.causal or opts.window_left != -1 or opts.window_right != -1
+def window_bounded(causal: bool, window_left: int, window_right: int) -> bool:
+    """Whether causal or a window edge limits the keys a row sees (csrc's is_banded): FA3 then
+    places q's rows at their own positions (rotary, the seqused_q alignment)."""
+    return causal or window_left != -1 or window_right != -1
 
 
 def _check_options(q, causal, softmax_scale, window_size, softcap, deterministic, backend):
@@ -322,7 +322,7 @@ def check_kvcache(
 def rotate_q_per_row(opts: Options) -> bool:
     """FA3: q's row i sits at position cache_seqlens + i when causal or local (a window), else
     every row at cache_seqlens."""
-    return window_bounded(opts)
+    return window_bounded(opts.causal, opts.window_left, opts.window_right)
 
 
 def rotary_span(q, s_new: int, opts: Options) -> int:

@@ -23,6 +23,11 @@ def compiled_hdims(direction, backend):
 # ---- Forward ------------------------------------------------------------------------------------
 
 
+def cu_seqlens(lens):
+    """int32 CUDA (len(lens) + 1,): 0 and the running sums of the sequence lengths."""
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32).cuda()
+
+
 def poison():
     """Fill the allocator's free memory with NaN so unwritten outputs are visible."""
     free, _ = torch.cuda.mem_get_info()
@@ -82,8 +87,8 @@ def fwd_varlen_case(backend, hdims, kw):
     d, d_v = hdims
     lens_q = [0, 1, 17, 300, 129, 0, 1013]
     lens_k = [5, 0, 40, 300, 128, 0, 900]
-    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32).cuda()
-    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    cu_q = cu_seqlens(lens_q)
+    cu_k = cu_seqlens(lens_k)
     q, k, v = make((sum(lens_q), 4, d), (sum(lens_k), 2, d), d_v, torch.bfloat16, seed=5)
     poison()
     out, lse = fa4.attention_varlen(
@@ -187,8 +192,8 @@ def bwd_dense_case(backend, dims, case, dtype):
 
 def bwd_varlen_case(backend, d):
     lens_q, lens_k = [0, 1, 17, 300, 129], [5, 0, 40, 300, 128]
-    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32).cuda()
-    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    cu_q = cu_seqlens(lens_q)
+    cu_k = cu_seqlens(lens_k)
     q, k, v = make((sum(lens_q), 4, d), (sum(lens_k), 2, d), d, torch.bfloat16, seed=3)
     dout = torch.randn_like(q)
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]

@@ -1,37 +1,19 @@
 """fa4.attention / attention_varlen on CPU tensors: results, autograd, torch.compile, op checks."""
 
-import math
-
 import pytest
 import torch
-from helpers import assert_tolerance, randn
+from helpers import assert_tolerance, naive_attention, randn
 
 import fa4
 from fa4 import _ops, reference
 
 
 def naive(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None):
-    """Independent float64 attention that materializes every score (small shapes only)."""
-    b, s_q, h, d = q.shape
-    s_k, h_kv = k.shape[1], k.shape[2]
-    scale = scale if scale is not None else d**-0.5
-    kk, vv = (x.double().repeat_interleave(h // h_kv, 2) for x in (k, v))
-    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), kk) * scale
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    i = torch.arange(s_q)[:, None] + (s_k - s_q)
-    j = torch.arange(s_k)[None, :]
-    left, right = (-1 if w is None else w for w in window)  # -1 / None: unbounded, else literal
-    right = 0 if causal else right
-    keep = torch.ones(s_q, s_k, dtype=torch.bool)
-    if right != -1:
-        keep &= j <= i + right
-    if left != -1:
-        keep &= j >= i - left
-    s = s.masked_fill(~keep, -math.inf)
-    lse = torch.logsumexp(s, -1)
-    p = torch.exp(s - lse.masked_fill(lse == -math.inf, math.inf)[..., None])
-    return torch.einsum("bhqk,bkhd->bqhd", p, vv), lse
+    """Independent float64 attention that materializes every score (small shapes only):
+    helpers.naive_attention per batch entry; out (b, s_q, h, d_v), lse (b, h, s_q)."""
+    kw = dict(causal=causal, window=window, softcap=softcap, scale=scale)
+    outs = [naive_attention(q[i], k[i], v[i], **kw) for i in range(q.shape[0])]
+    return torch.stack([o for o, _ in outs]), torch.stack([lse for _, lse in outs])
 
 
 CASES = [

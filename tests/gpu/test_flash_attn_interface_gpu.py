@@ -5,6 +5,7 @@ the fp32 reference under the tolerance rule of DESIGN.md §5, with flash-attn's 
 
 import pytest
 import torch
+from gpu_helpers import cu_seqlens
 from helpers import assert_tolerance
 
 from fa4 import flash_attn_interface as fai
@@ -54,8 +55,8 @@ def test_func_forward_and_backward(kw, ref_kw, d):
 
 def test_varlen_func():
     lens_q, lens_k = [17, 300, 129], [40, 300, 128]
-    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32).cuda()
-    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    cu_q = cu_seqlens(lens_q)
+    cu_k = cu_seqlens(lens_k)
     q = _rand(sum(lens_q), 4, 64, seed=5)
     k, v = _rand(sum(lens_k), 2, 64, seed=6), _rand(sum(lens_k), 2, 64, seed=7)
     out = fai.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,

@@ -12,6 +12,7 @@ from gpu_helpers import (
     FWD_CASES,
     check,
     compiled_hdims,
+    cu_seqlens,
     fwd_dense_case,
     fwd_varlen_case,
     make,
@@ -110,7 +111,7 @@ def varlen_under_env(monkeypatch, name, value, lens, hdims, seed, **kw):
     once with the environment variable set: the second against the reference, bit-equal to the
     first (the variable changes which CTA runs a tile, never its arithmetic)."""
     d, d_v = hdims
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    cu = cu_seqlens(lens)
     q, k, v = make((sum(lens), 4, d), (sum(lens), 2, d), d_v, torch.bfloat16, seed=seed)
 
     def call():

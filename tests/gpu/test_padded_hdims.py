@@ -7,7 +7,7 @@ hold NaN, so a kernel that read past d (instead of TMA's zero fill) or wrote pas
 
 import pytest
 import torch
-from gpu_helpers import BWD_CASES, FWD_CASES, compiled_hdims, poison, reference_grads
+from gpu_helpers import BWD_CASES, FWD_CASES, compiled_hdims, cu_seqlens, poison, reference_grads
 from helpers import assert_tolerance
 
 import fa4
@@ -75,8 +75,8 @@ def test_forward(dims, case):
 def test_forward_varlen(dims):
     _served("fwd", dims)
     lens_q, lens_k = [0, 1, 17, 300, 129], [5, 0, 40, 300, 128]
-    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32).cuda()
-    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    cu_q = cu_seqlens(lens_q)
+    cu_k = cu_seqlens(lens_k)
     q, k, v = (x[0] for x in _make(1, sum(lens_q), sum(lens_k), 4, 2, dims, torch.bfloat16, 9))
     poison()
     out, lse = fa4.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
@@ -113,8 +113,8 @@ def test_backward_varlen(dims):
     """Varlen takes the register epilogues of dK / dV (no TMA store across packed sequences)."""
     _served("bwd", dims)
     lens_q, lens_k = [0, 1, 17, 300, 129], [5, 0, 40, 300, 128]
-    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32).cuda()
-    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32).cuda()
+    cu_q = cu_seqlens(lens_q)
+    cu_k = cu_seqlens(lens_k)
     q, k, v = (x[0] for x in _make(1, sum(lens_q), sum(lens_k), 4, 2, dims, torch.bfloat16, 11))
     dout = torch.randn(sum(lens_q), 4, dims[1], device="cuda").to(torch.bfloat16)
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
