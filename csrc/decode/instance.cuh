@@ -2,6 +2,8 @@
 // plan (decode/plan.h), the kernel for its tile shape, and the combine when it splits.
 #pragma once
 
+#include <cstdlib>
+
 #include "common/instance.cuh"
 #include "decode/combine.cuh"
 #include "decode/kernel.cuh"
@@ -12,8 +14,16 @@ template <int D, int DV, class Element, int kWarpsN>
 Status launch_tile(const Args& args, const Plan& pl, cudaStream_t stream) {
   using T = Traits<D, DV, Element, kWarpsN>;
   const dim3 grid(pl.m_blocks * pl.num_splits, args.p.heads_kv, args.p.batch);
-  return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN>, grid, T::kThreads,
-                       T::kSmemBytes, stream, args);
+  static const int variant = [] {
+    const char* v = std::getenv("FA4_DECODE_VARIANT");
+    return v != nullptr ? std::atoi(v) : 0;
+  }();
+  if (variant == 1) {
+    return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, 1>, grid,
+                         T::kThreads, T::kSmemBytes, stream, args);
+  }
+  return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, 0>, grid,
+                       T::kThreads, T::kSmemBytes, stream, args);
 }
 
 template <int D, int DV, DType E>

@@ -127,6 +127,28 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
                : "memory");
 }
 
+// As cp_async_16 without the "memory" clobber: the producer's loads of its row offsets may then
+// move ahead of earlier copies (the copies stay ordered against the barrier operations, volatile
+// asm as well; the consumers read a stage only after its full barrier).
+__device__ __forceinline__ void cp_async_16_free(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+
+// Chunks half, half + 2, ... of one row (kChunks 16-byte chunks) at byte offset off of base
+// (off < 0: a row past the sequence) into dst; chunks past `cols` columns or of such a row are
+// zero-filled (Note [padded head dims]).
+template <int kChunks>
+__device__ __forceinline__ void copy_row_half(uint32_t dst, const void* base, int64_t off, int half,
+                                              int cols) {
+  const char* src = static_cast<const char*>(base) + (off < 0 ? 0 : off);
+  FA4_UNROLL
+  for (int t = 0; t < kChunks / 2; ++t) {
+    const int x = half + 2 * t;
+    cp_async_16_free(dst + x * 16, src + x * 16, off >= 0 && x * 8 < cols ? 16 : 0);
+  }
+}
+
 // One arrival on bar once all of this thread's earlier cp.async have landed (.noinc: the
 // barrier's count includes it).
 __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
@@ -208,7 +230,7 @@ __device__ __forceinline__ int64_t key_offset(const FwdParams& p, const SeqRows&
   return (off + int64_t{kv_head} * head_stride) * 2;
 }
 
-template <int D, int DV, class Element, int kWarpsN>
+template <int D, int DV, class Element, int kWarpsN, int kVariant>
 __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBlocks)
     decode_kernel(const __grid_constant__ Args args) {
   using T = Traits<D, DV, Element, kWarpsN>;
@@ -303,20 +325,36 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
       __syncwarp();
       const uint32_t k_smem = detail::smem_addr(smem + stage * T::kStageBytes);
       const uint32_t v_smem = k_smem + kBlockN * T::kPitchK;
-      const char* k_base = static_cast<const char*>(p.k);
-      const char* v_base = static_cast<const char*>(p.v);
-      // Chunks past the row's end or past d / d_v (Note [padded head dims]) are zero-filled.
-      for (int c = lane; c < kBlockN * kChunksK; c += 32) {
-        const int r = c / kChunksK, x = c % kChunksK;
-        const int64_t off = x * 8 < p.head_dim ? row_off[2 * r] : -1;
-        detail::cp_async_16(k_smem + r * T::kPitchK + x * 16,
-                            off < 0 ? k_base : k_base + off + x * 16, off < 0 ? 0 : 16);
-      }
-      for (int c = lane; c < kBlockN * kChunksV; c += 32) {
-        const int r = c / kChunksV, x = c % kChunksV;
-        const int64_t off = x * 8 < p.head_dim_v ? row_off[2 * r + 1] : -1;
-        detail::cp_async_16(v_smem + r * T::kPitchV + x * 16,
-                            off < 0 ? v_base : v_base + off + x * 16, off < 0 ? 0 : 16);
+      if constexpr (kVariant == 0) {
+        const char* k_base = static_cast<const char*>(p.k);
+        const char* v_base = static_cast<const char*>(p.v);
+        // Chunks past the row's end or past d / d_v (Note [padded head dims]) are zero-filled.
+        for (int c = lane; c < kBlockN * kChunksK; c += 32) {
+          const int r = c / kChunksK, x = c % kChunksK;
+          const int64_t off = x * 8 < p.head_dim ? row_off[2 * r] : -1;
+          detail::cp_async_16(k_smem + r * T::kPitchK + x * 16,
+                              off < 0 ? k_base : k_base + off + x * 16, off < 0 ? 0 : 16);
+        }
+        for (int c = lane; c < kBlockN * kChunksV; c += 32) {
+          const int r = c / kChunksV, x = c % kChunksV;
+          const int64_t off = x * 8 < p.head_dim_v ? row_off[2 * r + 1] : -1;
+          detail::cp_async_16(v_smem + r * T::kPitchV + x * 16,
+                              off < 0 ? v_base : v_base + off + x * 16, off < 0 ? 0 : 16);
+        }
+      } else {
+        // Note [paired lanes]: lanes 2p and 2p + 1 copy rows p, p + 16, p + 32, p + 48, each
+        // lane every other 16-byte chunk of a row, so one shared-memory load of a row's K and V
+        // offsets serves D / 16 + DV / 16 copies (16 at hd128).
+        static_assert(kBlockN == 64 && kChunksK % 2 == 0 && kChunksV % 2 == 0, "paired lanes");
+#pragma unroll 1
+        for (int i = 0; i < 4; ++i) {
+          const int r = lane / 2 + 16 * i;
+          const int64_t k_off = row_off[2 * r], v_off = row_off[2 * r + 1];
+          detail::copy_row_half<kChunksK>(k_smem + r * T::kPitchK, p.k, k_off, lane % 2,
+                                          p.head_dim);
+          detail::copy_row_half<kChunksV>(v_smem + r * T::kPitchV, p.v, v_off, lane % 2,
+                                          p.head_dim_v);
+        }
       }
       // The stage is full when every lane's copies have landed: 32 arrivals per phase.
       detail::cp_async_arrive(&full[stage]);
