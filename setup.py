@@ -6,6 +6,8 @@ is found. Build flags (environment variables, documented in README.md):
   FA4_DISABLE_BWD      1: compile no backward kernels
   FA4_SKIP_CUDA_BUILD  1: install the pure-Python package only
   FA4_NVCC_EXTRA       extra nvcc flags for measurement builds (e.g. -DFA4_TRACE)
+  FA4_SM100_DEBUG      1: bring-up build, -DFA4_SM100_DEBUG: bounded mbarrier waits that name the
+                       stuck barrier, and role traces (csrc/common/debug_wait.cuh, fa4/debug.py)
 
 The kernel instances and the nvcc flags come from the kernel manifest, fa4/kernels.json (read
 through fa4/manifest.py; CMakeLists.txt reads the same file): one generated translation unit per
@@ -102,6 +104,9 @@ def find_cutlass_include() -> str:
 def _nvcc_flags(archs: list[str]) -> list[str]:
     # The manifest's -std=c++20 is what torch's extension builder would pick (from torch 2.10).
     flags = manifest.nvcc_flags() + [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    # Bring-up builds: every SM100 mbarrier wait bounded (docs/sm100.md, "Bring-up kit").
+    if _truthy("FA4_SM100_DEBUG"):
+        flags.append("-DFA4_SM100_DEBUG")
     # Measurement builds: extra flags such as -DFA4_TRACE.
     return flags + os.environ.get("FA4_NVCC_EXTRA", "").split()
 
@@ -144,7 +149,8 @@ def main():
     bwd = not _truthy("FA4_DISABLE_BWD")
     reason = _why_no_cuda()
     config = {"built": reason is None, "reason": reason, "archs": archs, "hdims": hdims,
-              "bwd": bwd, "kernels": {"fwd": {}, "bwd": {}}}  # fmt: skip
+              "bwd": bwd, "kernels": {"fwd": {}, "bwd": {}},
+              "sm100_debug": _truthy("FA4_SM100_DEBUG")}  # fmt: skip
     ext_modules, cmdclass = [], {}
     if reason is None:
         import torch

@@ -11,6 +11,25 @@
 #include <cutlass/numeric_types.h>
 
 #include "common/host_device.cuh"
+#ifdef FA4_SM100_DEBUG
+#include "common/debug_wait.cuh"
+#endif
+
+// Bring-up builds (-DFA4_SM100_DEBUG, setup.py's FA4_SM100_DEBUG=1): every wait is bounded and
+// names itself on expiry (common/debug_wait.cuh, Note [debug area]); the kernels register their
+// barrier table and each role its loop position. Without the flag these expand to nothing.
+#ifdef FA4_SM100_DEBUG
+#define FA4_SM100_DEBUG_BEGIN(KERNEL, TABLE, BARS, ROLE) \
+  ::fa4::debug::kernel_begin<TABLE>(::fa4::debug::KernelId::KERNEL, BARS, int(ROLE))
+#define FA4_SM100_DEBUG_TILE(B, H, T) ::fa4::debug::site_tile(B, H, T)
+#define FA4_SM100_DEBUG_BLOCK(N) ::fa4::debug::site_block(N)
+#define FA4_SM100_DEBUG_ATTACH(STREAM) ::fa4::debug::attach(STREAM)
+#else
+#define FA4_SM100_DEBUG_BEGIN(KERNEL, TABLE, BARS, ROLE) ((void)0)
+#define FA4_SM100_DEBUG_TILE(B, H, T) ((void)0)
+#define FA4_SM100_DEBUG_BLOCK(N) ((void)0)
+#define FA4_SM100_DEBUG_ATTACH(STREAM) ((void)0)
+#endif
 
 namespace fa4::sm100 {
 
@@ -34,15 +53,25 @@ struct Ring {
 };
 
 __device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
+#ifdef FA4_SM100_DEBUG
+  debug::wait<false>(bar, parity);
+#else
   cutlass::arch::ClusterBarrier::wait(bar, parity);
+#endif
 }
 __device__ __forceinline__ void bar_arrive(uint64_t* bar) {
+#ifdef FA4_SM100_DEBUG
+  debug::trace(debug::Event::kArrive, debug::smem_addr(bar), 0);
+#endif
   cutlass::arch::ClusterBarrier::arrive(bar);
 }
 // tcgen05.commit: the barrier's arrival happens when every tcgen05 operation this thread has
 // issued so far has completed (issued by the single MMA thread).
 __device__ __forceinline__ void umma_commit(uint64_t* bar) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+#ifdef FA4_SM100_DEBUG
+  debug::trace(debug::Event::kCommit, addr, 0);
+#endif
   asm volatile(
       "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%0];" ::"r"(addr)
       : "memory");

@@ -272,6 +272,9 @@ __device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp) {
 // Waits with cluster scope: the barriers here also complete through the other CTA's arrivals
 // and commits, whose writes (shared memory of either CTA, TMEM) the waiter then uses.
 __device__ __forceinline__ void bar_wait_cluster(uint64_t* bar, uint32_t parity) {
+#ifdef FA4_SM100_DEBUG
+  debug::wait<true>(bar, parity);
+#else
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
   asm volatile(
       "{\n\t.reg .pred p;\n\t"
@@ -280,11 +283,15 @@ __device__ __forceinline__ void bar_wait_cluster(uint64_t* bar, uint32_t parity)
       "@!p bra WAIT_%=;\n\t}" ::"r"(addr),
       "r"(parity)
       : "memory");
+#endif
 }
 // Arrival on CTA `cta`'s copy of a barrier (this CTA's own included), releasing this thread's
 // earlier writes at cluster scope.
 __device__ __forceinline__ void bar_arrive_cta(uint64_t* bar, uint32_t cta) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+#ifdef FA4_SM100_DEBUG
+  debug::trace(debug::Event::kArrive, addr, 0);
+#endif
   asm volatile(
       "{\n\t.reg .b32 r;\n\t"
       "mapa.shared::cluster.u32 r, %0, %1;\n\t"

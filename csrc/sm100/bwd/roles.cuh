@@ -33,6 +33,7 @@ __device__ void load_role(const KernelParams<T>& kp, typename T::SharedStorage& 
 
   Ring q_free, do_free;
   for (int i = 0; i < t.iters; ++i) {
+    FA4_SM100_DEBUG_BLOCK(t.m_of(i));
     const int head = t.head_kv * kp.group + t.g_of(i);
     const int m = t.m_of(i);
     Tensor gQ = local_tile(domain_offset(make_coord(t.seq.offset_q, _0{}), mQ(_, _, head, bidb)),
@@ -150,6 +151,7 @@ __device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const Til
   int ds = wait_do();
   issue_dp(ds);
   for (int i = 0; i < t.iters; ++i) {
+    FA4_SM100_DEBUG_BLOCK(t.m_of(i));
     const bool next = i + 1 < t.iters;
     bar_wait(bar_ptr<T, Bar::kPFull>(ss), p_ready.parity(1));
     ++p_ready.count;
@@ -212,6 +214,7 @@ __device__ void compute_role(const KernelParams<T>& kp, typename T::SharedStorag
   const RowBounds seen = t.mask.col_bounds(kv);  // the query rows that see this key
   Ring q_ready, s_ready, dp_ready, ds_free;
   for (int i = 0; i < t.iters; ++i) {
+    FA4_SM100_DEBUG_BLOCK(t.m_of(i));
     const int m = t.m_of(i);
     const bool masked = block_needs_mask<T::kBlockM, T::kBlockN>(t.mask, m, t.n);
     const int qs = q_ready.index(T::kStagesQ);
@@ -285,6 +288,7 @@ __device__ void reduce_role(const KernelParams<T>& kp, typename T::SharedStorage
   auto tma = kp.tma_dq.get_slice(_0{});
   Ring dq_ready;
   for (int i = 0; i < t.iters; ++i) {
+    FA4_SM100_DEBUG_BLOCK(t.m_of(i));
     const int head = t.head_kv * kp.group + t.g_of(i);
     const int m = t.m_of(i);
     const int64_t wrow = t.row0_ws + int64_t(m) * T::kBlockM;
@@ -343,6 +347,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem);
   const int warp = threadIdx.x / 32;
   const Role role = warp_role(warp);
+  FA4_SM100_DEBUG_BEGIN(kBwdSm100, typename T::Barriers, ss.bars, role);
   if (threadIdx.x == 0) {
     cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
@@ -363,18 +368,21 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     case Role::kCompute1: {
       cutlass::arch::warpgroup_reg_alloc<kRegsCompute>();
       const TileWork t = tile_work(kp);
+      FA4_SM100_DEBUG_TILE(t.b, t.head_kv, t.n);
       compute_role(kp, ss, tmem, t, role == Role::kCompute0 ? 0 : 1, threadIdx.x % 128);
       break;
     }
     case Role::kReduce: {
       cutlass::arch::warpgroup_reg_alloc<kRegsReduce>();
       const TileWork t = tile_work(kp);
+      FA4_SM100_DEBUG_TILE(t.b, t.head_kv, t.n);
       reduce_role(kp, ss, tmem, t, threadIdx.x % 128);
       break;
     }
     default: {
       cutlass::arch::warpgroup_reg_dealloc<kRegsOther>();
       const TileWork t = tile_work(kp);
+      FA4_SM100_DEBUG_TILE(t.b, t.head_kv, t.n);
       if (role == Role::kMma) mma_role<T>(ss, tmem, t);
       if (role == Role::kLoad && lane == 0) load_role(kp, ss, t);
       break;
@@ -415,6 +423,7 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
   kp.grid = {(f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.deterministic};
   const int64_t blocks = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch * T::kSplit;
   if (blocks > 0) {
+    FA4_SM100_DEBUG_ATTACH(stream);
     const Status s = launch_kernel("bwd_sm100", bwd_kernel<T>, dim3(unsigned(blocks)), T::kThreads,
                                    T::kSmemBytes, stream, kp);
     if (s != Status::kOk) return s;

@@ -43,6 +43,7 @@ __device__ void load_role(const KernelParams<T>& kp, typename T::SharedStorage& 
 
   Ring q_free, do_free;
   for (int i = 0; i < t.iters; ++i) {
+    FA4_SM100_DEBUG_BLOCK(t.m_of(i));
     const int head = t.head_kv * kp.group + t.g_of(i);
     const int m = t.m_of(i);
     Tensor mQ = domain_offset(q_rows, kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, head, bidb));
@@ -86,6 +87,7 @@ __device__ void relay_role(typename T::SharedStorage& ss, const TileWork& t) {
   bar_wait_cluster(bar_ptr<T, Bar::kKVFull>(ss), 0);
   bar_arrive_cta(bar_ptr<T, Bar::kPeerKVFull>(ss), 0);
   for (int i = 0; i < t.iters; ++i) {
+    FA4_SM100_DEBUG_BLOCK(t.m_of(i));
     const uint32_t parity = uint32_t(i) & 1u;
     bar_wait_cluster(bar_ptr<T, Bar::kQFull>(ss), parity);
     bar_arrive_cta(bar_ptr<T, Bar::kPeerQFull>(ss), 0);
@@ -163,6 +165,7 @@ __device__ void mma_role(typename T::SharedStorage& ss, uint32_t tmem, const Til
   issue_s(0);
   issue_dp(0);
   for (int i = 0; i < t.iters; ++i) {
+    FA4_SM100_DEBUG_BLOCK(t.m_of(i));
     bar_wait_cluster(bar_ptr<T, Bar::kPFull>(ss), p_ready.parity(1));
     ++p_ready.count;
     tmem_fence_after_sync();
@@ -215,6 +218,7 @@ __device__ void compute_role(const KernelParams<T>& kp, typename T::SharedStorag
   const RowBounds seen = t.mask.col_bounds(kv);
   Ring q_ready, s_ready, dp_ready, ds_free;
   for (int i = 0; i < t.iters; ++i) {
+    FA4_SM100_DEBUG_BLOCK(t.m_of(i));
     const int m = t.m_of(i);
     const bool masked = block_needs_mask<T::kBlockM, T::kBlockN>(t.mask, m, t.n);
     bar_wait_cluster(bar_ptr<T, Bar::kQFull>(ss), q_ready.parity(1));
@@ -275,6 +279,7 @@ __device__ void reduce_role(const KernelParams<T>& kp, typename T::SharedStorage
   auto tma = kp.tma_dq.get_slice(_0{});
   Ring dq_ready;
   for (int i = 0; i < t.iters; ++i) {
+    FA4_SM100_DEBUG_BLOCK(t.m_of(i));
     const int head = t.head_kv * kp.group + t.g_of(i);
     const int m = t.m_of(i);
     const int64_t wrow = t.row0_ws + int64_t(m) * T::kBlockM + t.rank * T::kHalfM;
@@ -335,6 +340,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(T::kThreads, 1)
   auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem);
   const int warp = threadIdx.x / 32;
   const Role role = warp_role(warp);
+  FA4_SM100_DEBUG_BEGIN(kBwdSm100Pair, typename T::Barriers, ss.bars, role);
   if (threadIdx.x == 0) {
     cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_qd.get_tma_descriptor());
@@ -358,6 +364,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(T::kThreads, 1)
   tmem_fence_after_sync();
   const uint32_t tmem = ss.tmem_base;
   const TileWork t = tile_work(kp);
+  FA4_SM100_DEBUG_TILE(t.b, t.head_kv, t.n);
   const int lane = threadIdx.x % 32;
   switch (role) {
     case Role::kCompute0:
@@ -420,6 +427,7 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
   kp.grid = {(f.seqlen_k + T::kPairN - 1) / T::kPairN, f.heads_kv, f.deterministic};
   const int64_t blocks = 2 * int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
   if (blocks > 0) {
+    FA4_SM100_DEBUG_ATTACH(stream);
     const Status s = launch_kernel("bwd_sm100 2-CTA", bwd_kernel_2cta<T>, dim3(unsigned(blocks)),
                                    T::kThreads, T::kSmemBytes, stream, kp);
     if (s != Status::kOk) return s;

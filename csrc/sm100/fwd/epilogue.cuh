@@ -49,6 +49,7 @@ __device__ void epilogue_role(const KernelParams<T>& kp, typename T::SharedStora
   for (int n_item = 0;; ++n_item) {
     const TileCoord coord = take_tile<T>(ss, n_item);
     if (coord.batch < 0) break;
+    FA4_SM100_DEBUG_TILE(coord.batch, coord.head, coord.m_block);
     const TileWork t = tile_work(kp, coord);
     for (int q = 0; q < T::kQTiles; ++q) {
       bar_wait(bar_ptr<T, Bar::kOStageFull>(ss, 0), staged.parity(1));
@@ -91,9 +92,11 @@ __device__ void correction_role(const KernelParams<T>& kp, typename T::SharedSto
   for (int n_item = 0;; ++n_item) {
     const TileCoord coord = take_tile<T>(ss, n_item);
     if (coord.batch < 0) break;
+    FA4_SM100_DEBUG_TILE(coord.batch, coord.head, coord.m_block);
     const TileWork t = tile_work(kp, coord);
     const int nblk = t.blocks();
     for (int i = 0; i < nblk; ++i) {
+      FA4_SM100_DEBUG_BLOCK(t.n_end - 1 - i);
       for (int q = 0; q < T::kQTiles; ++q) {
         float factor, unused;
         take_stats(q, factor, unused);

@@ -322,6 +322,7 @@ __device__ void load_role(const KernelParams<T>& kp, typename T::SharedStorage& 
   int n_items = 0;
   for (int64_t w = blockIdx.x; w < kp.sched.total(); w = next_item(kp.p.tile_counter, w)) {
     const TileCoord coord = kp.sched.at(w);
+    FA4_SM100_DEBUG_TILE(coord.batch, coord.head, coord.m_block);
     publish_tile<T>(ss, n_items++, coord);
     const TileWork t = tile_work(kp, coord);
     if (t.blocks() <= 0) continue;  // correction writes zeros; nothing to load
@@ -351,6 +352,7 @@ __device__ void load_role(const KernelParams<T>& kp, typename T::SharedStorage& 
     }
     ++q_free.count;
     for (int n = t.n_end - 1; n >= t.n_begin; --n) {
+      FA4_SM100_DEBUG_BLOCK(n);
       const int ks = k_free.index(T::kStages);
       bar_wait(bar_ptr<T, Bar::kKEmpty>(ss, ks), k_free.parity(T::kStages) ^ 1u);
       uint64_t& kfull = *bar_ptr<T, Bar::kKFull>(ss, ks);
@@ -417,6 +419,7 @@ __device__ void mma_role(const KernelParams<T>& kp, typename T::SharedStorage& s
   for (int n_item = 0;; ++n_item) {
     const TileCoord coord = take_tile<T>(ss, n_item);
     if (coord.batch < 0) break;
+    FA4_SM100_DEBUG_TILE(coord.batch, coord.head, coord.m_block);
     const TileWork t = tile_work(kp, coord);
     const int nblk = t.blocks();
     if (nblk <= 0) continue;
@@ -434,6 +437,7 @@ __device__ void mma_role(const KernelParams<T>& kp, typename T::SharedStorage& s
     umma_commit(bar_ptr<T, Bar::kKEmpty>(ss, ks));
     ++k_ready.count;
     for (int i = 0; i < nblk; ++i) {
+      FA4_SM100_DEBUG_BLOCK(t.n_end - 1 - i);
       const bool next = i + 1 < nblk;
       if (next) {
         ks = k_ready.index(T::kStages);
@@ -498,6 +502,7 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
   for (int n_item = 0;; ++n_item) {
     const TileCoord coord = take_tile<T>(ss, n_item);
     if (coord.batch < 0) break;
+    FA4_SM100_DEBUG_TILE(coord.batch, coord.head, coord.m_block);
     const TileWork t = tile_work(kp, coord);
     if (t.blocks() <= 0) continue;  // the correction warpgroup writes out = 0, lse = -inf
     // This tile's own range (recomputed: t.br[q] with a run-time q would sit in local memory).
@@ -507,6 +512,7 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
     OnlineSoftmax<SFrag> softmax;
     softmax.init();
     for (int n = t.n_end - 1; n >= t.n_begin; --n) {
+      FA4_SM100_DEBUG_BLOCK(n);
       // S buffer b: Q tile q's with two tiles; with one (hd 256) the buffer of this block's
       // running count (Note [one-tile order]).
       const int b = T::kQTiles == 2 ? q : s_ready.index(kSBuffers);
@@ -569,6 +575,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem);
   const int warp = threadIdx.x / 32;
   const Role role = warp_role(warp);
+  FA4_SM100_DEBUG_BEGIN(kFwdSm100, typename T::Barriers, ss.bars, role);
   if (threadIdx.x == 0) {
     cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
@@ -648,6 +655,7 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
       TileScheduler::for_forward(p, T::kCtaRows, int(sizeof(Element)), dev.num_sms, dev.tile_order);
   const int grid = kp.sched.grid(dev.num_sms);
   if (grid == 0) return Status::kOk;
+  FA4_SM100_DEBUG_ATTACH(stream);
   return launch_kernel("fwd_sm100", fwd_kernel<T>, dim3(grid), T::kThreads, T::kSmemBytes, stream,
                        kp);
 }

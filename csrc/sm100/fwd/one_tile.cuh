@@ -53,6 +53,7 @@ __device__ void mma_role_one_tile(const KernelParams<T>& kp, typename T::SharedS
   for (int n_item = 0;; ++n_item) {
     const TileCoord coord = take_tile<T>(ss, n_item);
     if (coord.batch < 0) break;
+    FA4_SM100_DEBUG_TILE(coord.batch, coord.head, coord.m_block);
     const TileWork t = tile_work(kp, coord);
     const int nblk = t.blocks();
     if (nblk <= 0) continue;
@@ -63,6 +64,7 @@ __device__ void mma_role_one_tile(const KernelParams<T>& kp, typename T::SharedS
       if (blk + 1 == nblk) umma_commit(bar_ptr<T, Bar::kQEmpty>(ss, 0));  // the tile's last S
     }
     for (int i = 0; i < nblk; ++i) {
+      FA4_SM100_DEBUG_BLOCK(t.n_end - 1 - i);
       const int vs = v_ready.index(T::kStages);
       bar_wait(bar_ptr<T, Bar::kVFull>(ss, vs), v_ready.parity(T::kStages));
       const int b = p_ready.index(kSBuffers);
