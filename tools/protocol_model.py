@@ -164,6 +164,7 @@ class Tma:  # arrive_and_expect_tx + TMA copy: the write and the arrival happen 
     tag: tuple
     reads: int
     more: tuple = ()  # further (buf, tag, reads) of the same transaction (one arrival)
+    count: int = 1  # arrivals on landing (the decode warp's 32 cp.async.mbarrier.arrive)
 
     def writes(self):
         return ((self.buf, self.tag, self.reads),) + self.more
@@ -771,7 +772,7 @@ class Machine:
                 if err:
                     bad.append(("overwrite", f"{role}[{pcs[r]}] {st}: {err}"))
                     continue
-                op = (self.slot[(st.bar, st.idx)], st.writes())
+                op = (self.slot[(st.bar, st.idx)], st.writes(), st.count)
                 out.append((r, (npcs, done, pend, nb, tmas | {op}, queue)))
             elif isinstance(st, (Mma, Commit)):
                 out.append((r, (npcs, done, pend, bufs, tmas, queue + (st,))))
@@ -788,11 +789,11 @@ class Machine:
                     continue
                 out.append((r, (npcs, done, pend, nb, tmas, queue)))
         for op in tmas:  # a TMA load lands: data, then the tx count completes the arrival
-            s, writes = op
+            s, writes, count = op
             nb = bufs
             for buf, tag, reads in writes:
                 nb = self._set(nb, buf, tag, reads)
-            nd, np_, err = self._arrive(done, pend, s, 1)
+            nd, np_, err = self._arrive(done, pend, s, count)
             if err:
                 bad.append(("arrivals", f"TMA {writes[0][1]}: {err}"))
                 continue
