@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from . import dispatch, reference
+from . import debug, dispatch, reference
 
 _OPTS = "causal softmax_scale window_left window_right softcap deterministic backend".split()
 
@@ -166,7 +166,8 @@ def _fwd_cuda(
     if fwd_route(q, k, v, cu_q, cu_k, seqused_k, sv, backend) is not None:
         knobs = dispatch.runtime_knobs("fwd")  # num_sms, tile_schedule, tile_order
         # fa4::_fwd_kernel's order (csrc/api/bindings.cpp; /tmp/spec/inference_spec.md)
-        return torch.ops.fa4._fwd_kernel(
+        # debug.guard: the op itself, or in a bring-up build the op and a hang check
+        return debug.guard(torch.ops.fa4._fwd_kernel)(
             q, k, v, cu_q, cu_k, seqused_k, sv.seqused_q, sv.page_table, sv.cache_batch_idx,
             sv.leftpad_k, sv.learnable_sink, max_q, max_k, causal, scale, wl, wr, softcap, det,
             sv.num_splits, *knobs,
@@ -217,7 +218,7 @@ def _bwd_cuda(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_q, max_k
     arch = None if no_batch else dispatch.kernel_for(q, v, backend, "bwd", (dout, q, k, v, out))
     if arch is not None:
         knobs = dispatch.runtime_knobs("bwd")  # num_sms, tile_schedule, bwd_tile_order
-        return torch.ops.fa4._bwd_kernel(
+        return debug.guard(torch.ops.fa4._bwd_kernel)(
             dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, max_q, max_k, *opts[:-1], *knobs
         )
     kw = _ref_kwargs(causal, scale, wl, wr, softcap)
