@@ -127,6 +127,8 @@ def attention_with_kvcache(
     num_splits=0,
     return_lse=False,
     backend="auto",
+    k_descale=None,
+    v_descale=None,
 ):
     """Decode / prefill against a KV cache, FA3's flash_attn_with_kvcache (docs/inference.md).
 
@@ -141,6 +143,10 @@ def attention_with_kvcache(
     rotary_interleaved=False pairs dims i and i + rotary_dim / 2 (GPT-NeoX; FA3 defaults to
     True). The attention then sees cache_seqlens[b] + s_new keys, masks aligned to the
     bottom-right corner of [cache_leftpad[b], cache_seqlens[b] + s_new). Forward only.
+    An FP8 cache: k_cache/v_cache float8_e4m3fn with fp16/bf16 q (head dims multiples of 16 on
+    the kernels); k_descale/v_descale float32 (b, h_kv) or None (1): the true value of sequence
+    b's element is stored x descale[b, kv head]; k_new/v_new (q's dtype) are divided by the
+    descale, saturated to +-448 and rounded to e4m3 on their way into the cache.
     Returns out (b, s_q, h, d_v) [, lse (b, h, s_q)].
     """
     opts = dispatch.check_kvcache(
@@ -149,8 +155,12 @@ def attention_with_kvcache(
         cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, page_table=page_table,
         learnable_sink=learnable_sink, num_splits=num_splits, causal=causal,
         softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
-        deterministic=False, backend=backend,
+        deterministic=False, backend=backend, k_descale=k_descale, v_descale=v_descale,
     )  # fmt: skip
+    if k_descale is not None:
+        k_descale = k_descale.contiguous()
+    if v_descale is not None:
+        v_descale = v_descale.contiguous()
     s_new = 0 if k_new is None else k_new.shape[1]
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
@@ -165,12 +175,14 @@ def attention_with_kvcache(
             q, k_cache, v_cache, k_new, v_new, cache_seqlens, rotary_cos=rotary_cos,
             rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
             cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, page_table=page_table,
-            rotate_q_per_row=dispatch.rotate_q_per_row(opts),
+            rotate_q_per_row=dispatch.rotate_q_per_row(opts), k_descale=k_descale,
+            v_descale=v_descale,
         )  # fmt: skip
     seqused_k = cache_seqlens + s_new if s_new else cache_seqlens
     serving = _ops.Serving(
         page_table=page_table, cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
-        learnable_sink=learnable_sink, num_splits=num_splits,
+        learnable_sink=learnable_sink, num_splits=num_splits, k_descale=k_descale,
+        v_descale=v_descale,
     )  # fmt: skip
     capacity = dispatch.cache_capacity(k_cache, page_table)
     with dispatch.values_checked():  # check_cache_append_data covered the op's value rules

@@ -39,6 +39,9 @@ def _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, kw, serving=None):
     serving: Serving (the op's serving arguments) or None."""
     sv = serving or NO_SERVING
     sink = sv.learnable_sink
+    out_dtype, post = q.dtype, None
+    if k.dtype in dispatch.FP8_DTYPES:
+        q, k, v, post = _fp8_for_reference(q, k, v, sv)
     if cu_q is not None:
         out, lse = reference.attention_varlen_ref(
             q, k, v, cu_q, cu_k, seqused_k=seqused_k, seqused_q=sv.seqused_q,
@@ -51,7 +54,9 @@ def _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, kw, serving=None):
             q, k, v, seqused_k, cache_batch_idx=sv.cache_batch_idx, leftpad_k=sv.leftpad_k,
             page_table=sv.page_table, learnable_sink=sink, **kw,
         )  # fmt: skip
-    return out.to(q.dtype).contiguous(), lse.to(_lse_dtype(q)).contiguous()
+    if post is not None:
+        out = out.float() * post
+    return out.to(out_dtype).contiguous(), lse.to(_lse_dtype(q)).contiguous()
 
 
 def _ref_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, kw):
@@ -78,9 +83,26 @@ class Serving(NamedTuple):
     leftpad_k: Tensor | None = None
     learnable_sink: Tensor | None = None
     num_splits: int = 0
+    k_descale: Tensor | None = None  # an FP8 cache's descales (dispatch.check_descales)
+    v_descale: Tensor | None = None
 
 
 NO_SERVING = Serving()
+
+
+def _fp8_for_reference(q, k, v, sv: Serving):
+    """An FP8 cache as the reference reads it: k, v in fp32 and k's descale folded into q (the
+    score of sequence b, kv head h is (q . k) k_descale[b, h]); returns them and the per-head
+    factor of the output (v_descale), or None."""
+    h, h_kv = q.shape[2], k.shape[2]
+    q = q.float() if q.dtype != torch.float64 else q
+    if sv.k_descale is not None:
+        q = q * sv.k_descale.to(q.dtype).repeat_interleave(h // h_kv, dim=1)[:, None, :, None]
+    post = None
+    if sv.v_descale is not None:
+        post = sv.v_descale.repeat_interleave(h // h_kv, dim=1)[:, None, :, None]
+    return q, k.to(q.dtype), v.to(q.dtype), post
+
 
 def takes_decode(cu_k, seqused_k, sv: Serving, arch: str) -> bool:
     """csrc/decode/plan.h takes_decode: the serving arguments, or a sink on SM100."""
@@ -134,8 +156,13 @@ def fwd(
     leftpad_k: Tensor | None = None,
     learnable_sink: Tensor | None = None,
     num_splits: int = 0,
+    k_descale: Tensor | None = None,
+    v_descale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    sv = Serving(seqused_q, page_table, cache_batch_idx, leftpad_k, learnable_sink, num_splits)
+    sv = Serving(
+        seqused_q, page_table, cache_batch_idx, leftpad_k, learnable_sink, num_splits, k_descale,
+        v_descale,
+    )  # fmt: skip
     _check_data(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, sv)
     kw = _ref_kwargs(causal, softmax_scale, window_left, window_right, softcap)
     # num_splits changes only the kernels' summation order: the reference ignores it.
@@ -153,24 +180,28 @@ def fwd_route(q, k, v, cu_q, cu_k, seqused_k, sv: Serving, backend: str) -> str 
     arch = dispatch.kernel_for(q, v, backend, "fwd", (q, k, v))
     if arch is None:
         return None
-    return "decode" if takes_decode(cu_k, seqused_k, sv, arch) else arch
+    fp8 = k.dtype == dispatch.FP8_KV_DTYPE  # Note [fp8 cache]: the decode kernel's alone
+    return "decode" if fp8 or takes_decode(cu_k, seqused_k, sv, arch) else arch
 
 
 def _fwd_cuda(
     q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det, backend,
     seqused_q=None, page_table=None, cache_batch_idx=None, leftpad_k=None, learnable_sink=None,
-    num_splits=0,
+    num_splits=0, k_descale=None, v_descale=None,
 ):  # fmt: skip
-    sv = Serving(seqused_q, page_table, cache_batch_idx, leftpad_k, learnable_sink, num_splits)
+    sv = Serving(
+        seqused_q, page_table, cache_batch_idx, leftpad_k, learnable_sink, num_splits, k_descale,
+        v_descale,
+    )  # fmt: skip
     _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k, sv)
     if fwd_route(q, k, v, cu_q, cu_k, seqused_k, sv, backend) is not None:
         knobs = dispatch.runtime_knobs("fwd")  # num_sms, tile_schedule, tile_order
-        # fa4::_fwd_kernel's order (csrc/api/bindings.cpp; /tmp/spec/inference_spec.md)
+        # fa4::_fwd_kernel's order (csrc/api/bindings.cpp)
         # debug.guard: the op itself, or in a bring-up build the op and a hang check
         return debug.guard(torch.ops.fa4._fwd_kernel)(
             q, k, v, cu_q, cu_k, seqused_k, sv.seqused_q, sv.page_table, sv.cache_batch_idx,
             sv.leftpad_k, sv.learnable_sink, max_q, max_k, causal, scale, wl, wr, softcap, det,
-            sv.num_splits, *knobs,
+            sv.num_splits, *knobs, sv.k_descale, sv.v_descale,
         )  # fmt: skip
     kw = _ref_kwargs(causal, scale, wl, wr, softcap)
     return _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, kw, sv)

@@ -77,6 +77,8 @@ def append_rotary(
     cache_leftpad: Tensor | None = None,
     page_table: Tensor | None = None,
     rotate_q_per_row: bool = False,
+    k_descale: Tensor | None = None,
+    v_descale: Tensor | None = None,
 ) -> Tensor:
     """Appends k_new/v_new to the cache in place (k_new rotated) and returns q rotated.
 
@@ -85,6 +87,8 @@ def append_rotary(
     k_new/v_new (b, s_new, h_kv, d / d_v) or both None (then only q rotates); cache_seqlens
     int32 (b,) on q's device; rotary_cos/rotary_sin (seqlen_ro, rotary_dim / 2) in q's dtype;
     cache_batch_idx, cache_leftpad int32 (b,). Returns a new tensor when rotary is given, else q.
+    An FP8 (e4m3) cache takes k_new / v_new in q's dtype, quantized with the descales
+    (float32 (b, h_kv), None = 1) by the torch path (quantize_for_cache).
     """
     rotary = rotary_cos is not None or rotary_sin is not None
     _check_shapes(q, k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx, page_table)
@@ -108,13 +112,24 @@ def append_rotary(
         return q_out if rotary else q
     return append_rotary_torch(
         q, k_cache, v_cache, k_new, v_new, cache_seqlens, rotary_cos, rotary_sin,
-        rotary_interleaved, cache_batch_idx, page_table, rotate_q_per_row,
+        rotary_interleaved, cache_batch_idx, page_table, rotate_q_per_row, k_descale, v_descale,
     )  # fmt: skip
+
+
+def quantize_for_cache(x: Tensor, descale: Tensor | None, cache_dtype) -> Tensor:
+    """x (b, s, h_kv, d) as an FP8 cache stores it: x / descale[b, h] in fp32, saturated to the
+    format's largest finite value (an overflow would otherwise become NaN), rounded to nearest."""
+    y = x.float()
+    if descale is not None:
+        y = y / descale[:, None, :, None]
+    top = torch.finfo(cache_dtype).max
+    return y.clamp(-top, top).to(cache_dtype)
 
 
 def append_rotary_torch(
     q, k_cache, v_cache, k_new, v_new, cache_seqlens, rotary_cos, rotary_sin,
-    rotary_interleaved, cache_batch_idx, page_table, rotate_q_per_row,
+    rotary_interleaved, cache_batch_idx, page_table, rotate_q_per_row, k_descale=None,
+    v_descale=None,
 ) -> Tensor:  # fmt: skip
     """The torch path of append_rotary on validated inputs (any device; no host sync)."""
     b, s_q = q.shape[:2]
@@ -136,6 +151,9 @@ def append_rotary_torch(
     else:
         page_size = k_cache.shape[1]
         slot = (page_table.long()[seq[:, None], pos // page_size], pos % page_size)
+    if k_cache.dtype != k_new.dtype:  # an FP8 cache
+        k_new = quantize_for_cache(k_new, k_descale, k_cache.dtype)
+        v_new = quantize_for_cache(v_new, v_descale, v_cache.dtype)
     k_cache.index_put_(slot, k_new)
     v_cache.index_put_(slot, v_new)
     return q_out
@@ -165,6 +183,8 @@ def _kernel_fits(q, k_cache, v_cache, k_new, v_new, cos, sin, interleaved) -> bo
     aligned), which fake tensors have too; the op rechecks the pointers themselves."""
     if not q.is_cuda or q.dtype not in KERNEL_DTYPES or not kernel_available():
         return False
+    if k_cache.dtype != q.dtype:  # an FP8 cache: quantize_for_cache, on the torch path
+        return False
     tensors, dims = [], [q.shape[-1]]
     if cos is not None:
         tensors += [q, cos, sin]
@@ -191,7 +211,8 @@ def _check_rows(name: str, t, q: Tensor | None) -> None:
         if t.dtype not in DTYPES:
             _fail(name, f"dtype {t.dtype} not supported: float16, bfloat16 or float32", TypeError)
         return
-    if t.dtype != q.dtype:
+    fp8_cache = name in ("k_cache", "v_cache") and t.dtype == torch.float8_e4m3fn
+    if t.dtype != q.dtype and not fp8_cache:
         _fail(name, f"dtype {t.dtype} differs from q.dtype {q.dtype}", TypeError)
     if t.device != q.device:
         _fail(name, f"device {t.device} differs from q.device {q.device}")

@@ -206,7 +206,8 @@ std::tuple<Tensor, Tensor> fwd_kernel(const Tensor& q, const Tensor& k, const Te
                                       int64_t max_q, int64_t max_k, bool causal, double scale,
                                       int64_t wl, int64_t wr, double softcap, bool det,
                                       int64_t num_splits, int64_t num_sms, int64_t tile_schedule,
-                                      const std::optional<std::string>& tile_order) {
+                                      const std::optional<std::string>& tile_order,
+                                      const OptTensor& k_descale, const OptTensor& v_descale) {
   check_knobs(num_sms, tile_schedule);
   c10::cuda::CUDAGuard guard(q.device());
   auto out_shape = q.sizes().vec();
@@ -219,6 +220,16 @@ std::tuple<Tensor, Tensor> fwd_kernel(const Tensor& q, const Tensor& k, const Te
   auto p = fwd_params(q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr,
                       softcap, det);
   set_inference(p, k, v, seqused_q, page_table, kv_batch_idx, leftpad_k, sink, max_k, num_splits);
+  // An e4m3 cache (api/fa4.h, "Inference layouts"); descales are fp32 (batch, heads_kv).
+  p.kv_fp8 = k.scalar_type() == at::kFloat8_e4m3fn;
+  p.k_descale = opt_ptr<float>(k_descale);
+  p.v_descale = opt_ptr<float>(v_descale);
+  for (const OptTensor* d : {&k_descale, &v_descale}) {
+    if (d->has_value() && (*d)->defined()) {
+      p.descale_batch_stride = (*d)->stride(0);
+      p.descale_head_stride = (*d)->stride(1);
+    }
+  }
   p.num_sms = static_cast<int>(num_sms);
   // Split-KV partials (Note [split-KV]): sized from the sizes alone, so a CUDA graph captures a
   // fixed allocation.
@@ -293,8 +304,8 @@ TORCH_LIBRARY(fa4, m) {
       "Tensor? seqused_k, Tensor? seqused_q, Tensor? page_table, Tensor? cache_batch_idx, "
       "Tensor? leftpad_k, Tensor? learnable_sink, int max_seqlen_q, int max_seqlen_k, "
       "bool causal, float softmax_scale, int window_left, int window_right, float softcap, "
-      "bool deterministic, int num_splits, int num_sms, int tile_schedule, str? tile_order) "
-      "-> (Tensor, Tensor)");
+      "bool deterministic, int num_splits, int num_sms, int tile_schedule, str? tile_order, "
+      "Tensor? k_descale=None, Tensor? v_descale=None) -> (Tensor, Tensor)");
   m.def(
       "_bwd_kernel(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? "
       "dlse, "

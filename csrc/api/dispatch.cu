@@ -144,13 +144,13 @@ class Checker {
     }
   }
 
-  // One stride of a 16-bit tensor, for a dimension of `extent` elements.
-  void require_stride(const char* field, int64_t stride, int64_t extent) {
+  // One stride of a tensor of elem_bytes-byte elements, for a dimension of `extent` elements.
+  void require_stride(const char* field, int64_t stride, int64_t extent, int elem_bytes = 2) {
     if (stride < 0) {
       fail(field, "=%lld is negative: strides must be >= 0", static_cast<long long>(stride));
-    } else if (extent > 1 && stride % 8 != 0) {
-      fail(field, "=%lld not a multiple of 8 elements (TMA needs 16-byte strides)",
-           static_cast<long long>(stride));
+    } else if (extent > 1 && stride % (16 / elem_bytes) != 0) {
+      fail(field, "=%lld not a multiple of %d elements (the copies need 16-byte strides)",
+           static_cast<long long>(stride), 16 / elem_bytes);
     }
   }
 
@@ -162,17 +162,17 @@ class Checker {
 // The 16-bit tensor `name` with its three strides; rows = its row count, heads = its head count.
 void check_tensor(Checker& c, const char* name, const void* ptr, bool varlen, int batch,
                   int64_t rows_per_batch, int heads, int64_t batch_stride, int64_t row_stride,
-                  int64_t head_stride) {
+                  int64_t head_stride, int elem_bytes = 2) {
   char field[64];
   c.require_aligned(name, ptr);
   if (!varlen) {
     std::snprintf(field, sizeof(field), "%s_batch_stride", name);
-    c.require_stride(field, batch_stride, batch);
+    c.require_stride(field, batch_stride, batch, elem_bytes);
   }
   std::snprintf(field, sizeof(field), "%s_row_stride", name);
-  c.require_stride(field, row_stride, rows_per_batch);
+  c.require_stride(field, row_stride, rows_per_batch, elem_bytes);
   std::snprintf(field, sizeof(field), "%s_head_stride", name);
-  c.require_stride(field, head_stride, heads);
+  c.require_stride(field, head_stride, heads, elem_bytes);
 }
 
 // Everything bwd_workspace_size depends on, plus the other size rules.
@@ -273,10 +273,25 @@ void check_fwd(Checker& c, const FwdParams& p, bool lse_required) {
   const bool k_dense = !varlen || is_paged(p);
   const int k_batch = is_paged(p) ? p.num_pages : p.kv_batch_idx != nullptr ? 2 : p.batch;
   const int64_t k_len = is_paged(p) ? p.page_size : sk;
+  const int kv_bytes = p.kv_fp8 ? 1 : 2;
   check_tensor(c, "k", p.k, !k_dense, k_batch, k_len, p.heads_kv, p.k_batch_stride, p.k_row_stride,
-               p.k_head_stride);
+               p.k_head_stride, kv_bytes);
   check_tensor(c, "v", p.v, !k_dense, k_batch, k_len, p.heads_kv, p.v_batch_stride, p.v_row_stride,
-               p.v_head_stride);
+               p.v_head_stride, kv_bytes);
+  if (p.kv_fp8) {
+    // Note [fp8 cache] (decode/kernel.cuh): 16-byte copies of whole rows.
+    if (p.head_dim % 16 != 0 || p.head_dim_v % 16 != 0) {
+      c.fail("head_dim", "=%d / head_dim_v=%d: kv_fp8 needs multiples of 16", p.head_dim,
+             p.head_dim_v);
+    }
+    if (p.descale_batch_stride < 0 || p.descale_head_stride < 0) {
+      c.fail("descale_batch_stride", "=%lld / descale_head_stride=%lld must be >= 0",
+             static_cast<long long>(p.descale_batch_stride),
+             static_cast<long long>(p.descale_head_stride));
+    }
+  } else if (p.k_descale != nullptr || p.v_descale != nullptr) {
+    c.fail("k_descale", " / v_descale are set without kv_fp8: descales are for an FP8 cache");
+  }
   check_tensor(c, "out", p.out, varlen, p.batch, sq, p.heads_q, p.out_batch_stride,
                p.out_row_stride, p.out_head_stride);
   if (p.lse != nullptr) {
@@ -456,10 +471,10 @@ Status validate(const BwdParams& p) noexcept {
   // The backward kernels have none of the inference layouts; fa4/_ops.py computes the sink's
   // gradient and runs seqused_q through lse = +inf rows.
   if (fp.seqused_q != nullptr || fp.page_table != nullptr || fp.kv_batch_idx != nullptr ||
-      fp.leftpad_k != nullptr || fp.learnable_sink != nullptr ||
+      fp.leftpad_k != nullptr || fp.learnable_sink != nullptr || fp.kv_fp8 ||
       (fp.seqused_k != nullptr && fp.cu_seqlens_k == nullptr)) {
     c.fail("fwd",
-           ": seqused_q, page_table, kv_batch_idx, leftpad_k, learnable_sink and dense "
+           ": seqused_q, page_table, kv_batch_idx, leftpad_k, learnable_sink, kv_fp8 and dense "
            "seqused_k are forward only (api/fa4.h)");
     return c.status();
   }

@@ -68,6 +68,12 @@
 //               aligns on seqused_q[b] rows.
 //   learnable_sink: lse = log(sum_j exp(s_j) + exp(sink[h])) and out = sum_j exp(s_j - lse) v_j;
 //               a row that sees no key gets out = 0 and lse = sink[h].
+//   kv_fp8:     k and v hold float8_e4m3fn elements (q, out stay fp16 / bf16); the true value
+//               of key element x of sequence b, kv head h is x * k_descale[b *
+//               descale_batch_stride + h * descale_head_stride] (1 when k_descale is null;
+//               likewise v with v_descale). head_dim, head_dim_v and the k / v row, head, batch
+//               strides are multiples of 16 elements. The decode kernel computes it in fp16: q
+//               values beyond +-65504 saturate there.
 //
 // Masking (causal, window), bottom-right aligned as in flash-attn: with offset = seqlen_k -
 // seqlen_q of the sequence (per sequence for varlen, after seqused_k), query row i sees key j iff
@@ -180,6 +186,10 @@ struct FwdParams {
   const int* leftpad_k = nullptr;         // int32 (batch,): sequence b's keys start at this row
   const float* learnable_sink = nullptr;  // fp32 (heads_q,): a logit per head in every row's
                                           // softmax denominator (no value)
+  bool kv_fp8 = false;                    // k, v are float8_e4m3fn (see Inference layouts)
+  const float* k_descale = nullptr;       // fp32 (batch, heads_kv), optional with kv_fp8
+  const float* v_descale = nullptr;       // likewise for v
+  int64_t descale_batch_stride = 0, descale_head_stride = 0;
   int num_splits = 0;  // >= 0: key splits of the decode kernel; 0 = heuristic, 1 = none
   // Device memory for the split-KV partial results: at least fwd_workspace_size(p) bytes,
   // 16-byte aligned, untouched by others until the stream has run this call. Null when that
@@ -213,8 +223,8 @@ static_assert(std::is_trivially_copyable_v<BwdParams> && std::is_standard_layout
 // The kernels' parameter structs hold FwdParams / BwdParams by value followed by their own
 // members, so a member added here moves the constant-bank offset of every later kernel parameter
 // and changes the machine code of every kernel. Per-call choices that no kernel reads go in
-// RunOptions instead. With 8-byte pointers (every CUDA host): 336 and 472 bytes.
-static_assert(sizeof(void*) != 8 || (sizeof(FwdParams) == 336 && sizeof(BwdParams) == 472),
+// RunOptions instead. With 8-byte pointers (every CUDA host): 376 and 512 bytes.
+static_assert(sizeof(void*) != 8 || (sizeof(FwdParams) == 376 && sizeof(BwdParams) == 512),
               "FwdParams / BwdParams changed size: every kernel's SASS moves (see above)");
 
 // Per-call options that do not describe the problem (kernels never see this struct).

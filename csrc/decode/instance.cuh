@@ -12,17 +12,22 @@ namespace fa4::decode {
 
 template <int D, int DV, class Element, int kWarpsN>
 Status launch_tile(const Args& args, const Plan& pl, cudaStream_t stream) {
-  using T = Traits<D, DV, Element, kWarpsN>;
   const dim3 grid(pl.m_blocks * pl.num_splits, args.p.heads_kv, args.p.batch);
+  if (args.p.kv_fp8) {
+    using T = Traits<D, DV, Element, kWarpsN, true>;
+    return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, true, 1>, grid,
+                         T::kThreads, T::kSmemBytes, stream, args);
+  }
+  using T = Traits<D, DV, Element, kWarpsN>;
   static const int variant = [] {
     const char* v = std::getenv("FA4_DECODE_VARIANT");
     return v != nullptr ? std::atoi(v) : 0;
   }();
   if (variant == 1) {
-    return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, 1>, grid,
+    return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, false, 1>, grid,
                          T::kThreads, T::kSmemBytes, stream, args);
   }
-  return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, 0>, grid,
+  return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, false, 0>, grid,
                        T::kThreads, T::kSmemBytes, stream, args);
 }
 

@@ -22,6 +22,13 @@
 // P = 0 meets zeros, never stale shared memory. The first version issued one cp.async.bulk per
 // row (a 256-byte TMA request at hd128) and measured 1.85-1.95 TB/s on the H100 at every
 // decode size, as if the TMA unit took ~30 cycles per request (2026-12-06, docs/decisions.md).
+//
+// Note [fp8 cache]: with an e4m3 cache (FwdParams::kv_fp8) the ring holds the cache's bytes (half
+// the traffic and half the stage: 4 stages of 18 KB at hd128) and the consumer warps that read a
+// key range dequantize it into an fp16 staging block (cvt.rn.f16x2.e4m3x2: exact), on which the
+// unchanged MMA code runs in fp16: Q is converted to fp16 when the tile is loaded (bf16 values
+// beyond +-65504 saturate) and so is P. The descales cost nothing per element: k_descale
+// multiplies the score scale and v_descale the row normalization 1 / l.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -46,29 +53,38 @@ struct Args {
   ScoreScale score;
 };
 
-template <int D, int DV, class Element, int kWarpsN>
+template <int D, int DV, class Element, int kWarpsN, bool kKvFp8 = false>
 struct Traits {
+  static constexpr int kKvBytes = kKvFp8 ? 1 : 2;  // bytes per K / V element in the ring
   static constexpr int kWarpsM = 4 / kWarpsN;
   static constexpr int kBlockM = 16 * kWarpsM;
   static constexpr int kWarpN = kBlockN / kWarpsN;  // keys of a block per consumer warp
   static constexpr int kThreads = 5 * 32;
   static constexpr int kConsumers = 4 * 32;
-  static constexpr int kPitchK = row_pitch(D);
-  static constexpr int kPitchV = row_pitch(DV);
-  static constexpr int kStages = num_stages(D, DV, kWarpsN);
-  static constexpr int kStageBytes = stage_bytes(D, DV);
-  static constexpr int kRingBytes = ring_bytes(D, DV, kWarpsN);
+  static constexpr int kPitchK = row_pitch(D * kKvBytes);  // ring rows
+  static constexpr int kPitchV = row_pitch(DV * kKvBytes);
+  static constexpr int kPitchQ = row_pitch(2 * D);
+  static constexpr int kMmaPitchK = row_pitch(2 * D);  // the rows the MMAs read (ring or staging)
+  static constexpr int kMmaPitchV = row_pitch(2 * DV);
+  static constexpr int kStages = num_stages(D, DV, kWarpsN, kKvBytes);
+  static constexpr int kStageBytes = stage_bytes(D, DV, kKvBytes);
+  static constexpr int kRingBytes = ring_bytes(D, DV, kWarpsN, kKvBytes);
   static constexpr int kQOffset = kRingBytes;
-  static constexpr int kBarOffset = kQOffset + q_bytes(D, kWarpsN);
+  static constexpr int kStagingOffset = kQOffset + q_bytes(D, kWarpsN);
+  static constexpr int kBarOffset = kStagingOffset + staging_bytes(D, DV, kKvBytes);
   static constexpr int kRowOffOffset = kBarOffset + 2 * 4 * 8;  // the producer's row offsets
-  static constexpr int kSmemBytes = smem_bytes(D, DV, kWarpsN);
-  static constexpr int kMinBlocks = ctas_per_sm(D, DV, kWarpsN);
+  static constexpr int kSmemBytes = smem_bytes(D, DV, kWarpsN, kKvBytes);
+  static constexpr int kMinBlocks = ctas_per_sm(D, DV, kWarpsN, kKvBytes);
+  // The MMAs' 16-bit type: the cache's with a 16-bit cache; fp16 with an FP8 one, into which
+  // e4m3 converts exactly (Note [fp8 cache]).
+  using MmaElement = std::conditional_t<kKvFp8, cutlass::half_t, Element>;
   static constexpr int kEpiPitch = epi_pitch(DV);
   static constexpr float kTau = 8.0f;  // Note [conditional rescale]
   using SFrag = QuadFrag<kWarpN>;
   using OFrag = QuadFrag<DV>;
   static_assert(kWarpN % 16 == 0 && D % 16 == 0 && DV % 16 == 0, "mma.sync k16 / n16 steps");
-  static_assert(kBarOffset % 16 == 0 && kSmemBytes <= 227 * 1024, "shared memory");
+  static_assert(kBarOffset % 16 == 0 && kStagingOffset % 16 == 0 && kSmemBytes <= 227 * 1024,
+                "shared memory");
   static_assert(epi_bytes(DV) <= kRingBytes, "the epilogue reuses the ring");
 };
 
@@ -136,16 +152,67 @@ __device__ __forceinline__ void cp_async_16_free(uint32_t dst, const void* src, 
 }
 
 // Chunks half, half + 2, ... of one row (kChunks 16-byte chunks) at byte offset off of base
-// (off < 0: a row past the sequence) into dst; chunks past `cols` columns or of such a row are
-// zero-filled (Note [padded head dims]).
+// (off < 0: a row past the sequence) into dst; chunks past the row's first `bytes` bytes (its
+// head dim: a multiple of 16 bytes) or of such a row are zero-filled (Note [padded head dims]).
 template <int kChunks>
 __device__ __forceinline__ void copy_row_half(uint32_t dst, const void* base, int64_t off, int half,
-                                              int cols) {
+                                              int bytes) {
   const char* src = static_cast<const char*>(base) + (off < 0 ? 0 : off);
   FA4_UNROLL
   for (int t = 0; t < kChunks / 2; ++t) {
     const int x = half + 2 * t;
-    cp_async_16_free(dst + x * 16, src + x * 16, off >= 0 && x * 8 < cols ? 16 : 0);
+    cp_async_16_free(dst + x * 16, src + x * 16, off >= 0 && x * 16 < bytes ? 16 : 0);
+  }
+}
+
+// Four e4m3 values (one 32-bit word, element 0 in the low byte) as two fp16x2 words, exactly
+// (every e4m3 value, subnormals included, is an fp16 value).
+__device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\t"
+      "cvt.rn.f16x2.e4m3x2 %1, b;\n\t}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+}
+
+// Eight 16-bit values of a query row (Element) as fp16, for the FP8-cache MMAs: bf16 values
+// beyond fp16's range saturate to +-65504 (Note [fp8 cache]).
+template <class Element>
+__device__ __forceinline__ uint4 to_f16x8(uint4 v) {
+  if constexpr (std::is_same_v<Element, cutlass::half_t>) {
+    return v;
+  } else {
+    uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    FA4_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const float lo = __uint_as_float(w[i] << 16), hi = __uint_as_float(w[i] & 0xffff0000u);
+      __half2 h = __floats2half2_rn(fminf(fmaxf(lo, -65504.0f), 65504.0f),
+                                    fminf(fmaxf(hi, -65504.0f), 65504.0f));
+      w[i] = *reinterpret_cast<uint32_t*>(&h);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// Dequantizes rows [row0, row0 + rows) of one ring buffer (e4m3, pitch kPitch8) into fp16 rows
+// (pitch kPitch16), `kChunks` 16-byte chunks per ring row, spread over `threads` threads.
+template <int kChunks, int kPitch8, int kPitch16>
+__device__ __forceinline__ void dequant_rows(uint32_t src, uint32_t dst, int row0, int rows,
+                                             int thread, int threads) {
+  for (int i = thread; i < rows * kChunks; i += threads) {
+    const int r = row0 + i / kChunks, x = i % kChunks;
+    uint32_t w[4], h[8];
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "r"(src + r * kPitch8 + x * 16));
+    FA4_UNROLL
+    for (int j = 0; j < 4; ++j) e4m3x4_to_f16x4(w[j], h[2 * j], h[2 * j + 1]);
+    const uint32_t d = dst + r * kPitch16 + x * 32;
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(d), "r"(h[0]), "r"(h[1]),
+                 "r"(h[2]), "r"(h[3])
+                 : "memory");
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(d + 16), "r"(h[4]), "r"(h[5]),
+                 "r"(h[6]), "r"(h[7])
+                 : "memory");
   }
 }
 
@@ -161,6 +228,17 @@ __device__ __forceinline__ void wait_barrier(uint64_t* bar, int phase) {
 }
 
 }  // namespace detail
+
+// Synchronizes the kWarpsM consumer warps that share key group wn (named barriers 2 to 5; 1 is
+// the consumers' epilogue barrier).
+template <int kWarpsM>
+__device__ __forceinline__ void group_sync(int wn) {
+  if constexpr (kWarpsM == 1) {
+    __syncwarp();
+  } else {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(2 + wn), "n"(32 * kWarpsM) : "memory");
+  }
+}
 
 // One sequence's rows and keys, after seqused_q / seqused_k / leftpad_k (api/fa4.h).
 struct SeqRows {
@@ -212,7 +290,8 @@ struct SeqRows {
 };
 
 // Byte offset of key row j (0-based within the sequence's attended keys) from the base of K (or
-// V, with its strides).
+// V, with its strides); kBytes per element.
+template <int kBytes>
 __device__ __forceinline__ int64_t key_offset(const FwdParams& p, const SeqRows& s, int kv_head,
                                               int j, int64_t batch_stride, int64_t row_stride,
                                               int64_t head_stride) {
@@ -227,13 +306,14 @@ __device__ __forceinline__ int64_t key_offset(const FwdParams& p, const SeqRows&
   } else {
     off = int64_t{s.kv_batch} * batch_stride + int64_t{row} * row_stride;
   }
-  return (off + int64_t{kv_head} * head_stride) * 2;
+  return (off + int64_t{kv_head} * head_stride) * kBytes;
 }
 
-template <int D, int DV, class Element, int kWarpsN, int kVariant>
-__global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBlocks)
+template <int D, int DV, class Element, int kWarpsN, bool kKvFp8, int kVariant>
+__global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::kMinBlocks)
     decode_kernel(const __grid_constant__ Args args) {
-  using T = Traits<D, DV, Element, kWarpsN>;
+  using T = Traits<D, DV, Element, kWarpsN, kKvFp8>;
+  static_assert(!kKvFp8 || kVariant == 1, "the FP8 cache is copied by the paired-lanes producer");
   extern __shared__ __align__(128) char smem[];
   const FwdParams& p = args.p;
   const int b = blockIdx.z;
@@ -289,8 +369,9 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
                                : int64_t{b} * p.q_batch_stride + int64_t{tok} * p.q_row_stride) +
                           int64_t{h} * p.q_head_stride + c * 8;
       v = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.q) + off);
+      if constexpr (kKvFp8) v = detail::to_f16x8<Element>(v);
     }
-    *reinterpret_cast<uint4*>(smem + T::kQOffset + r * T::kPitchK + c * 16) = v;
+    *reinterpret_cast<uint4*>(smem + T::kQOffset + r * T::kPitchQ + c * 16) = v;
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
@@ -306,7 +387,7 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
     // lane and lane + 32 (K and V; -1 past the sequence) into row_off, then the warp copies the
     // block in 16-byte chunks, chunk c of K being chunk c % kChunksK of row c / kChunksK.
     int64_t* row_off = reinterpret_cast<int64_t*>(smem + T::kRowOffOffset);
-    constexpr int kChunksK = D / 8, kChunksV = DV / 8;
+    constexpr int kChunksK = D * T::kKvBytes / 16, kChunksV = DV * T::kKvBytes / 16;
     for (int it = 0; it < n_blocks; ++it) {
       const int stage = it % T::kStages;
       if (it >= T::kStages) detail::wait_barrier(&empty[stage], (it / T::kStages - 1) & 1);
@@ -315,12 +396,12 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
       for (int h = 0; h < 2; ++h) {
         const int r = lane + 32 * h, j = n * kBlockN + r;
         const bool ok = j < seq.len_k;
-        row_off[2 * r] =
-            ok ? key_offset(p, seq, kv_head, j, p.k_batch_stride, p.k_row_stride, p.k_head_stride)
-               : -1;
-        row_off[2 * r + 1] =
-            ok ? key_offset(p, seq, kv_head, j, p.v_batch_stride, p.v_row_stride, p.v_head_stride)
-               : -1;
+        row_off[2 * r] = ok ? key_offset<T::kKvBytes>(p, seq, kv_head, j, p.k_batch_stride,
+                                                      p.k_row_stride, p.k_head_stride)
+                            : -1;
+        row_off[2 * r + 1] = ok ? key_offset<T::kKvBytes>(p, seq, kv_head, j, p.v_batch_stride,
+                                                          p.v_row_stride, p.v_head_stride)
+                                : -1;
       }
       __syncwarp();
       const uint32_t k_smem = detail::smem_addr(smem + stage * T::kStageBytes);
@@ -351,9 +432,9 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
           const int r = lane / 2 + 16 * i;
           const int64_t k_off = row_off[2 * r], v_off = row_off[2 * r + 1];
           detail::copy_row_half<kChunksK>(k_smem + r * T::kPitchK, p.k, k_off, lane % 2,
-                                          p.head_dim);
+                                          p.head_dim * T::kKvBytes);
           detail::copy_row_half<kChunksV>(v_smem + r * T::kPitchV, p.v, v_off, lane % 2,
-                                          p.head_dim_v);
+                                          p.head_dim_v * T::kKvBytes);
         }
       }
       // The stage is full when every lane's copies have landed: 32 arrivals per phase.
@@ -385,13 +466,41 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
   const int a_row = wm * 16 + (lane % 8) + ((lane / 8) % 2) * 8, a_col = (lane / 16) * 8;
   const int kb_row = wn * T::kWarpN + (lane % 8) + (lane / 16) * 8, kb_col = ((lane / 8) % 2) * 8;
   const int vb_row = wn * T::kWarpN + (lane % 8) + ((lane / 8) % 2) * 8, vb_col = (lane / 16) * 8;
-  const ScoreScale score = args.score;
+  // Note [fp8 cache]: the descales fold into the score scale (k) and the row normalization (v).
+  float v_scale = 1.0f;
+  ScoreScale score = args.score;
+  if constexpr (kKvFp8) {
+    const int64_t at = int64_t{b} * p.descale_batch_stride + int64_t{kv_head} * p.descale_head_stride;
+    const float k_scale = p.k_descale != nullptr ? p.k_descale[at] : 1.0f;
+    if (p.v_descale != nullptr) v_scale = p.v_descale[at];
+    score = ScoreScale::make(p.softmax_scale * k_scale, p.softcap);
+  }
+  using MmaElement = typename T::MmaElement;
 
   for (int it = 0; it < n_blocks; ++it) {
     const int stage = it % T::kStages;
     detail::wait_barrier(&full[stage], (it / T::kStages) & 1);
-    const uint32_t k_base = detail::smem_addr(smem + stage * T::kStageBytes);
-    const uint32_t v_base = k_base + kBlockN * T::kPitchK;
+    uint32_t k_base = detail::smem_addr(smem + stage * T::kStageBytes);
+    uint32_t v_base = k_base + kBlockN * T::kPitchK;
+    if constexpr (kKvFp8) {
+      // Note [fp8 cache]: the kWarpsM warps that read keys [wn kWarpN, (wn + 1) kWarpN) of every
+      // block dequantize those rows into the staging block, after all of them have finished
+      // reading the previous block's there, and read them once all have written.
+      const uint32_t staging = detail::smem_addr(smem + T::kStagingOffset);
+      const uint32_t k16 = staging, v16 = staging + kBlockN * T::kMmaPitchK;
+      const int group_thread = wm * 32 + lane;
+      group_sync<T::kWarpsM>(wn);
+      detail::dequant_rows<D / 16, T::kPitchK, T::kMmaPitchK>(k_base, k16, wn * T::kWarpN,
+                                                              T::kWarpN, group_thread,
+                                                              32 * T::kWarpsM);
+      detail::dequant_rows<DV / 16, T::kPitchV, T::kMmaPitchV>(v_base, v16, wn * T::kWarpN,
+                                                               T::kWarpN, group_thread,
+                                                               32 * T::kWarpsM);
+      cutlass::arch::ClusterBarrier::arrive(&empty[stage]);  // this thread's ring reads are done
+      group_sync<T::kWarpsM>(wn);
+      k_base = k16;
+      v_base = v16;
+    }
 
     float s[T::SFrag::kSize];
     FA4_UNROLL
@@ -399,13 +508,14 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
     FA4_UNROLL
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[4];
-      detail::ldmatrix_x4(q_base + a_row * T::kPitchK + (kk * 16 + a_col) * 2, a);
+      detail::ldmatrix_x4(q_base + a_row * T::kPitchQ + (kk * 16 + a_col) * 2, a);
       FA4_UNROLL
       for (int np = 0; np < T::kWarpN / 16; ++np) {
         uint32_t bk[4];
-        detail::ldmatrix_x4(k_base + (kb_row + np * 16) * T::kPitchK + (kk * 16 + kb_col) * 2, bk);
-        detail::mma_16816<Element>(&s[(2 * np) * 4], a, bk[0], bk[1]);
-        detail::mma_16816<Element>(&s[(2 * np + 1) * 4], a, bk[2], bk[3]);
+        detail::ldmatrix_x4(k_base + (kb_row + np * 16) * T::kMmaPitchK + (kk * 16 + kb_col) * 2,
+                            bk);
+        detail::mma_16816<MmaElement>(&s[(2 * np) * 4], a, bk[0], bk[1]);
+        detail::mma_16816<MmaElement>(&s[(2 * np + 1) * 4], a, bk[2], bk[3]);
       }
     }
     if (score.softcap) apply_softcap<typename T::SFrag>(s, score.pre);
@@ -422,29 +532,31 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN>::kMinBloc
     for (int kc = 0; kc < T::kWarpN / 16; ++kc) {
       // P of keys [16 kc, 16 kc + 16): n-tiles 2 kc and 2 kc + 1 of S are the A fragment.
       uint32_t a[4];
-      a[0] = detail::pack2<Element>(s[8 * kc + 0], s[8 * kc + 1]);
-      a[1] = detail::pack2<Element>(s[8 * kc + 2], s[8 * kc + 3]);
-      a[2] = detail::pack2<Element>(s[8 * kc + 4], s[8 * kc + 5]);
-      a[3] = detail::pack2<Element>(s[8 * kc + 6], s[8 * kc + 7]);
+      a[0] = detail::pack2<MmaElement>(s[8 * kc + 0], s[8 * kc + 1]);
+      a[1] = detail::pack2<MmaElement>(s[8 * kc + 2], s[8 * kc + 3]);
+      a[2] = detail::pack2<MmaElement>(s[8 * kc + 4], s[8 * kc + 5]);
+      a[3] = detail::pack2<MmaElement>(s[8 * kc + 6], s[8 * kc + 7]);
       FA4_UNROLL
       for (int dp = 0; dp < DV / 16; ++dp) {
         uint32_t bv[4];
-        detail::ldmatrix_x4_trans(v_base + (vb_row + kc * 16) * T::kPitchV + (dp * 16 + vb_col) * 2,
-                                  bv);
-        detail::mma_16816<Element>(&o[(2 * dp) * 4], a, bv[0], bv[1]);
-        detail::mma_16816<Element>(&o[(2 * dp + 1) * 4], a, bv[2], bv[3]);
+        detail::ldmatrix_x4_trans(
+            v_base + (vb_row + kc * 16) * T::kMmaPitchV + (dp * 16 + vb_col) * 2, bv);
+        detail::mma_16816<MmaElement>(&o[(2 * dp) * 4], a, bv[0], bv[1]);
+        detail::mma_16816<MmaElement>(&o[(2 * dp + 1) * 4], a, bv[2], bv[3]);
       }
     }
     // Every consumer thread releases the stage after its own last ldmatrix of it (mbarrier
     // arrive has release semantics for the arriving thread's reads): one elected arrive per warp
     // after __syncwarp drew compute-sanitizer racecheck hazards against the next bulk copy.
-    cutlass::arch::ClusterBarrier::arrive(&empty[stage]);
+    if constexpr (!kKvFp8) cutlass::arch::ClusterBarrier::arrive(&empty[stage]);
   }
 
   // Epilogue. Each warp's rows, normalized over its keys, with their LSE (log2 units), into the
   // ring (every copy has landed: the loop waited for all of them).
   float inv_l[2], lse[2];
   softmax.finalize(inv_l, lse);
+  inv_l[0] *= v_scale;
+  inv_l[1] *= v_scale;
   scale_rows<typename T::OFrag>(o, inv_l);
   asm volatile("bar.sync 1, %0;\n" ::"n"(T::kConsumers));
   float* epi = reinterpret_cast<float*>(smem);

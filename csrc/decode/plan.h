@@ -34,17 +34,22 @@ inline int warps_n_for(int packed_rows) {
 
 // Shared memory of one CTA (decode/kernel.cuh): a ring of key blocks, each K and V row padded
 // by 16 bytes so that ldmatrix's 8 rows of a matrix start in 8 different bank groups; the query
-// tile (same padding); the pipeline barriers. The epilogue's fp32 rows reuse the ring. Stages:
-// as many as keep the CTA within half an SM's 228 KB (two CTAs per SM overlap one's prologue and
-// epilogue with the other's stream), between 2 and 4. hd128: 2 stages of 34,816 bytes.
-constexpr int row_pitch(int d) {
-  return d * 2 + 16;
+// tile (same padding); with an FP8 cache, the fp16 staging block the consumers dequantize a stage
+// into (Note [fp8 cache]); the pipeline barriers. The epilogue's fp32 rows reuse the ring.
+// Stages: as many as keep the CTA within half an SM's 228 KB (two CTAs per SM overlap one's
+// prologue and epilogue with the other's stream), between 2 and 4. hd128: 3 stages of 34,816
+// bytes (bf16), 4 of 18,432 (fp8). kv_bytes: bytes per K / V element, 2 or 1 (e4m3).
+constexpr int row_pitch(int bytes) {
+  return bytes + 16;
 }
-constexpr int stage_bytes(int d, int dv) {
-  return kBlockN * (row_pitch(d) + row_pitch(dv));
+constexpr int stage_bytes(int d, int dv, int kv_bytes = 2) {
+  return kBlockN * (row_pitch(d * kv_bytes) + row_pitch(dv * kv_bytes));
+}
+constexpr int staging_bytes(int d, int dv, int kv_bytes) {
+  return kv_bytes == 2 ? 0 : stage_bytes(d, dv, 2);
 }
 constexpr int q_bytes(int d, int warps_n) {
-  return 16 * (4 / warps_n) * row_pitch(d);
+  return 16 * (4 / warps_n) * row_pitch(2 * d);
 }
 constexpr int epi_pitch(int dv) {
   return dv + 4;
@@ -52,19 +57,21 @@ constexpr int epi_pitch(int dv) {
 constexpr int epi_bytes(int dv) {
   return 64 * epi_pitch(dv) * 4 + 64 * 4;
 }
-constexpr int num_stages(int d, int dv, int warps_n) {
-  const int s = (113 * 1024 - q_bytes(d, warps_n) - 64) / stage_bytes(d, dv);
+constexpr int num_stages(int d, int dv, int warps_n, int kv_bytes = 2) {
+  const int s = (113 * 1024 - q_bytes(d, warps_n) - staging_bytes(d, dv, kv_bytes) - 64) /
+                stage_bytes(d, dv, kv_bytes);
   return s < 2 ? 2 : s > 4 ? 4 : s;
 }
-constexpr int ring_bytes(int d, int dv, int warps_n) {
-  const int ring = num_stages(d, dv, warps_n) * stage_bytes(d, dv);
+constexpr int ring_bytes(int d, int dv, int warps_n, int kv_bytes = 2) {
+  const int ring = num_stages(d, dv, warps_n, kv_bytes) * stage_bytes(d, dv, kv_bytes);
   return ring > epi_bytes(dv) ? ring : epi_bytes(dv);
 }
-constexpr int smem_bytes(int d, int dv, int warps_n) {
-  return ring_bytes(d, dv, warps_n) + q_bytes(d, warps_n) + 2 * 4 * 8 + kBlockN * 2 * 8;
+constexpr int smem_bytes(int d, int dv, int warps_n, int kv_bytes = 2) {
+  return ring_bytes(d, dv, warps_n, kv_bytes) + q_bytes(d, warps_n) +
+         staging_bytes(d, dv, kv_bytes) + 2 * 4 * 8 + kBlockN * 2 * 8;
 }
-constexpr int ctas_per_sm(int d, int dv, int warps_n) {
-  const int n = (228 * 1024) / (smem_bytes(d, dv, warps_n) + 1024);
+constexpr int ctas_per_sm(int d, int dv, int warps_n, int kv_bytes = 2) {
+  const int n = (228 * 1024) / (smem_bytes(d, dv, warps_n, kv_bytes) + 1024);
   return n < 1 ? 1 : n > 4 ? 4 : n;
 }
 
@@ -72,7 +79,7 @@ template <class Params>
 bool uses_inference_features(const Params& p) {
   return p.seqused_q != nullptr || p.page_table != nullptr || p.kv_batch_idx != nullptr ||
          p.leftpad_k != nullptr || (p.seqused_k != nullptr && p.cu_seqlens_k == nullptr) ||
-         p.num_splits > 1;
+         p.num_splits > 1 || p.kv_fp8;
 }
 
 // Whether the forward takes the decode kernel: every inference feature is its alone. The learnable
@@ -145,7 +152,7 @@ Plan make_plan(const Params& p, int num_sms) {
   pl.dv_ = p.head_dim_v;
   pl.partial_rows = p.cu_seqlens_q != nullptr ? int64_t{p.total_q} : int64_t{p.batch} * p.seqlen_q;
   const int64_t base = int64_t{p.batch} * p.heads_kv * pl.m_blocks;
-  const int per_sm = ctas_per_sm(p.head_dim, p.head_dim_v, pl.warps_n);
+  const int per_sm = ctas_per_sm(p.head_dim, p.head_dim_v, pl.warps_n, p.kv_fp8 ? 1 : 2);
   int s = p.num_splits == 0 ? heuristic_splits(base, pl.n_blocks, num_sms, per_sm) : p.num_splits;
   if (s > pl.n_blocks) s = pl.n_blocks;
   if (s > kMaxSplits) s = kMaxSplits;

@@ -23,6 +23,7 @@ struct Params {
   const int* kv_batch_idx = nullptr;
   const int* leftpad_k = nullptr;
   const float* learnable_sink = nullptr;
+  bool kv_fp8 = false;
 };
 
 }  // namespace
