@@ -5,8 +5,8 @@
 
 Each tile shape (16, 32 and 64 packed rows), key splits with the combine, paged K/V with page
 sizes 1 and 16 (a key count ending inside a page), the sink, leftpad, kv_batch_idx and varlen
-queries with seqused_q, each small enough that the instrumented run takes seconds. Exits
-non-zero if a result is not finite.
+queries with seqused_q, an FP8 cache, each small enough that the instrumented run takes
+seconds. Exits non-zero if a result is not finite.
 """
 
 import torch
@@ -62,6 +62,22 @@ def main():
         qv, kv, kv, cu, cu_k, 5, 108, seqused_q=used, causal=True, num_splits=2, backend="sm90"
     )
     check("varlen seqused_q", out)
+    # An FP8 cache (Note [fp8 cache]): each tile shape, splits, paged with a partial page.
+    for s_q in (1, 8, 40):
+        q = torch.randn(2, s_q, 8, d, device=dev, dtype=bf)
+        k8 = torch.randn(2, 300, 2, d, device=dev).to(torch.float8_e4m3fn)
+        scale = torch.rand(2, 2, device=dev) + 0.5
+        lens = torch.tensor([300, 77], dtype=torch.int32, device=dev)
+        out = fa4.attention_with_kvcache(
+            q, k8, k8, lens, k_descale=scale, v_descale=scale, num_splits=3, backend="sm90"
+        )
+        check(f"fp8 s_q={s_q}", out)
+    pool8 = torch.randn(64, 16, 2, d, device=dev).to(torch.float8_e4m3fn)
+    table = torch.randperm(64, device=dev, dtype=torch.int32)[:36].view(3, 12).contiguous()
+    lens = torch.tensor([0, 181, 17], dtype=torch.int32, device=dev)
+    q = torch.randn(3, 1, 8, d, device=dev, dtype=bf)
+    out = fa4.attention_with_kvcache(q, pool8, pool8, lens, page_table=table, backend="sm90")
+    check("fp8 paged", out)
 
 
 if __name__ == "__main__":
