@@ -145,6 +145,9 @@ EVIDENCE: tuple[Evidence, ...] = (
     _decode("split_kv", _DEC + "test_dense_cache", _DEC + "test_long_sequence_heuristic_splits"),
     _decode("kvcache", _DEC + "test_dense_cache", _DEC + "test_kv_batch_idx_leftpad_softcap"),
     _decode("kv_append", _INF + "test_kvcache_decode_step_in_a_cuda_graph"),
+    Evidence("fp8_cache", "sm90", "fwd", "decode",
+             ("tests/gpu/test_decode_fp8.py::test_dense_fp8_cache",
+              "tests/gpu/test_decode_fp8.py::test_paged_fp8_cache")),
     Evidence("kv_append", "sm90", "fwd", KV_APPEND,
              (_APPEND + "test_matches_torch_path", _APPEND + "test_paged"), KV_APPEND_RUN),
     _sm100("dense", "fwd", _F100 + "test_dense"),
@@ -256,6 +259,20 @@ def _kvcache(append: bool):
     return probe
 
 
+def _fp8_cache(device, dtype, d, d_v, grad):
+    """An e4m3 cache with per-(sequence, kv head) descales and an appended token."""
+    q = _rand((B, 1, H, d), dtype, device, grad, 1)
+    e4m3 = torch.float8_e4m3fn
+    k_cache, v_cache = (_rand((B, 6, H, n), e4m3, device, False, s) for n, s in ((d, 2), (d_v, 3)))
+    kw = {"k_new": _rand((B, 1, H, d), dtype, device, grad, 5),
+          "v_new": _rand((B, 1, H, d_v), dtype, device, grad, 6),
+          "k_descale": _rand((B, H), torch.float32, device, False, 7).abs(),
+          "v_descale": _rand((B, H), torch.float32, device, False, 8).abs()}  # fmt: skip
+    return fa4.attention_with_kvcache(
+        q, k_cache, v_cache, _i32([3, 4], device), return_lse=True, backend="reference", **kw
+    )
+
+
 FEATURES: tuple[Feature, ...] = (
     Feature("dense", "dense (batch, seqlen, heads, d)", _dense()),
     Feature("varlen", "varlen (cu_seqlens)", _varlen()),
@@ -272,6 +289,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature("split_kv", "split-KV (num_splits > 1)", _varlen(num_splits=3)),
     Feature("kvcache", "KV cache (cache_batch_idx, cache_leftpad)", _kvcache(append=False)),
     Feature("kv_append", "KV append + rotary (attention_with_kvcache)", _kvcache(append=True)),
+    Feature("fp8_cache", "FP8 (e4m3) KV cache + descales (attention_with_kvcache)", _fp8_cache),
     # torch.compile traces the same ops (their fake kernels) and runs the same CUDA kernels; the
     # probe is the dense one, so only EVIDENCE can tell it apart (no GPU test compiles yet).
     Feature("compile", "torch.compile", _dense()),
