@@ -32,6 +32,7 @@ Usage: python tools/mutate_sync.py --all [--kernel fwd|bwd|all]   (every mutant;
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import re
 import sys
@@ -42,6 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import protocol_model as pm  # noqa: E402
 import sync_extract as se  # noqa: E402
+import sync_extract_sm90 as s9  # noqa: E402
 
 # Cheapest first: a killed mutant usually stops in the first one. Each op must matter in one
 # of them: two work tiles (the tile ring wraps; kQEmpty and kOEmpty are waited on a second
@@ -100,6 +102,52 @@ REDUNDANT_BWD2 = {
     "delete-wait bar_wait_cluster(kDoEmpty) in load_role",
     "move-wait bar_wait_cluster(kKVFull) in relay_role",
 }
+# The SM90 forward: two consumer warpgroups with one, two and three work tiles (the Q buffers,
+# the tile ring and the K / V stages wrap), one Q buffer, three warpgroups with an idle one
+# (Note [idle warpgroup]; two tiles follow it, so that its Q buffer is reused) and with
+# masked-off blocks (Note [slice block end]), and one warpgroup (no ping-pong).
+CONFIGS_SM90 = (
+    s9.Fwd90Config(tiles=(1, 1)),
+    s9.Fwd90Config(tiles=(3,)),
+    s9.Fwd90Config(tiles=(2, 1, 1)),
+    s9.Fwd90Config(tiles=(2, 2), q_stages=1),
+    s9.Fwd90Config(tiles=(3, 1, 1), wgs=3, idle=((0, 2),)),
+    s9.Fwd90Config(tiles=(4,), wgs=3, sliced=((0, 0, 2), (0, 1, 2))),
+    s9.Fwd90Config(tiles=(1, 3), wgs=3, sliced=((1, 0, 1), (1, 1, 1))),
+    s9.Fwd90Config(tiles=(3,), wgs=1),
+)
+# The decode kernel: 1, 3 and 5 KV blocks through 2 and 3 stages, both producer variants, and
+# the FP8 cache (Note [fp8 cache]) with two key groups of two warps and one group of four.
+CONFIGS_DECODE = (
+    s9.DecodeConfig(blocks=1),
+    s9.DecodeConfig(blocks=3),
+    s9.DecodeConfig(blocks=5, variant=1),
+    s9.DecodeConfig(blocks=5, stages=3),
+    s9.DecodeConfig(blocks=2, variant=1, fp8=True, warps_n=2),
+    s9.DecodeConfig(blocks=3, variant=1, fp8=True, warps_n=1),
+)
+# Ops the full SM90 run finds equivalent (docs/testing.md, "Mutation score"), skipped by the CI
+# sample: producer_tail (without a cluster the CTA lives while its consumers run), and the
+# waits of a warpgroup that passes a stage or Q buffer it does not read (pass_k; the idle
+# warpgroup's q_full): its release follows, in the ping-pong's turn order, every other
+# warpgroup's release of the previous fill.
+REDUNDANT_SM90 = {
+    "delete-wait producer_tail(k_state) in producer",
+    "delete-wait producer_tail(v_state) in producer",
+    "delete-wait consumer_wait(k_state) in consumer/pass_k",
+    "delete-wait wait((tiles_loaded / T::kQStages) & 1) in consumer",
+    "move-wait wait((tiles_loaded / T::kQStages) & 1) in consumer",
+}
+# Mutants after which no configuration reaches a violation but new data states are reachable
+# (status "redundant": the op is not needed for the checked properties; the reason is the
+# model's): the ping-pong's turn wait orders the warpgroups' wgmma issue and no buffer, and
+# pass_v's V wait, whose release the turn order already places after every other
+# warpgroup's release of the stage's previous fill (the producer may now refill earlier).
+SAFE_ONLY_SM90 = {
+    "delete-wait sync(kTurnThreads) in consumer/turn_begin": "scheduling only (Note [warpgroup "
+    "ping-pong])",
+    "delete-wait consumer_wait(v_state) in consumer/pass_v": "implied by the turn order",
+}
 KINDS = ("deadlock", "overwrite", "stale read", "phase", "arrivals")
 
 
@@ -115,6 +163,8 @@ class Kernel:
     finish: object  # (raw, needs) -> (programs, needs)
     machine: object  # (kernel text, cfg, programs) -> pm.Machine
     describe: object  # cfg -> str
+    mutants: object = None  # (sources, reached) -> [Mutant]; None: the SM100 enumeration
+    safe_only: dict = None  # mutant key -> why no violation with new data states is expected
 
 
 def _fwd_machine(text, cfg, progs):
@@ -137,6 +187,18 @@ KERNELS = {
                   lambda c: f"d {c.head_dim}, {c.iters} Q blocks"),
     "bwd2": Kernel("bwd2", se.BWD2_FILES, CONFIGS_BWD2, REDUNDANT_BWD2, se.extract_bwd2,
                    se.finish_bwd2, _bwd2_machine, lambda c: f"2-CTA, {c.iters} Q blocks"),
+    "sm90fwd": Kernel("sm90fwd", s9.FWD90_FILES, CONFIGS_SM90, REDUNDANT_SM90, s9.extract_fwd90,
+                      s9.finish,
+                      lambda text, cfg, progs: s9.machine(progs),
+                      lambda c: f"tiles {c.tiles}, {c.wgs} WGs, {c.q_stages} Q stages"
+                                f"{f', sliced {c.sliced}' if c.sliced else ''}"
+                                f"{f', idle {c.idle}' if c.idle else ''}",
+                      lambda src, reached: enumerate_mutants90(src, reached), SAFE_ONLY_SM90),
+    "decode": Kernel("decode", s9.DECODE_FILES, CONFIGS_DECODE, set(), s9.extract_decode,
+                     s9.finish, lambda text, cfg, progs: s9.machine(progs),
+                     lambda c: f"{c.blocks} blocks, {c.stages} stages, variant {c.variant}"
+                               f"{', fp8, kWarpsN ' + str(c.warps_n) if c.fp8 else ''}",
+                     lambda src, reached: enumerate_mutants90(src, reached)),
 }  # fmt: skip
 
 
@@ -151,6 +213,9 @@ class Mutant:
 
     def describe(self):
         return f"{self.op} {self.what} ({self.file}:{self.line})"
+
+    def key(self):  # as REDUNDANT* and SAFE_ONLY* name it (no line number)
+        return f"{self.op} {self.what}"
 
     def apply(self, sources):
         """The sources with the edit made (offsets are UTF-8 bytes, as tree-sitter's)."""
@@ -230,6 +295,8 @@ def _guarded_next(stmt, callable_names):
 def enumerate_mutants(sources, kernel="fwd") -> list[Mutant]:
     kernel = KERNELS[kernel]
     reached = reached_functions(sources, kernel)
+    if kernel.mutants is not None:
+        return kernel.mutants(sources, reached)
     mutants = []
     for fname, text in sources.items():
         tree = se.parse(text)
@@ -266,6 +333,168 @@ def enumerate_mutants(sources, kernel="fwd") -> list[Mutant]:
         if fname == kernel.files[0]:
             mutants += _table_mutants(fname, text)
     return mutants
+
+
+# ---- SM90 forward and decode (tools/sync_extract_sm90.py) --------------------------------------
+EFFECT90_RE = re.compile(
+    r"\b(copy|gemm|gemm_zero_acc|cp_async_16|ldmatrix_x4|ldmatrix_x4_trans|arrive|"
+    r"consumer_release|cp_async_arrive|arrive_and_expect_tx|producer_acquire)\s*\(|"
+    r"\bitems\[|\(\s*epi\s*\+|\bepi_lse\s*\[|bar\.sync|\b(dequant_rows|group_sync)\b"
+)
+WAIT90_RE = re.compile(r"\b(wait|wait_barrier|consumer_wait|sync)\s*\(")
+
+
+def _callee90(call):
+    return s9.callee_name(call.child_by_field_name("function"))
+
+
+def enumerate_mutants90(sources, reached) -> list[Mutant]:
+    """The sync mutants of the SM90 / decode sources: every wait (ClusterBarrier, pipeline,
+    named) and arrival (ClusterBarrier, expect_tx, consumer_release, cp.async arrive, named)
+    of a function the extraction ran, deleted; the parity of each wait with one flipped (a
+    pipeline state's: its start state, producer <-> consumer); each wait moved after the
+    operation it guards; each barrier init count +-1 and each pipeline's num_consumers +-128
+    (CUTLASS counts consumer warpgroups). Named barriers internal to one role
+    (sync_extract_sm90.INTERNAL_BARRIERS) are left out."""
+    mutants = []
+    for fname, text in sources.items():
+        tree = se.parse(text)
+        raw = text.encode()
+        funcs = se.functions(tree, fname)  # those that record an op, and the lambdas
+        callable_names = (set(funcs) - s9._pure(funcs)) | set(re.findall(r"auto (\w+) = \[", text))
+        for node, fn in _walk90(tree.root_node, None):
+            if fn not in reached:
+                continue
+            line = node.start_point[0] + 1
+            if (fname, line) in s9.INTERNAL_BARRIERS:
+                continue
+            fn = _where(node, fn)
+            a, b = node.start_byte, node.end_byte
+            if node.type == "expression_statement":  # asm("bar.sync ...")
+                what = f"bar.sync in {fn}"
+                mutants.append(Mutant("delete-wait", fname, line, what, ((a, b, " " * (b - a)),)))
+                _move90(mutants, node, fname, line, what, raw, callable_names)
+                continue
+            if node.type == "declaration":  # a PipelineState: flip its start phase
+                init = node.child_by_field_name("declarator").child_by_field_name("value")
+                t = se.txt(init)
+                m = re.fullmatch(r"cutlass::make_producer_start_state<\s*([\w:]+)>\(\)", t)
+                new = (f"{m.group(1)}::PipelineState{{}}" if m else
+                       "cutlass::make_producer_start_state<" + t[: -len("::PipelineState{}")]
+                       .strip() + ">()")  # fmt: skip
+                var = se.txt(node.child_by_field_name("declarator")).split()[0]
+                what = f"PipelineState {var} in {fn}"
+                start = init.start_byte  # with the `typename` before it (blanked by the parser)
+                if raw[:start].rstrip().endswith(b"typename"):
+                    start = raw.rindex(b"typename", 0, start)
+                edit = (start, init.end_byte, new)
+                mutants.append(Mutant("flip-parity", fname, line, what, (edit,)))
+                continue
+            if node.type == "assignment_expression":  # pk.num_consumers = X
+                r = node.child_by_field_name("right")
+                for delta in (128, -128):
+                    mutants.append(Mutant(f"arrivals{delta // 128:+d}", fname, line,
+                                          f"num_consumers {se.txt(r)} {delta:+d} in {fn}",
+                                          ((r.start_byte, r.end_byte,
+                                            f"({se.txt(r)}) {'+-'[delta < 0]} 128"),)))  # fmt: skip
+                continue
+            name = _callee90(node)
+            args = node.child_by_field_name("arguments").named_children
+            func = node.child_by_field_name("function")
+            method = func.type == "field_expression"
+            what = f"{name}({se.txt(args[0]) if args else ''}) in {fn}"
+            if name == "init":
+                count = args[0] if method else args[1]
+                c = se.txt(count)
+                bar = se.txt(func.child_by_field_name("argument")) if method else se.txt(args[0])
+                for delta in (1, -1):
+                    edit = (count.start_byte, count.end_byte, f"({c}) {'+-'[delta < 0]} 1")
+                    mutants.append(Mutant(f"arrivals{delta:+d}", fname, line,
+                                          f"init {bar} {c} in {fn}", (edit,)))  # fmt: skip
+                continue
+            kind = "delete-wait" if name in s9.WAITS | {"group_sync"} else "delete-arrive"
+            mutants.append(Mutant(kind, fname, line, what, ((a, b, " " * (b - a)),)))
+            if kind != "delete-wait":
+                continue
+            par = None
+            if name == "wait" and method:
+                par = args[0]
+            elif name in ("wait", "wait_barrier") and len(args) == 2:
+                par = args[1]
+            if par is not None:
+                edit = (par.start_byte, par.end_byte, f"({se.txt(par)}) ^ 1u")
+                mutants.append(Mutant("flip-parity", fname, line, what, (edit,)))
+            stmt = _statement(node)
+            if stmt is not None:
+                _move90(mutants, stmt, fname, line, what, raw, callable_names)
+    seen = {}  # the same call twice in a function: its second site is "#2"
+    for i, m in enumerate(mutants):
+        k = seen.setdefault((m.op, m.what), set())
+        k.add((m.file, m.line))
+        if len(k) > 1:
+            mutants[i] = dataclasses.replace(m, what=f"{m.what} #{len(k)}")
+    return mutants
+
+
+def _where(node, fn):
+    """fn, or fn/lambda for a call inside a named lambda (consumer/pass_k)."""
+    n = node.parent
+    while n is not None and n.type != "function_definition":
+        if n.type == "lambda_expression" and n.parent.type == "init_declarator":
+            return f"{fn}/{se.txt(n.parent.child_by_field_name('declarator'))}"
+        n = n.parent
+    return fn
+
+
+def _move90(mutants, stmt, fname, line, what, raw, callable_names):
+    s = stmt.next_named_sibling
+    while s is not None:
+        t = WAIT90_RE.sub("(", se.txt(s))
+        calls = set(re.findall(r"\b(\w+)\s*(?:<[^<>()]*>)?\s*\(", t))
+        if EFFECT90_RE.search(t) or calls & callable_names:
+            s0, s1, n1 = stmt.start_byte, stmt.end_byte, s.end_byte
+            moved = (raw[s1:n1] + b"\n" + raw[s0:s1]).decode()
+            mutants.append(Mutant("move-wait", fname, line, what, ((s0, n1, moved),), s1 - s0))
+            return
+        s = s.next_named_sibling
+
+
+def _walk90(root, fn):
+    """(node, enclosing function) of every sync call, barrier init, pipeline-state declaration,
+    num_consumers assignment and asm bar.sync statement."""
+    out = []
+
+    def walk(n, fn):
+        if n.type == "function_definition":
+            d = n.child_by_field_name("declarator")
+            while d is not None and d.type != "function_declarator":
+                d = d.child_by_field_name("declarator")
+            fn = se.txt(d.child_by_field_name("declarator")).split("::")[-1] if d else fn
+        t = se.txt(n)
+        if n.type == "call_expression":
+            name = _callee90(n)
+            func = n.child_by_field_name("function")
+            if (name in s9.SYNC_NAMES or name == "group_sync") and not (
+                    name == "sync" and "NamedBarrier" not in t):  # fmt: skip
+                out.append((n, fn))
+            elif name == "init" and ("Barrier::init" in se.txt(func) or (
+                    func.type == "field_expression" and re.match(r"ss\.\w+\[", se.txt(func)))):
+                out.append((n, fn))  # fmt: skip
+        elif n.type == "expression_statement" and t.lstrip().startswith("asm") and "bar.sync" in t:
+            out.append((n, fn))
+            return
+        elif n.type == "declaration" and re.search(
+            r"make_producer_start_state<|::PipelineState\{\}", t
+        ) and n.child_by_field_name("declarator") is not None and n.child_by_field_name(
+            "declarator").type == "init_declarator":  # fmt: skip
+            out.append((n, fn))
+        elif n.type == "assignment_expression" and re.match(r"\w+\.num_consumers\b", t):
+            out.append((n, fn))
+        for c in n.children:
+            walk(c, fn)
+
+    walk(root, fn)
+    return out
 
 
 def _table_mutants(fname, text):
@@ -387,15 +616,21 @@ def evaluate(mutant: Mutant, base: Baseline):
         m, _, _ = _model(cfg, sources, base.needs[_key(cfg)], remap, kernel)
         _, data = observe(m)
         if data != base.data(cfg):
+            why = (kernel.safe_only or {}).get(mutant.key())
+            if why is not None:
+                return "redundant", f"no violation, new data states: {why}"
             return "survived", f"new data states with {kernel.describe(cfg)}"
     return "equivalent", "same reachable data states in every configuration"
+
+
+STATUSES = ("killed", "equivalent", "redundant", "survived")
 
 
 def score(results):
     """{op: {status: count}}."""
     table = {}
     for mutant, (status, _) in results:
-        row = table.setdefault(mutant.op, {"killed": 0, "equivalent": 0, "survived": 0})
+        row = table.setdefault(mutant.op, dict.fromkeys(STATUSES, 0))
         row[status] += 1
     return table
 
@@ -439,11 +674,11 @@ def run_kernel(name, args, seed):
         results.append((mu, (status, why)))
         print(f"{status:10s} {mu.describe()} [{time.time() - t:.1f} s]: {why}", flush=True)
     print(f"\n{name}: {len(mutants)} mutants in {time.time() - t0:.0f} s")
-    print("| mutation | mutants | killed | equivalent | survived |")
-    print("|---|---|---|---|---|")
+    print("| mutation | mutants | " + " | ".join(STATUSES) + " |")
+    print("|---|---|" + "---|" * len(STATUSES))
     for op, row in sorted(score(results).items()):
-        print(f"| {op} | {sum(row.values())} | {row['killed']} | {row['equivalent']} | "
-              f"{row['survived']} |")  # fmt: skip
+        print(f"| {op} | {sum(row.values())} | " + " | ".join(str(row[k]) for k in STATUSES)
+              + " |")  # fmt: skip
     return any(s == "survived" for _, (s, _) in results)
 
 

@@ -69,7 +69,7 @@ WAITS = {"wait", "wait_barrier", "consumer_wait", "producer_acquire", "producer_
 ARRIVES = {"arrive", "arrive_and_expect_tx", "consumer_release", "cp_async_arrive"}
 SYNC_NAMES = WAITS | ARRIVES
 DATA_NAMES = {"copy", "gemm", "gemm_zero_acc", "cp_async_16", "cp_async_16_free", "ldmatrix_x4",
-              "ldmatrix_x4_trans", "init", "producer_commit"}  # fmt: skip
+              "ldmatrix_x4_trans", "init", "producer_commit", "dequant_rows"}  # fmt: skip
 PRIM_RE = re.compile(r"\b(" + "|".join(sorted(SYNC_NAMES | DATA_NAMES)) + r")\s*\(|bar\.sync")
 INTERNAL_BARRIERS: set = set()  # (file, line) of named barriers internal to one role
 
@@ -369,7 +369,15 @@ class Interp90(se.Interp):
         if name in ("ldmatrix_x4", "ldmatrix_x4_trans"):
             src = self.expr(args[0], scope)
             if isinstance(src, BufAddr):
-                self.data(pm.Read(src.buf, self.tag(src.kind, "read")))
+                for buf in self.parts(src):
+                    self.data(pm.Read(buf, self.tag(src.kind, "read")))
+            return None
+        if name == "dequant_rows":  # ring rows -> this warp's part of the group's staging
+            src, dst = self.expr(args[0], scope), self.expr(args[1], scope)
+            if not isinstance(src, BufAddr) or not isinstance(dst, BufAddr):
+                raise ExtractError(f"{self.role}: dequant_rows buffers unknown: {txt(n)[:60]}")
+            self.data(pm.Read(src.buf, self.tag(src.kind, "read")))
+            self.data(pm.Write(f"{dst.buf}_{self.lookup('wm')}", self.tag(dst.kind, "write"), 0))
             return None
         if name in ("gemm", "gemm_zero_acc"):
             for a in args:
@@ -403,6 +411,12 @@ class Interp90(se.Interp):
         if PRIM_RE.search(txt(n.child_by_field_name("arguments"))):
             raise ExtractError(f"{self.role}: op inside an unknown call {name}(...)")
         return OPAQUE
+
+    def parts(self, addr):
+        """A staging buffer is read whole: every part its key group's warps wrote."""
+        if addr.kind in ("K16", "V16"):
+            return [f"{addr.buf}_{m}" for m in range(self.env.consts["kWarpsM"])]
+        return [addr.buf]
 
     def call_member(self, name, args):
         """A TileRing method: its members full / empty / item in scope."""
@@ -623,8 +637,8 @@ class Fwd90Config:
     wgs: int = 2  # consumer warpgroups (3: Note [three consumers at hd64])
     q_stages: int = 2  # Note [two Q buffers]
     stages: int = 2  # K / V stages
-    sliced: tuple = ()  # blocks masked off (Note [slice block end]) per warpgroup, last tile
-    idle: tuple = ()  # warpgroups idle on the last tile (Note [idle warpgroup], 3 WGs)
+    sliced: tuple = ()  # (tile, warpgroup, blocks masked off): Note [slice block end]
+    idle: tuple = ()  # (tile, warpgroup) idle: Note [idle warpgroup] (3 warpgroups)
 
 
 def _struct_fields(sources, name):
@@ -641,15 +655,14 @@ class MaskObj:  # a tile's Mask, as far as block_range reads it: its KV block co
 
 
 def fwd90_env(cfg: Fwd90Config, sources) -> Env90:
-    tiles, last = cfg.tiles, len(cfg.tiles) - 1
+    tiles = cfg.tiles
 
     def slice_end(it, br, mask, first, last_row):  # Note [slice block end]
-        wg, n = it.lookup("wg"), it.lookup("n_items")
-        cut = cfg.sliced[wg] if n == last and wg < len(cfg.sliced) else 0
-        return br.n_end - cut
+        key = (it.lookup("n_items"), it.lookup("wg"))
+        return br.n_end - sum(c for t, w, c in cfg.sliced if (t, w) == key)
 
     def idle(it):  # Note [idle warpgroup]: this warpgroup's rows all past the sequence
-        return it.lookup("wg") in cfg.idle and it.lookup("n_items") == last
+        return (it.lookup("n_items"), it.lookup("wg")) in cfg.idle
 
     consts = {
         "T::kQStages": cfg.q_stages, "T::kStages": cfg.stages, "T::kConsumerWGs": cfg.wgs,
@@ -710,19 +723,20 @@ class DecodeConfig:
     stages: int = 2  # T::kStages (num_stages: 2..4)
     variant: int = 0  # kVariant: the producer's copy loop (0: one chunk per lane, 1: paired)
     warps_n: int = 1  # kWarpsN (decode/plan.h)
+    fp8: bool = False  # kKvFp8: the ring holds e4m3 rows, dequantized per key group into staging
 
 
 def decode_env(cfg: DecodeConfig) -> Env90:
     d = dv = 128
     consts = {
         "D": d, "DV": dv, "kWarpsN": cfg.warps_n, "kVariant": cfg.variant, "kBlockN": 64,
-        "kKvFp8": False, "kWarpsM": 4 // cfg.warps_n, "T::kWarpsM": 4 // cfg.warps_n,
+        "kKvFp8": cfg.fp8, "kWarpsM": 4 // cfg.warps_n, "T::kWarpsM": 4 // cfg.warps_n,
         "T::kStages": cfg.stages, "T::kConsumers": 128, "T::kThreads": 160,
         "T::kBlockM": 16 * (4 // cfg.warps_n), "T::kWarpN": 64 // cfg.warps_n,
         "blockIdx": se.ThreadIdx(0),
     }  # fmt: skip
     kv = lambda v: ("KV", v("it"))  # noqa: E731 (block it of the CTA's split)
-    tags = {("K", "write"): kv, ("V", "write"): kv, ("K", "read"): kv, ("V", "read"): kv}
+    tags = {(k, a): kv for k in ("K", "V", "K16", "V16") for a in ("write", "read")}
     stage = lambda kind: lambda v: BufAddr(f"{kind}{v('stage')}", kind)  # noqa: E731
     decls = {
         "n_blocks": (lambda v: cfg.blocks, None), "n_begin": (lambda v: 0, None),
@@ -730,6 +744,9 @@ def decode_env(cfg: DecodeConfig) -> Env90:
         # stage addresses: only where computed from the ring (k_base is also p.k's base)
         "k_smem": (stage("K"), "smem_addr"), "v_smem": (stage("V"), "k_smem"),
         "k_base": (stage("K"), "smem_addr"), "v_base": (stage("V"), "k_base"),
+        # Note [fp8 cache]: key group wn's staging rows, one part per warp of the group
+        "k16": (lambda v: BufAddr(f"K16_{v('wn')}", "K16"), "staging"),
+        "v16": (lambda v: BufAddr(f"V16_{v('wn')}", "V16"), "staging"),
     }  # fmt: skip
     return Env90((cfg.blocks,), consts, {}, {}, {}, tags, decls=decls)
 
@@ -817,9 +834,15 @@ def bars_of(env_inits, progs) -> dict:
 
 
 class Programs(dict):
-    """{role: ops} with the barrier table the same run initialised (bars)."""
+    """{role: ops} with the barrier table the same run initialised (bars); two are equal when
+    both are (a mutated init count changes only the table)."""
 
     bars: dict = {}
+
+    def __eq__(self, other):
+        return dict.__eq__(self, other) and self.bars == getattr(other, "bars", None)
+
+    __hash__ = None
 
 
 def free_at_start(progs):
@@ -891,10 +914,11 @@ def main(argv):
               f"{len(res.violations)} violations")  # fmt: skip
         for kind, msg in res.violations[:10]:
             print(f"  {kind}: {msg}")
-    for variant in (0, 1):
-        cfg = DecodeConfig(blocks=sum(tiles), variant=variant)
+    for variant, fp8 in ((0, False), (1, False), (1, True)):
+        cfg = DecodeConfig(blocks=sum(tiles), variant=variant, fp8=fp8)
         res, _ = explore(extract_decode, cfg, dec)
-        print(f"decode, variant {variant}, {cfg.blocks} blocks: {res.states} states, "
+        print(f"decode, variant {variant}{', fp8' if fp8 else ''}, {cfg.blocks} blocks: "
+              f"{res.states} states, "
               f"{len(res.violations)} violations")  # fmt: skip
         for kind, msg in res.violations[:10]:
             print(f"  {kind}: {msg}")
