@@ -6,7 +6,7 @@
 // may call debug::wait directly. fa4/debug.py decodes the area; docs/sm100.md, "Bring-up kit".
 //
 // Note [debug area]: how the device finds things.
-//   Area    one per process, cudaHostAllocMapped, 0.6 MB: the records and the trace rings. The host
+//   Area    one per library, cudaHostAllocMapped, 0.5 MB: the records and the trace rings. The host
 //           finds it through the exported C function fa4_debug_area (fa4/debug.py: ctypes on
 //           the extension's library); it stays readable after the trap has ended the CUDA
 //           context, which is the point.
@@ -324,11 +324,12 @@ __device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
   if (!try_wait<kCluster>(addr, parity)) {
     const uint64_t timeout = g_config.timeout ? g_config.timeout : kDefaultWaitCycles;
     const uint64_t t0 = clock64();
-    bool noted = false;
+    bool noted = false;  // recorded as waiting when another wait expired: one record per warp
     while (!try_wait<kCluster>(addr, parity)) {
+      if (noted) continue;
       const uint64_t waited = clock64() - t0;
       const bool expired = waited > timeout;
-      if (expired || (!noted && *static_cast<volatile uint32_t*>(&g_expired) != 0u)) {
+      if (expired || *static_cast<volatile uint32_t*>(&g_expired) != 0u) {
         if (expired) atomicExch(&g_expired, 1u);
         write_record(addr, parity, waited, expired);
         noted = true;
@@ -348,8 +349,10 @@ __device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
 
 }  // namespace fa4::debug
 
-// The area of this process (Note [debug area]), allocated on first use; *bytes: its size.
-extern "C" __attribute__((visibility("default"))) inline void* fa4_debug_area(size_t* bytes) {
+// The area of this library (Note [debug area]), allocated on first use; *bytes: its size.
+// Weak, not inline: every unit that includes this emits it, the linker keeps one (one area per
+// library), and the symbol stays in the library's dynamic table for ctypes.
+extern "C" __attribute__((weak, used, visibility("default"))) void* fa4_debug_area(size_t* bytes) {
   static void* area = [] {
     void* p = nullptr;
     if (cudaHostAlloc(&p, sizeof(fa4::debug::Area), cudaHostAllocMapped | cudaHostAllocPortable) !=

@@ -288,16 +288,34 @@ __device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp, const T
 // This CTA's n-th work tile (Note [dynamic tiles]), decoded by the load thread; every role but
 // load loops
 //   for (int n = 0;; ++n) { const TileCoord c = take_tile(ss, n); if (c.batch < 0) break; ... }
+// Bring-up builds run take_item / publish_item's steps here, through the bounded bar_wait (the
+// ring's own waits are CUTLASS's, unbounded). The normal build's branch comes first: the
+// protocol extractor (tools/sync_extract.py) reads the first branch of a preprocessor block.
 template <class T>
 __device__ __forceinline__ TileCoord take_tile(typename T::SharedStorage& ss, int n) {
+#ifndef FA4_SM100_DEBUG
   return take_item(bar_ptr<T, Bar::kTileFull>(ss, 0), bar_ptr<T, Bar::kTileEmpty>(ss, 0),
                    ss.tile_item, n);
+#else
+  const int slot = n % kTileSlots, use = n / kTileSlots;
+  bar_wait(bar_ptr<T, Bar::kTileFull>(ss, slot), uint32_t(use & 1));
+  const TileCoord c = ss.tile_item[slot];
+  bar_arrive(bar_ptr<T, Bar::kTileEmpty>(ss, slot));
+  return c;
+#endif
 }
 template <class T>
 __device__ __forceinline__ void publish_tile(typename T::SharedStorage& ss, int n,
                                              const TileCoord& c) {
+#ifndef FA4_SM100_DEBUG
   publish_item(bar_ptr<T, Bar::kTileFull>(ss, 0), bar_ptr<T, Bar::kTileEmpty>(ss, 0), ss.tile_item,
                n, c);
+#else
+  const int slot = n % kTileSlots, use = n / kTileSlots;
+  if (use > 0) bar_wait(bar_ptr<T, Bar::kTileEmpty>(ss, slot), uint32_t((use - 1) & 1));
+  ss.tile_item[slot] = c;
+  bar_arrive(bar_ptr<T, Bar::kTileFull>(ss, slot));
+#endif
 }
 
 // A reader with no work of its own (softmax1 at hd 256; the epilogue thread without the
