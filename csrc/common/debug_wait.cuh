@@ -122,6 +122,8 @@ struct Site {
 #include <stdlib.h>
 #include <string.h>
 
+#include <utility>
+
 #include <cuda_runtime.h>
 
 namespace fa4::debug {
@@ -183,6 +185,20 @@ __device__ __forceinline__ void locate(uint32_t addr, int& row, int& copy) {
   }
 }
 
+// Where row r of the table starts in the kernel's barrier array. A variable template, so that
+// device code reads constants: the table itself is host data, and device code reading it at a
+// run-time index is undefined (ptxas dropped the whole thread-0 block that did).
+template <class Table, int R>
+constexpr uint16_t kRowStart = [] {
+  int start = 0;
+  for (int r = 0; r < R; ++r) start += Table::copies(r);
+  return uint16_t(start);
+}();
+template <class Table, int... R>
+__device__ __forceinline__ void write_row_starts(uint16_t* dst, std::integer_sequence<int, R...>) {
+  ((dst[R] = kRowStart<Table, R>), ...);
+}
+
 // Called by every thread of the CTA before its first wait (thread 0 writes the CTA's entry,
 // each warp's leader its site and trace ring header); the kernel's next __syncthreads orders
 // these writes before any wait of another warp. Table: the kernel's BarrierTable.
@@ -195,12 +211,7 @@ __device__ __forceinline__ void kernel_begin(KernelId kernel, const uint64_t* ba
     c.kernel = uint32_t(kernel);
     c.bars_addr = smem_addr(bars);
     c.rows = Table::kRows;
-    int start = 0;
-    for (int r = 0; r < Table::kRows; ++r) {
-      c.row_start[r] = uint16_t(start);
-      start += Table::copies(r);
-    }
-    c.row_start[Table::kRows] = uint16_t(start);
+    write_row_starts<Table>(c.row_start, std::make_integer_sequence<int, Table::kRows + 1>{});
   }
   if (warp_leader()) {
     const int warp = int(threadIdx.x / 32);
