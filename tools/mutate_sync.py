@@ -477,8 +477,10 @@ def _walk90(root, fn):
             if (name in s9.SYNC_NAMES or name == "group_sync") and not (
                     name == "sync" and "NamedBarrier" not in t):  # fmt: skip
                 out.append((n, fn))
-            elif name == "init" and ("Barrier::init" in se.txt(func) or (
-                    func.type == "field_expression" and re.match(r"ss\.\w+\[", se.txt(func)))):
+            elif name == "init" and (
+                "Barrier::init" in se.txt(func)
+                or (func.type == "field_expression" and re.match(r"ss\.\w+\[", se.txt(func)))
+            ):
                 out.append((n, fn))  # fmt: skip
         elif n.type == "expression_statement" and t.lstrip().startswith("asm") and "bar.sync" in t:
             out.append((n, fn))

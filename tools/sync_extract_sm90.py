@@ -727,7 +727,7 @@ class DecodeConfig:
 
 
 def decode_env(cfg: DecodeConfig) -> Env90:
-    d = dv = 128
+    d = dv = 32  # the head dims set only the trip counts of data loops (collapsed to accesses)
     consts = {
         "D": d, "DV": dv, "kWarpsN": cfg.warps_n, "kVariant": cfg.variant, "kBlockN": 64,
         "kKvFp8": cfg.fp8, "kWarpsM": 4 // cfg.warps_n, "T::kWarpsM": 4 // cfg.warps_n,

@@ -1,0 +1,205 @@
+"""Protocol models of the SM90 forward kernel and the decode kernel, their role programs
+extracted from the source (tools/sync_extract_sm90.py), and a sample of their sync mutants
+(tools/mutate_sync.py --kernel sm90fwd / decode).
+
+Plain CPU test; needs tree-sitter and tree-sitter-cpp (requirements.txt). The full mutation
+runs are `python tools/mutate_sync.py --all --kernel sm90fwd` and `--kernel decode`
+(docs/testing.md, "Mutation score").
+"""
+
+import os
+import random
+import re
+import time
+from pathlib import Path
+
+import pytest
+from helpers import load_script
+
+pytest.importorskip("tree_sitter_cpp")
+
+ROOT = Path(__file__).resolve().parents[2]
+pm = load_script(ROOT / "tools" / "protocol_model.py", "protocol_model")
+se = load_script(ROOT / "tools" / "sync_extract.py", "sync_extract")
+s9 = load_script(ROOT / "tools" / "sync_extract_sm90.py", "sync_extract_sm90")
+ms = load_script(ROOT / "tools" / "mutate_sync.py", "mutate_sync")
+
+FWD = se.read_sources(ROOT, s9.FWD90_FILES)
+DECODE = se.read_sources(ROOT, s9.DECODE_FILES)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        s9.Fwd90Config(tiles=(5,)),
+        s9.Fwd90Config(tiles=(1, 2)),
+        s9.Fwd90Config(tiles=(0, 2)),
+        s9.Fwd90Config(tiles=(2, 2), q_stages=1),
+        s9.Fwd90Config(tiles=(3, 1), wgs=3, idle=((0, 1),)),
+        s9.Fwd90Config(tiles=(4,), wgs=3, sliced=((0, 0, 2), (0, 1, 1))),
+        s9.Fwd90Config(tiles=(3,), wgs=1),
+    ],
+    ids=["N5", "two-tiles", "empty-tile", "one-q-buffer", "idle-wg", "sliced", "one-wg"],
+)
+def test_extracted_sm90_fwd_is_clean(cfg):
+    progs = s9.extract_fwd90(cfg, FWD)
+    assert set(progs) == {"producer"} | {f"consumer{g}" for g in range(cfg.wgs)}
+    res, _ = s9.explore(s9.extract_fwd90, cfg, FWD)
+    print(f"{cfg}: {res.states} states")
+    assert res.violations == []
+    assert res.states > 100
+
+
+def test_sm90_fwd_barrier_table():
+    # The inits the producer thread runs, with CUTLASS's pipeline counts (one arrival per
+    # consumer warpgroup on empty) and the ping-pong's named barriers of 256 threads.
+    progs = s9.extract_fwd90(s9.Fwd90Config(tiles=(2,), wgs=3, q_stages=2, stages=2), FWD)
+    assert progs.bars == {
+        "q_full": (2, 1), "q_empty": (2, 384), "tile_full": (2, 1), "tile_empty": (2, 384),
+        "pipe_k.full": (2, 1), "pipe_k.empty": (2, 3), "pipe_v.full": (2, 1),
+        "pipe_v.empty": (2, 3), "named0": (1, 256), "named1": (1, 256), "named2": (1, 256),
+    }  # fmt: skip
+    # the epilogue's per-warpgroup barrier orders threads of one modelled process only
+    assert any(f == "csrc/sm90/fwd/epilogue.cuh" for f, _ in s9.INTERNAL_BARRIERS)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        s9.DecodeConfig(blocks=1),
+        s9.DecodeConfig(blocks=5, stages=2),
+        s9.DecodeConfig(blocks=4, stages=4, variant=1),
+        s9.DecodeConfig(blocks=2, variant=1, fp8=True, warps_n=2),
+    ],
+    ids=["1-block", "5-blocks", "4-stages-paired", "fp8"],
+)
+def test_extracted_decode_is_clean(cfg):
+    res, _ = s9.explore(s9.extract_decode, cfg, DECODE)
+    print(f"{cfg}: {res.states} states")
+    assert res.violations == []
+    assert res.states > 1000
+
+
+def _sync(prog):
+    return [(type(op.step).__name__, op.step.bar, op.step.idx) for op in prog
+            if isinstance(op.step, (pm.Wait, pm.Arrive, pm.Tma))]  # fmt: skip
+
+
+@pytest.mark.parametrize("blocks, stages", [(1, 2), (5, 2), (7, 3)])
+def test_decode_equals_ring_formula(blocks, stages):
+    # Cross-check against the ring of tests/models/test_decode_ring_model.py: the producer
+    # waits on empty[it % S] with parity (it / S - 1) & 1 once it >= S, then fills the stage
+    # (32 lanes' cp.async arrivals on full); each consumer warp waits on full[it % S] with
+    # parity (it / S) & 1 and releases empty; then the epilogue's two bar.sync 1.
+    for variant in (0, 1):
+        progs = s9.extract_decode(s9.DecodeConfig(blocks=blocks, stages=stages, variant=variant),
+                                  DECODE)  # fmt: skip
+        prod = []
+        for it in range(blocks):
+            if it >= stages:
+                prod.append(pm.Wait("empty", it % stages, (it // stages - 1) & 1))
+            prod.append(("Tma", "full", it % stages, 32))
+        steps = [op.step for op in progs["producer"]]
+        got = [(st.bar, st.idx, st.parity) if isinstance(st, pm.Wait) else
+               ("Tma", st.bar, st.idx, st.count) for st in steps]  # fmt: skip
+        assert got == [(w.bar, w.idx, w.parity) if isinstance(w, pm.Wait) else w for w in prod]
+        for w in range(4):
+            want = []
+            for it in range(blocks):
+                want += [("Wait", "full", it % stages), ("Arrive", "empty", it % stages)]
+            want += [("Arrive", "named1", 0), ("Wait", "named1", 0)] * 2
+            assert _sync(progs[f"consumer{w}"]) == want
+        assert progs.bars == {"full": (stages, 32), "empty": (stages, 128), "named1": (1, 128)}
+
+
+def test_decode_variants_have_the_same_protocol():
+    # kVariant changes only how the producer's lanes split the copies
+    a = s9.extract_decode(s9.DecodeConfig(blocks=4, variant=0), DECODE)
+    b = s9.extract_decode(s9.DecodeConfig(blocks=4, variant=1), DECODE)
+    steps = lambda p: {r: [op.step for op in ops] for r, ops in p.items()}  # noqa: E731
+    assert steps(a) == steps(b)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    out = {}
+    for name, sources in (("sm90fwd", FWD), ("decode", DECODE)):
+        out[name] = (ms.enumerate_mutants(sources, name), ms.Baseline(sources, name))
+    return out
+
+
+def _call_lines(text, pattern):
+    return {i + 1 for i, line in enumerate(text.splitlines())
+            if re.search(pattern, line) and not line.lstrip().startswith("//")}  # fmt: skip
+
+
+def test_mutants_cover_every_sync_site(kernels):
+    fwd, _ = kernels["sm90fwd"]
+    lines = {(m.file, m.line) for m in fwd if m.op in ("delete-wait", "delete-arrive")}
+    kernel = "csrc/sm90/fwd/kernel.cuh"
+    sites = _call_lines(FWD[kernel], r"consumer_wait\(|consumer_release\(|producer_tail\(|"
+                        r"\]\.wait\(|\]\.arrive|NamedBarrier::(sync|arrive)")  # fmt: skip
+    assert sites and {(kernel, n) for n in sites} <= lines
+    assert {m.op for m in fwd} == {"delete-wait", "delete-arrive", "flip-parity", "move-wait",
+                                   "arrivals+1", "arrivals-1"}  # fmt: skip
+    dec, _ = kernels["decode"]
+    lines = {(m.file, m.line) for m in dec if m.op in ("delete-wait", "delete-arrive")}
+    kernel = "csrc/decode/kernel.cuh"
+    sites = _call_lines(DECODE[kernel], r"wait_barrier\(&|cp_async_arrive\(&|"
+                        r"ClusterBarrier::arrive\(|bar\.sync|group_sync<")  # fmt: skip
+    assert sites and {(kernel, n) for n in sites} <= lines
+
+
+@pytest.mark.parametrize(
+    "kernel, op, what, kind",
+    [
+        ("sm90fwd", "delete-wait", "consumer_wait(v_state) in consumer/issue_pv", "stale read"),
+        ("sm90fwd", "delete-arrive", "arrive() in consumer/s_done", "deadlock"),
+        ("sm90fwd", "delete-wait", "wait(&empty[slot]) in publish_item", "overwrite"),
+        ("decode", "delete-wait", "bar.sync in decode_kernel", "overwrite"),
+        ("decode", "delete-wait", "group_sync(wn) in decode_kernel #2", "stale read"),
+        ("decode", "flip-parity", "wait_barrier(&empty[stage]) in decode_kernel", "phase"),
+    ],
+)
+def test_reviewer_mutants_killed(kernels, kernel, op, what, kind):
+    mutants, base = kernels[kernel]
+    (m,) = [m for m in mutants if m.op == op and m.what == what]
+    status, why = ms.evaluate(m, base)
+    assert status == "killed" and why.startswith(kind), why
+
+
+def test_random_mutants(kernels):
+    # 8 mutants per run, a different sample each run (FA4_MUTANT_SEED=<seed> replays one).
+    # Ops the full run shows equivalent or redundant are skipped (their check explores every
+    # configuration to the end).
+    seed = int(os.environ.get("FA4_MUTANT_SEED", time.time()))
+    print(f"FA4_MUTANT_SEED={seed}")
+    pool = [(m, base, k) for name, (mutants, base) in kernels.items() for m in mutants
+            if m.key() not in (k := ms.KERNELS[name]).redundant
+            and m.key() not in (k.safe_only or {})]  # fmt: skip
+    for m, base, _ in random.Random(seed).sample(pool, 8):
+        status, why = ms.evaluate(m, base)
+        assert status == "killed", f"{m.describe()}: {status}: {why}"
+
+
+@pytest.mark.parametrize(
+    "sources, file, old, new, message",
+    [
+        # a pipeline call whose state the interpreter cannot know
+        (FWD, "csrc/sm90/fwd/kernel.cuh", "pipe_k.consumer_wait(k_state);\n        ss.trace",
+         "pipe_k.consumer_wait(states[wg]);\n        ss.trace", "without a known state"),
+        # a TMA copy whose barrier has no expect_tx
+        (FWD, "csrc/sm90/fwd/kernel.cuh", "ss.q_full[q_slot].arrive_and_expect_tx(T::kQBytes);",
+         "", "without its arrive_and_expect_tx"),
+        # a barrier wait under a condition that is neither known nor an oracle
+        (DECODE, "csrc/decode/kernel.cuh", "if (it >= T::kStages) detail::wait_barrier",
+         "if (p.page_size > 1) detail::wait_barrier", "opaque condition"),
+    ],
+)  # fmt: skip
+def test_extractor_fails_loudly(sources, file, old, new, message):
+    assert old in sources[file]
+    mutated = {**sources, file: sources[file].replace(old, new, 1)}
+    extract = s9.extract_fwd90 if sources is FWD else s9.extract_decode
+    cfg = s9.Fwd90Config(tiles=(2, 1)) if sources is FWD else s9.DecodeConfig(blocks=3)
+    with pytest.raises(se.ExtractError, match=message):
+        extract(cfg, mutated)
