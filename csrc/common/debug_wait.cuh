@@ -337,10 +337,9 @@ __device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
     const uint64_t t0 = clock64();
     bool noted = false;  // recorded as waiting when another wait expired: one record per warp
     while (!try_wait<kCluster>(addr, parity)) {
-      if (noted) continue;
       const uint64_t waited = clock64() - t0;
       const bool expired = waited > timeout;
-      if (expired || *static_cast<volatile uint32_t*>(&g_expired) != 0u) {
+      if (!noted && (expired || *static_cast<volatile uint32_t*>(&g_expired) != 0u)) {
         if (expired) atomicExch(&g_expired, 1u);
         write_record(addr, parity, waited, expired);
         noted = true;
