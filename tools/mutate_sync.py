@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import protocol_model as pm  # noqa: E402
 import sync_extract as se  # noqa: E402
 import sync_extract_sm90 as s9  # noqa: E402
+import sync_extract_sm90_bwd as sb  # noqa: E402
 
 # Cheapest first: a killed mutant usually stops in the first one. Each op must matter in one
 # of them: two work tiles (the tile ring wraps; kQEmpty and kOEmpty are waited on a second
@@ -126,6 +127,18 @@ CONFIGS_DECODE = (
     s9.DecodeConfig(blocks=2, variant=1, fp8=True, warps_n=2),
     s9.DecodeConfig(blocks=3, variant=1, fp8=True, warps_n=1),
 )
+# The SM90 backward at d <= 128: hd128's order (early dPᵀ; dK / dV staged for the reducer's
+# TMA stores, or stored by rows) and hd64's (dQ and dK / dV from registers; deterministic mode:
+# dQ through the reducer), two and three kv tiles (the tile ring, K/V buffer and dS stages
+# wrap), a tile that no Q block sees.
+CONFIGS_SM90_BWD = (
+    sb.hd128((1, 1)),
+    sb.hd128((2, 1)),
+    sb.hd128((2, 1), tma_store=False),
+    sb.hd128((0, 2)),
+    sb.hd64((2, 1)),
+    sb.hd64((2, 1), dq_regs=False),
+)
 # Ops the full SM90 run finds equivalent (docs/testing.md, "Mutation score"), skipped by the CI
 # sample: producer_tail (without a cluster the CTA lives while its consumers run), and the
 # waits of a warpgroup that passes a stage or Q buffer it does not read (pass_k; the idle
@@ -194,6 +207,13 @@ KERNELS = {
                                 f"{f', sliced {c.sliced}' if c.sliced else ''}"
                                 f"{f', idle {c.idle}' if c.idle else ''}",
                       lambda src, reached: enumerate_mutants90(src, reached), SAFE_ONLY_SM90),
+    "sm90bwd": Kernel("sm90bwd", sb.BWD90_FILES, CONFIGS_SM90_BWD, set(), sb.extract_bwd90,
+                      s9.finish, lambda text, cfg, progs: s9.machine(progs),
+                      lambda c: f"Q blocks {c.tiles}, "
+                                f"{'hd128' if c.early_dp else 'hd64'}"
+                                f"{', TMA store' if c.tma_store else ''}"
+                                f"{', dQ regs' if c.dq_regs else ''}",
+                      lambda src, reached: enumerate_mutants90(src, reached)),
     "decode": Kernel("decode", s9.DECODE_FILES, CONFIGS_DECODE, set(), s9.extract_decode,
                      s9.finish, lambda text, cfg, progs: s9.machine(progs),
                      lambda c: f"{c.blocks} blocks, {c.stages} stages, variant {c.variant}"
@@ -338,8 +358,10 @@ def enumerate_mutants(sources, kernel="fwd") -> list[Mutant]:
 # ---- SM90 forward and decode (tools/sync_extract_sm90.py) --------------------------------------
 EFFECT90_RE = re.compile(
     r"\b(copy|gemm|gemm_zero_acc|cp_async_16|ldmatrix_x4|ldmatrix_x4_trans|arrive|"
-    r"consumer_release|cp_async_arrive|arrive_and_expect_tx|producer_acquire)\s*\(|"
-    r"\bitems\[|\(\s*epi\s*\+|\bepi_lse\s*\[|bar\.sync|\b(dequant_rows|group_sync)\b"
+    r"consumer_release|cp_async_arrive|arrive_and_expect_tx|producer_acquire|issue_gemm|"
+    r"stage_rows|stage_swizzled|write_rows|tma_store_rows)\s*[<(]|"
+    r"\bitems\[|\(\s*epi\s*\+|\bepi_lse\s*\[|bar\.sync|cp\.reduce|\b(dequant_rows|group_sync)\b|"
+    r"\bss\.(lse2|dpsum|dq)\s*\["
 )
 WAIT90_RE = re.compile(r"\b(wait|wait_barrier|consumer_wait|sync)\s*\(")
 
@@ -479,7 +501,10 @@ def _walk90(root, fn):
                 out.append((n, fn))
             elif name == "init" and (
                 "Barrier::init" in se.txt(func)
-                or (func.type == "field_expression" and re.match(r"ss\.\w+\[", se.txt(func)))
+                or (
+                    func.type == "field_expression"
+                    and re.match(r"ss\.(?!tiles\b|trace\b)\w+(\[.*\])?\.init$", se.txt(func))
+                )
             ):
                 out.append((n, fn))  # fmt: skip
         elif n.type == "expression_statement" and t.lstrip().startswith("asm") and "bar.sync" in t:

@@ -69,7 +69,7 @@ _PARSER = Parser(Language(tree_sitter_cpp.language()))
 # CUDA keywords tree-sitter-cpp does not know, blanked with spaces (offsets are kept).
 _BLANK = re.compile(
     r"__launch_bounds__\([^)]*\)|__cluster_dims__\([^)]*\)|__device__|__forceinline__|__host__|__global__|"
-    r"__grid_constant__|__shared__|FA4_UNROLL|typename(?=\s+T::)"
+    r"__grid_constant__|__shared__|FA4_UNROLL|CUTLASS_PRAGMA_UNROLL|typename(?=\s+T::)"
 )
 
 # The 2-CTA kernel's cluster primitives (kernel_2cta.cuh): bar_wait_cluster waits on this

@@ -70,7 +70,9 @@ ARRIVES = {"arrive", "arrive_and_expect_tx", "consumer_release", "cp_async_arriv
 SYNC_NAMES = WAITS | ARRIVES
 DATA_NAMES = {"copy", "gemm", "gemm_zero_acc", "cp_async_16", "cp_async_16_free", "ldmatrix_x4",
               "ldmatrix_x4_trans", "init", "producer_commit", "dequant_rows"}  # fmt: skip
-PRIM_RE = re.compile(r"\b(" + "|".join(sorted(SYNC_NAMES | DATA_NAMES)) + r")\s*\(|bar\.sync")
+PRIM_RE = re.compile(
+    r"\b(" + "|".join(sorted(SYNC_NAMES | DATA_NAMES)) + r")\s*\(|bar\.sync|cp\.reduce\.async"
+)
 INTERNAL_BARRIERS: set = set()  # (file, line) of named barriers internal to one role
 
 
@@ -168,8 +170,10 @@ class Interp90(se.Interp):
             return True
         for name in re.findall(r"\b(\w+)\s*(?:<[^<>()]*>)?\s*\(", text):
             s = scope.find(name)
-            if (name in self.funcs and name not in self.env.pure) or (
-                s is not None and isinstance(s.vars[name], se.Closure)
+            if (
+                name in self.env.prims
+                or (name in self.funcs and name not in self.env.pure)
+                or (s is not None and isinstance(s.vars[name], se.Closure))
             ):
                 return True
         return False
@@ -397,6 +401,10 @@ class Interp90(se.Interp):
             return self.env.overrides[name](self, *[self.expr(a, scope) for a in args])
         if name in ("reinterpret_cast", "static_cast", "uint32_t", "int", "int64_t"):
             return self.expr(args[0], scope) if args else OPAQUE
+        if name in self.env.pure:  # a parsed function that records nothing: its arguments only
+            for a in args:
+                self.expr(a, scope)
+            return OPAQUE
         if fn.type == "qualified_identifier" and name in self.funcs:  # detail::copy_row_half
             return self.call_function(name, [self.expr(a, scope) for a in args])
         if fn.type == "template_function" and name in self.funcs:
@@ -628,6 +636,7 @@ class Env90(se.Env):
     overrides: dict = field(default_factory=dict)  # callee -> fn(interp, *args)
     ring_members: dict = field(default_factory=dict)
     pure: set = field(default_factory=set)  # parsed functions with no recorded op
+    prims: set = field(default_factory=set)  # functions a subclass records (never pure)
     inits: dict = field(default_factory=dict)  # (barrier, copy) -> arrivals
 
 
@@ -767,28 +776,28 @@ def extract_fwd90(cfg: Fwd90Config, sources, called=None) -> dict[str, list[Op]]
     return _extract90(sources, "fwd_kernel", env, roles, called)
 
 
-def _extract90(sources, entry, env, roles, called):
+def _extract90(sources, entry, env, roles, called, cls=None):
     funcs = {}
     for fname, text in sources.items():
         funcs.update(se.functions(se.parse(text), fname))
-    env.pure = _pure(funcs)
+    env.pure = _pure(funcs) - env.prims
     env.inits = {}
     progs = Programs()
     for name, tid in roles:
-        ops = _run(funcs, env, name, tid, 0, entry, called)
+        ops = _run(funcs, env, name, tid, 0, entry, called, cls)
         if not ops:
             continue
         # a role's arrivals count its threads: its warp (warpgroup) when lane 1 (thread 1 of
         # the warpgroup) records a program too (threads 0: a probe run)
-        wide = _run(funcs, env, name, tid + 1, 0, entry)
+        wide = _run(funcs, env, name, tid + 1, 0, entry, None, cls)
         threads = (32 if tid % 128 or entry == "decode_kernel" else 128) if wide else 1
-        progs[name] = _run(funcs, env, name, tid, threads, entry)
+        progs[name] = _run(funcs, env, name, tid, threads, entry, None, cls)
     progs.bars = bars_of(env.inits, progs)
     return progs
 
 
-def _run(funcs, env, name, tid, threads, entry, called=None):
-    it = Interp90(funcs, env, name, threads)
+def _run(funcs, env, name, tid, threads, entry, called=None, cls=None):
+    it = (cls or Interp90)(funcs, env, name, threads)
     env.consts["threadIdx"] = se.ThreadIdx(tid)
     it.call_function(entry, [OPAQUE])
     it.flush_cp()
