@@ -187,7 +187,7 @@ __device__ __forceinline__ void locate(uint32_t addr, int& row, int& copy) {
 
 // Where row r of the table starts in the kernel's barrier array. A variable template, so that
 // device code reads constants: the table itself is host data, and device code reading it at a
-// run-time index is undefined (ptxas dropped the whole thread-0 block that did).
+// run-time index is undefined (ptxas drops the whole thread-0 block that does).
 template <class Table, int R>
 constexpr uint16_t kRowStart = [] {
   int start = 0;

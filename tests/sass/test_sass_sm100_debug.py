@@ -5,11 +5,13 @@ csrc/common/debug_wait.cuh) against the normal build, both compiled for sm_100a:
   backward branch over a SYNCS...TRYWAIT has a CS2R SR_CLOCKLO in its range), except the two
   waits inside CUTLASS's 2-SM TMEM allocator (cute::TMEM::Allocator2Sm) in the 2-CTA backward;
 - the debug build still has the kernel's structure: the same barrier inits (SYNCS.EXCH.64) and
-  TMA descriptor prefetches, and every tcgen05 / TMA instruction family of the normal build. (A
-  first version read the host barrier table at a run-time index in device code, which is
-  undefined: ptxas dropped the whole thread-0 block, barrier init included.)
-- the normal build has no clock read and no debug trap: its wait loops are try_wait alone. (Its
-  SASS was also compared byte for byte with the kernels before the kit: identical.)
+  TMA descriptor prefetches, and every tcgen05 / TMA instruction family of the normal build
+  (device code that reads the host barrier table at a run-time index is undefined, and ptxas
+  then drops the whole thread-0 block, barrier init included: kRowStart keeps it constant);
+- the normal build reads neither the clock nor %smid nor %globaltimer: its wait loops are try_wait
+  alone. (Its
+  SASS is byte for byte that of the sources without the kit, compared by hand for fwd and bwd
+  hd 128.)
 
 Compiled, not executed: whether the bounded waits report a real hang on SM100 is unproven;
 tests/gpu/test_debug_wait.py runs the same helper on an SM90 GPU.
