@@ -9,9 +9,8 @@ csrc/common/debug_wait.cuh) against the normal build, both compiled for sm_100a:
   (device code that reads the host barrier table at a run-time index is undefined, and ptxas
   then drops the whole thread-0 block, barrier init included: kRowStart keeps it constant);
 - the normal build reads neither the clock nor %smid nor %globaltimer: its wait loops are try_wait
-  alone. (Its
-  SASS is byte for byte that of the sources without the kit, compared by hand for fwd and bwd
-  hd 128.)
+  alone. (Its SASS is byte for byte that of the sources without the kit, compared by hand for fwd
+  and bwd hd 128.)
 
 Compiled, not executed: whether the bounded waits report a real hang on SM100 is unproven;
 tests/gpu/test_debug_wait.py runs the same helper on an SM90 GPU.
