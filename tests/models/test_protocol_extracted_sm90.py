@@ -1,10 +1,11 @@
-"""Protocol models of the SM90 forward kernel and the decode kernel, their role programs
-extracted from the source (tools/sync_extract_sm90.py), and a sample of their sync mutants
-(tools/mutate_sync.py --kernel sm90fwd / decode).
+"""Protocol models of the SM90 forward and backward (d <= 128) kernels and of the decode
+kernel, their role programs extracted from the source (tools/sync_extract_sm90.py,
+tools/sync_extract_sm90_bwd.py), and a sample of their sync mutants (tools/mutate_sync.py
+--kernel sm90fwd / sm90bwd / decode).
 
 Plain CPU test; needs tree-sitter and tree-sitter-cpp (requirements.txt). The full mutation
-runs are `python tools/mutate_sync.py --all --kernel sm90fwd` and `--kernel decode`
-(docs/testing.md, "Mutation score").
+runs are `python tools/mutate_sync.py --all --kernel sm90fwd` (sm90bwd, decode; docs/testing.md,
+"Mutation score").
 """
 
 import os
@@ -22,10 +23,12 @@ ROOT = Path(__file__).resolve().parents[2]
 pm = load_script(ROOT / "tools" / "protocol_model.py", "protocol_model")
 se = load_script(ROOT / "tools" / "sync_extract.py", "sync_extract")
 s9 = load_script(ROOT / "tools" / "sync_extract_sm90.py", "sync_extract_sm90")
+sb = load_script(ROOT / "tools" / "sync_extract_sm90_bwd.py", "sync_extract_sm90_bwd")
 ms = load_script(ROOT / "tools" / "mutate_sync.py", "mutate_sync")
 
 FWD = se.read_sources(ROOT, s9.FWD90_FILES)
 DECODE = se.read_sources(ROOT, s9.DECODE_FILES)
+BWD = se.read_sources(ROOT, sb.BWD90_FILES)
 
 
 @pytest.mark.parametrize(
@@ -61,6 +64,44 @@ def test_sm90_fwd_barrier_table():
     }  # fmt: skip
     # the epilogue's per-warpgroup barrier orders threads of one modelled process only
     assert any(f == "csrc/sm90/fwd/epilogue.cuh" for f, _ in s9.INTERNAL_BARRIERS)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        sb.hd128((2, 1)),
+        sb.hd128((1, 2), tma_store=False),
+        sb.hd128((1,), group=2),
+        sb.hd64((2, 1)),
+        sb.hd64((1, 2), dq_regs=False),
+    ],
+    ids=["hd128-tma-store", "hd128-row-stores", "hd128-gqa", "hd64", "hd64-deterministic"],
+)
+def test_extracted_sm90_bwd_is_clean(cfg):
+    progs = sb.extract_bwd90(cfg, BWD)
+    assert set(progs) == {"producer", "reducer", "consumer0", "consumer1"}
+    res, _ = s9.explore(sb.extract_bwd90, cfg, BWD)
+    print(f"{cfg}: {res.states} states")
+    assert res.violations == []
+    assert res.states > 1000
+
+
+def test_sm90_bwd_barrier_table():
+    # kv_full / kv_empty, the tile ring (read by both warpgroups and the reducer warp), the two
+    # pipelines, and the named barriers of enum BwdBarrier with their calls' counts
+    progs = sb.extract_bwd90(sb.hd128((1,)), BWD)
+    assert progs.bars == {
+        "kv_full": (1, 1), "kv_empty": (1, 256), "tile_full": (2, 1), "tile_empty": (2, 288),
+        "pipe_q.full": (2, 1), "pipe_q.empty": (2, 2), "pipe_do.full": (2, 1),
+        "pipe_do.empty": (2, 2), "named0": (1, 256), "named1": (1, 160), "named2": (1, 160),
+        "named3": (1, 160), "named4": (1, 160), "named5": (1, 288), "named6": (1, 256),
+        "named7": (1, 288),
+    }  # fmt: skip
+    # hd64 without the reducer's dQ traffic: no kDqFull / kDqEmpty, no TMA-store barriers
+    assert set(sb.extract_bwd90(sb.hd64((1,)), BWD).bars) == {
+        "kv_full", "kv_empty", "tile_full", "tile_empty", "pipe_q.full", "pipe_q.empty",
+        "pipe_do.full", "pipe_do.empty", "named0",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -123,7 +164,7 @@ def test_decode_variants_have_the_same_protocol():
 @pytest.fixture(scope="module")
 def kernels():
     out = {}
-    for name, sources in (("sm90fwd", FWD), ("decode", DECODE)):
+    for name, sources in (("sm90fwd", FWD), ("sm90bwd", BWD), ("decode", DECODE)):
         out[name] = (ms.enumerate_mutants(sources, name), ms.Baseline(sources, name))
     return out
 
@@ -148,6 +189,12 @@ def test_mutants_cover_every_sync_site(kernels):
     sites = _call_lines(DECODE[kernel], r"wait_barrier\(&|cp_async_arrive\(&|"
                         r"ClusterBarrier::arrive\(|bar\.sync|group_sync<")  # fmt: skip
     assert sites and {(kernel, n) for n in sites} <= lines
+    bwd, _ = kernels["sm90bwd"]
+    lines = {(m.file, m.line) for m in bwd if m.op in ("delete-wait", "delete-arrive")}
+    for file in ("csrc/sm90/bwd/consumer.cuh", "csrc/sm90/bwd/epilogue.cuh"):
+        sites = _call_lines(BWD[file], r"consumer_wait\(|consumer_release\(|\.wait\(|"
+                            r"\.arrive\(|NamedBarrier::(sync|arrive)")  # fmt: skip
+        assert sites and {(file, n) for n in sites} <= lines, file
 
 
 @pytest.mark.parametrize(
@@ -156,6 +203,14 @@ def test_mutants_cover_every_sync_site(kernels):
         ("sm90fwd", "delete-wait", "consumer_wait(v_state) in consumer/issue_pv", "stale read"),
         ("sm90fwd", "delete-arrive", "arrive() in consumer/s_done", "deadlock"),
         ("sm90fwd", "delete-wait", "wait(&empty[slot]) in publish_item", "overwrite"),
+        ("sm90bwd", "delete-wait", "sync(T::kConsumerThreads) in bwd_consumer", "stale read"),
+        (
+            "sm90bwd",
+            "delete-wait",
+            "sync(kHalfBarrierThreads) in bwd_dq_reducer_tile #2",
+            "stale read",
+        ),
+        ("sm90bwd", "delete-wait", "sync(T::kConsumerThreads) in stage_dk_dv_tma", "overwrite"),
         ("decode", "delete-wait", "bar.sync in decode_kernel", "overwrite"),
         ("decode", "delete-wait", "group_sync(wn) in decode_kernel #2", "stale read"),
         ("decode", "flip-parity", "wait_barrier(&empty[stage]) in decode_kernel", "phase"),
