@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Mutation harness for the extracted protocol models (tools/sync_extract.py).
+"""Mutation harness for the extracted protocol models (tools/sync_extract.py,
+tools/sync_extract_sm90.py, tools/sync_extract_sm90_bwd.py).
 
 Enumerates every sync operation of the covered sources (the functions a kernel's extraction
 runs; --kernel fwd: the SM100 forward, csrc/sm100/fwd/*.cuh and csrc/common/tile_ring.cuh;
 --kernel bwd: the SM100 1-CTA backward with its head-dim split, csrc/sm100/bwd/kernel.cuh,
-roles.cuh, compute.cuh; --kernel bwd2: the 2-CTA backward, kernel_2cta.cuh, roles_2cta.cuh)
-and applies one mutation at a time to a copy of the source text, in memory (the real files
-are only read):
+roles.cuh, compute.cuh; --kernel bwd2: the 2-CTA backward, kernel_2cta.cuh, roles_2cta.cuh;
+--kernel sm90fwd / sm90bwd: the SM90 forward and the d <= 128 backward, csrc/sm90/fwd/*.cuh,
+csrc/sm90/bwd/*.cuh, csrc/sm90/common.cuh, the tile ring; --kernel decode:
+csrc/decode/kernel.cuh) and applies one mutation at a time to a copy of the source text, in
+memory (the real files are only read):
   delete-wait     blank a bar_wait / ClusterBarrier::wait call
   delete-arrive   blank a bar_arrive / ClusterBarrier::arrive / arrive_and_expect_tx call
   delete-commit   blank a umma_commit call
@@ -14,17 +17,25 @@ are only read):
   move-wait       the wait's statement moved after the next statement of its block that
                   performs an operation (the operation it guards)
   arrivals+1/-1   one kBarriers row's arrival count changed
+The SM90 and decode kernels' ops (enumerate_mutants90): ClusterBarrier waits and arrivals,
+CUTLASS pipeline calls (consumer_wait, producer_acquire, producer_tail count as waits,
+consumer_release as an arrival), expect_tx, cp.async arrivals, named barriers (sync: a wait,
+arrive: an arrival; asm bar.sync and the decode's group_sync too); flip-parity of a pipeline
+state is its start phase (producer <-> consumer state); arrivals+-1 change a barrier init's
+count, and a pipeline's num_consumers changes by +-128 (CUTLASS counts warpgroups).
 Each mutant is extracted and explored in CONFIGS (stop at the first violation):
   killed          a violation (deadlock, overwrite, stale read, phase, arrivals), or the
                   extractor refuses the mutant (a TMA copy without its expect_tx)
   equivalent      no violation, and every configuration reaches exactly the data states
                   (buffer contents and unread counts) of the unmutated kernel: the op is
                   redundant in the model
+  redundant       no violation, new data states, and the kernel's safe_only list gives the
+                  model's reason why the op is not needed for the checked properties
   survived        no violation, but new data states: a gap of the model (or of its tags)
 A wait keeps the completion it meant in the unmutated source (its site and occurrence), so a
 deleted or moved wait does not shift the meaning of the others.
 
-Usage: python tools/mutate_sync.py --all [--kernel fwd|bwd|all]   (every mutant; the score)
+Usage: python tools/mutate_sync.py --all [--kernel fwd|bwd|bwd2|sm90fwd|sm90bwd|decode|all]
        python tools/mutate_sync.py --sample N [--seed S] [--kernel ...]
        python tools/mutate_sync.py --list [--kernel ...]
 """
@@ -386,7 +397,8 @@ EFFECT90_RE = re.compile(
     r"\bitems\[|\(\s*epi\s*\+|\bepi_lse\s*\[|bar\.sync|cp\.reduce|\b(dequant_rows|group_sync)\b|"
     r"\bss\.(lse2|dpsum|dq)\s*\["
 )
-WAIT90_RE = re.compile(r"\b(wait|wait_barrier|consumer_wait|sync)\s*\(")
+# Not the guarded operation: another wait, or the expect_tx that announces the guarded copy.
+WAIT90_RE = re.compile(r"\b(wait|wait_barrier|consumer_wait|sync|arrive_and_expect_tx)\s*\(")
 
 
 def _callee90(call):
