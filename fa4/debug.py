@@ -306,7 +306,9 @@ def read_library(path: str) -> bytes | None:
 
 
 @functools.cache
+@functools.cache
 def is_debug_build() -> bool:
+    """Asked on every op call (guard): cached, the build does not change in a process."""
     from .build_info import CONFIG
 
     return bool(CONFIG.get("built") and CONFIG.get("sm100_debug"))
