@@ -276,8 +276,7 @@ class Interp90(se.Interp):
             v = self.expr(n.child_by_field_name("right"), scope)
             self.epi_store(left, scope)
             return v
-        v = super().assign(n, scope)
-        return v
+        return super().assign(n, scope)
 
     # -- expressions
     def expr(self, n, scope):
@@ -300,15 +299,17 @@ class Interp90(se.Interp):
         return super().expr(n, scope)
 
     def binary(self, n, scope):
+        """Address arithmetic keeps the buffer (BufAddr + offset); the rest as Interp's."""
+        op = txt(n.child_by_field_name("operator"))
+        if op not in ("+", "-"):
+            return super().binary(n, scope)
         a = self.expr(n.child_by_field_name("left"), scope)
-        if isinstance(a, BufAddr):
-            return a
         b = self.expr(n.child_by_field_name("right"), scope)
-        if isinstance(b, BufAddr):
-            return b
-        if isinstance(a, BarRef) and txt(n.child_by_field_name("operator")) == "+":
+        if isinstance(a, BufAddr) or isinstance(b, BufAddr):
+            return a if isinstance(a, BufAddr) else b
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b)):
             return OPAQUE
-        return super().binary(n, scope)
+        return a + b if op == "+" else a - b
 
     def field(self, n, scope):
         key = "".join(txt(n).split())
