@@ -138,10 +138,11 @@ CONFIGS_DECODE = (
     s9.DecodeConfig(blocks=2, variant=1, fp8=True, warps_n=2),
     s9.DecodeConfig(blocks=3, variant=1, fp8=True, warps_n=1),
 )
-# The SM90 backward at d <= 128: hd128's order (early dPᵀ; dK / dV staged for the reducer's
-# TMA stores, or stored by rows) and hd64's (dQ and dK / dV from registers; deterministic mode:
-# dQ through the reducer), two and three kv tiles (the tile ring, K/V buffer and dS stages
-# wrap), a tile that no Q block sees.
+# The SM90 backward: hd128's order (early dPᵀ; dK / dV staged for the reducer's TMA stores, or
+# stored by rows) and hd64's (dQ and dK / dV from registers; deterministic mode: dQ through the
+# reducer), two and three kv tiles (the tile ring, K/V buffer and dS stages wrap), a tile that
+# no Q block sees; the split variant (d > 128) with odd block counts (its P / dS stage runs on
+# across tiles) and in deterministic mode (its consumers' turn barriers).
 CONFIGS_SM90_BWD = (
     sb.hd128((1, 1)),
     sb.hd128((2, 1)),
@@ -149,6 +150,9 @@ CONFIGS_SM90_BWD = (
     sb.hd128((0, 2)),
     sb.hd64((2, 1)),
     sb.hd64((2, 1), dq_regs=False),
+    sb.hd256((1, 2)),
+    sb.hd256((3, 1)),
+    sb.hd256((1, 1), deterministic=True),
 )
 # Ops the full SM90 run finds equivalent (docs/testing.md, "Mutation score"), skipped by the CI
 # sample: producer_tail (without a cluster the CTA lives while its consumers run), and the
@@ -184,13 +188,14 @@ REDUNDANT_SM90_BWD = {
     "delete-wait sync(T::kConsumerThreads + kReducerThreads) in bwd_consumer #2",
 }
 # No violation with new data states in the backward: the move rule's "next operation" of the
-# dO wait (hd64) is the Sᵀ GEMM, which reads no dO (the wait still precedes dPᵀ); and the
+# dO wait (hd64, split) is the Sᵀ GEMM, which reads no dO (the wait still precedes dPᵀ); and the
 # epilogue's second kEpilogue barrier moved after the dK staging over dQ's buffer: the reducer
 # arrives on both warpgroups' dq_empty after one reduce-add of both halves, so a warpgroup's
 # own wait_dq covers the other's half (the barrier still orders both dV stagings before their
 # reads).
 SAFE_ONLY_SM90_BWD = {
     "move-wait consumer_wait(do_state) in bwd_consumer #2": "the moved-past Sᵀ GEMM reads no dO",
+    "move-wait consumer_wait(do_state) in bwd_consumer_split": "the moved-past Sᵀ GEMM reads no dO",
     "move-wait sync(T::kConsumerThreads) in store_dk_dv #2": "implied by the joint dq_empty",
     "move-wait sync(T::kConsumerThreads) in stage_dk_dv_tma #2": "implied by the joint dq_empty",
 }
@@ -244,7 +249,8 @@ KERNELS = {
                       sb.extract_bwd90,
                       s9.finish, lambda text, cfg, progs: s9.machine(progs),
                       lambda c: f"Q blocks {c.tiles}, "
-                                f"{'hd128' if c.early_dp else 'hd64'}"
+                                f"{'hd256' if c.split else 'hd128' if c.early_dp else 'hd64'}"
+                                f"{', deterministic' if c.deterministic else ''}"
                                 f"{', TMA store' if c.tma_store else ''}"
                                 f"{', dQ regs' if c.dq_regs else ''}",
                       lambda src, reached: enumerate_mutants90(src, reached), SAFE_ONLY_SM90_BWD),

@@ -71,7 +71,8 @@ SYNC_NAMES = WAITS | ARRIVES
 DATA_NAMES = {"copy", "gemm", "gemm_zero_acc", "cp_async_16", "cp_async_16_free", "ldmatrix_x4",
               "ldmatrix_x4_trans", "init", "producer_commit", "dequant_rows"}  # fmt: skip
 PRIM_RE = re.compile(
-    r"\b(" + "|".join(sorted(SYNC_NAMES | DATA_NAMES)) + r")\s*\(|bar\.sync|cp\.reduce\.async"
+    r"\b(" + "|".join(sorted(SYNC_NAMES | DATA_NAMES)) + r")\s*\(|bar\.sync|cp\.reduce\.async|"
+    r"red\.release\.gpu"
 )
 INTERNAL_BARRIERS: set = set()  # (file, line) of named barriers internal to one role
 

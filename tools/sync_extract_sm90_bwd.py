@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Role programs of the SM90 backward (d <= 128: bwd_kernel with bwd_consumer), extracted from
-the source by tools/sync_extract_sm90.py's interpreter (docs/testing.md, "SM90 and decode
-extraction") and explored by tools/protocol_model.py's Machine.
+"""Role programs of the SM90 backward (bwd_kernel with bwd_consumer, d <= 128, or with
+bwd_consumer_split, d > 128), extracted from the source by tools/sync_extract_sm90.py's
+interpreter (docs/testing.md, "SM90 and decode extraction") and explored by
+tools/protocol_model.py's Machine.
 
-Roles: the producer thread (threadIdx.x 0), the dQ reducer warp (warp 1, 32 threads) and the
-two consumer warpgroups. Barriers: the tile ring, kv_full / kv_empty, the pipelines pipe_q (Q
-with its lse2 rows, one transaction) and pipe_do (dO with its D rows), and the named barriers
-of enum BwdBarrier (kDsWritten, kDqFull / kDqEmpty per warpgroup, kEpilogue, kDkDvStaged,
-kDkDvRead), each id a barrier of the count its calls give.
+Roles: the producer thread (threadIdx.x 0), the dQ reducer warp (warp 1, 32 threads; not in
+the split variant) and the two consumer warpgroups. Barriers: the tile ring, kv_full /
+kv_empty, the pipelines pipe_q (Q with its lse2 rows, one transaction) and pipe_do (dO with
+its D rows), and the named barriers of enum BwdBarrier (kDsWritten, kDqFull / kDqEmpty per
+warpgroup, kEpilogue, kDkDvStaged, kDkDvRead), each id a barrier of the count its calls give.
 
 Buffers and decisions (in addition to sync_extract_sm90's):
   - sK0, sV0 (one K/V buffer, tag: the tile), sQ / lse2 and sDO / dpsum per pipeline stage
@@ -20,8 +21,12 @@ Buffers and decisions (in addition to sync_extract_sm90's):
     over dQ's buffer; a write of one side is also a write (of no value) of every buffer of
     the other, so that a staged row written while a dS or dQ value is unread, or a dS / dQ
     store while a staged row is unread, is an overwrite.
-  - The deterministic mode's global semaphores (dq_turn_wait / pass) order CTAs, not roles:
-    not modelled. The split variant (d > 128, consumer_split.cuh) is not extracted.
+  - Split variant: Pᵀ and dSᵀ per dS stage and warpgroup half (sPt<s>_<w>, sDS<s>_<w>), read
+    whole by the dQ, dV and dK GEMMs; dK / dV leave from registers.
+  - Deterministic mode: the global semaphores order CTAs (not modelled); within the CTA the
+    split consumers' turn is a buffer (InterpBwd.turn) that their named barriers order
+    (`sem != nullptr` is the configuration's deterministic flag). The reducer's turn is one
+    role's and not modelled.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ BWD90_FILES = (
     "csrc/sm90/bwd/kernel.cuh",
     "csrc/sm90/bwd/common.cuh",
     "csrc/sm90/bwd/consumer.cuh",
+    "csrc/sm90/bwd/consumer_split.cuh",
     "csrc/sm90/bwd/epilogue.cuh",
     "csrc/sm90/common.cuh",
     "csrc/common/tile_ring.cuh",
@@ -54,7 +60,7 @@ ALIASES = {
     "sDS": [f"dVst_{w}" for w in range(WGS)],
     "dQ": [f"dKst_{w}" for w in range(WGS)],
 }
-PARTS = ("sDS", "dQ", "dVst", "dKst")  # per-warpgroup halves, read whole
+PARTS = ("sDS", "sPt")  # per-warpgroup halves of a stage, read whole by the GEMMs
 
 
 @dataclass
@@ -66,9 +72,16 @@ class BwdConfig90:
     dq_regs: bool = False  # T::kDqFromRegisters && !deterministic: no reducer traffic
     tma_store: bool = True  # T::kTmaStoreDkDv && kp.out.on (dense problems)
     stages: int = 2  # T::kStages
+    split: bool = False  # T::kSplitD (d > 128: bwd_consumer_split)
+    deterministic: bool = False  # the split consumers' turns around their dQ reduce-adds
 
 
 def hd128(tiles=(2,), **kw):
+    return BwdConfig90(tiles=tiles, **kw)
+
+
+def hd256(tiles=(2,), **kw):  # the split variant
+    kw = {"early_dp": False, "dkdv_regs": False, "tma_store": False, "split": True, **kw}
     return BwdConfig90(tiles=tiles, **kw)
 
 
@@ -113,7 +126,7 @@ class InterpBwd(s9.Interp90):
 
     def write(self, buf, kind):
         self.data(pm.Write(buf, self.tag(kind, "write"), 0))
-        for other in ALIASES.get(kind, ()):
+        for other in self.env.aliases.get(kind, ()):
             self.data(pm.Write(other, ("alias",), 0))
 
     def read_parts(self, kind):
@@ -132,7 +145,18 @@ class InterpBwd(s9.Interp90):
         if txt(n).lstrip().startswith("asm") and "cp.reduce.async.bulk" in txt(n):
             self.read_parts("dQ")  # the reduce-add of dQ's buffer, both halves
             return None
+        if txt(n).lstrip().startswith("asm") and "red.release.gpu.global.add" in txt(n):
+            self.turn("passed", 0)  # dq_turn_pass_all: the next CTA's turn
+            return None
         return super().stmt(n, scope)
+
+    def turn(self, state, reads):
+        """The split consumers' deterministic turn (Note [deterministic dQ]) as a value of a
+        buffer `turn`: held from thread 0's dq_turn_wait, read by each warpgroup's reduce-adds,
+        then passed; a reduce-add before the turn is held reads a stale value, a pass before
+        every reduce-add overwrites an unread one."""
+        if self.env.turns:
+            self.data(pm.Write("turn", (state, self.lookup("t"), self.lookup("i")), reads))
 
     def call(self, n, scope):  # noqa: C901 (one dispatch over the backward's calls)
         fn = n.child_by_field_name("function")
@@ -146,6 +170,13 @@ class InterpBwd(s9.Interp90):
         if name == "of" and "BwdTile" in txt(fn):
             item = self.expr(args[1], scope)
             return Tile(item, self.env.tiles[item], mask=s9.MaskObj(self.env.tiles[item]))
+        if name == "dq_turn_wait":
+            self.turn("held", 0)
+            return None
+        if name == "red_add_fragment":
+            if self.env.turns:
+                self.data(pm.Read("turn", ("held", self.lookup("t"), self.lookup("i"))))
+            return None
         if name == "issue_gemm":
             for a in args[1:3]:
                 self.operand(a, scope)
@@ -164,11 +195,13 @@ class InterpBwd(s9.Interp90):
             return None
         if name == "copy" and "BULK_COPY_G2S" in txt(fn):
             return se.Interp.tma(self, n, args, scope, (self.file, n.start_byte))
-        if name == "copy" and args and txt(args[-1]).startswith("tDSsDSt("):  # dS, stmatrix
+        view = txt(args[-1]).split("(")[0] if args else None
+        if name == "copy" and view in ("tDSsDSt", "tPsPt"):  # dSᵀ or Pᵀ (stmatrix)
             stage = self.expr(self.args(args[-1])[-1], scope)
             if not isinstance(stage, int):
                 raise ExtractError(f"{self.role}: dS stage unknown")
-            self.write(f"sDS{stage}_{self.lookup('wg')}", "sDS")
+            kind = "sDS" if view == "tDSsDSt" else "sPt"
+            self.write(f"{kind}{stage}_{self.lookup('tid') // 128}", kind)
             return None
         if name == "data" and txt(fn) == "ss.ds.data":
             return s9.BufAddr("dVst", "dVst")
@@ -184,9 +217,9 @@ class InterpBwd(s9.Interp90):
             idx = self.expr(self.args(a)[-1], scope)
             if not isinstance(idx, int):
                 raise ExtractError(f"{self.role}: wgmma operand stage unknown: {txt(a)[:60]}")
-            if kind == "sDS":
+            if kind in PARTS:
                 for w in range(WGS):
-                    self.data(pm.Read(f"sDS{idx}_{w}", self.tag(kind, "read")))
+                    self.data(pm.Read(f"{kind}{idx}_{w}", self.tag(kind, "read")))
             else:
                 self.data(pm.Read(f"{kind}{idx}", self.tag(kind, "read")))
         elif txt(a) in self.env.plain_views:
@@ -209,6 +242,7 @@ def _bwd_tags():
         ("sDO", "read"): lambda v: ("dO", v("do_state").count),
         ("dpsum", "read"): lambda v: ("dO", v("do_state").count),
         ("sDS", "write"): block("dS"), ("sDS", "read"): block("dS"),
+        ("sPt", "write"): block("P"), ("sPt", "read"): block("P"),
         ("dQ", "write"): block("dQ"), ("dQ", "read"): block("dQ"),
         ("dVst", "write"): lambda v: ("dV", _tnum(v("t"))),
         ("dVst", "read"): lambda v: ("dV", _tnum(v("t"))),
@@ -230,7 +264,7 @@ def bwd90_env(cfg: BwdConfig90, sources) -> s9.Env90:
     consts = {
         **ids, "kReducerThreads": int(reducer.group(1)), "kTileSlots": s9._tile_slots(sources),
         "T::kStages": cfg.stages, "T::kDsStages": 2, "T::kConsumerThreads": 128 * WGS,
-        "T::kSplitD": False, "T::kEarlyDp": cfg.early_dp, "T::kDkDvRegs": cfg.dkdv_regs,
+        "T::kSplitD": cfg.split, "T::kEarlyDp": cfg.early_dp, "T::kDkDvRegs": cfg.dkdv_regs,
         "T::kTmaStoreDkDv": cfg.tma_store, "T::kDqFromRegisters": cfg.dq_regs,
         "T::kKVBytes": 1, "T::kQBytes": 1, "T::kDOBytes": 1, "T::kRowStatBytes": 1,
         "blockIdx": se.ThreadIdx(0), "WarpGroupRole::kProducer": 0,
@@ -244,20 +278,23 @@ def bwd90_env(cfg: BwdConfig90, sources) -> s9.Env90:
         kp[f"kp.tma_{d}"] = s9.TmaDesc(f"kp.tma_{d}")
     tiles = cfg.tiles
     env = s9.Env90(
-        tiles, consts, {"leader": True}, kp, {}, _bwd_tags(),
+        tiles, consts, {"leader": True, "sem != nullptr": cfg.deterministic}, kp, {}, _bwd_tags(),
         arrays={"ss.lse2": "lse2", "ss.dpsum": "dpsum"},
         fields={"ss.kv_full": BarRef("kv_full", 0), "ss.kv_empty": BarRef("kv_empty", 0),
                 "ss.tile_full": BarRef("tile_full", 0), "ss.tile_empty": BarRef("tile_empty", 0),
                 "ss.dq": s9.BufAddr("dKst", "dKst")},
-        views={"tSrQ": "sQ", "tKrQt": "sQ", "tPrDO": "sDO", "tVrDOt": "sDO", "tQrDS": "sDS"},
+        views={"tSrQ": "sQ", "tKrQt": "sQ", "tPrDO": "sDO", "tVrDOt": "sDO", "tQrDS": "sDS",
+               "tVrPt": "sPt", "tKrDSt": "sDS"},
         decls={"rows_v": (lambda v: s9.BufAddr("dVst", "dVst"), "staging"),
                "rows_k": (lambda v: s9.BufAddr("dKst", "dKst"), "rows_v")},
         overrides={"next_item": lambda it, c, w: w + 1,
                    "make_producer_start_state": lambda it: s9.PState(cfg.stages, 0, 1)},
     )  # fmt: skip
     env.plain_views = {"tSrK": "sK", "tQrKt": "sK", "tPrV": "sV"}
+    env.aliases = {} if cfg.split else ALIASES  # the split variant stages nothing
+    env.turns = cfg.split and cfg.deterministic
     env.prims = {"q_blocks_seeing", "issue_gemm", "stage_rows", "stage_swizzled", "write_rows",
-                 "tma_store_rows"}  # fmt: skip
+                 "tma_store_rows", "dq_turn_wait", "red_add_fragment"}  # fmt: skip
     return env
 
 
@@ -265,6 +302,7 @@ def extract_bwd90(cfg: BwdConfig90, sources, called=None):
     env = bwd90_env(cfg, sources)
     roles = [("producer", 0), ("reducer", 32)] + [(f"consumer{w}", 128 * (w + 1))
                                                   for w in range(WGS)]  # fmt: skip
+    # (the split variant has no reducer: its run records nothing and is left out)
     return s9._extract90(sources, "bwd_kernel", env, roles, called, InterpBwd)
 
 
@@ -276,6 +314,8 @@ def main(argv):
         ("hd128, row stores", hd128(tiles, tma_store=False)),
         ("hd64", hd64(tiles)),
         ("hd64, deterministic", hd64(tiles, dq_regs=False)),
+        ("hd256 (split)", hd256(tiles)),
+        ("hd256 (split), deterministic", hd256(tiles, deterministic=True)),
     )
     for label, cfg in configs:
         res, _ = s9.explore(extract_bwd90, cfg, sources)

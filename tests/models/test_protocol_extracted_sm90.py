@@ -74,12 +74,16 @@ def test_sm90_fwd_barrier_table():
         sb.hd128((1,), group=2),
         sb.hd64((2, 1)),
         sb.hd64((1, 2), dq_regs=False),
+        sb.hd256((1, 2)),
+        sb.hd256((2, 1), deterministic=True),
     ],
-    ids=["hd128-tma-store", "hd128-row-stores", "hd128-gqa", "hd64", "hd64-deterministic"],
-)
+    ids=["hd128-tma-store", "hd128-row-stores", "hd128-gqa", "hd64", "hd64-deterministic",
+         "split", "split-deterministic"],
+)  # fmt: skip
 def test_extracted_sm90_bwd_is_clean(cfg):
     progs = sb.extract_bwd90(cfg, BWD)
-    assert set(progs) == {"producer", "reducer", "consumer0", "consumer1"}
+    roles = {"producer", "consumer0", "consumer1"}
+    assert set(progs) == (roles if cfg.split else roles | {"reducer"})  # split: no reducer
     res, _ = s9.explore(sb.extract_bwd90, cfg, BWD)
     print(f"{cfg}: {res.states} states")
     assert res.violations == []
@@ -191,7 +195,8 @@ def test_mutants_cover_every_sync_site(kernels):
     assert sites and {(kernel, n) for n in sites} <= lines
     bwd, _ = kernels["sm90bwd"]
     lines = {(m.file, m.line) for m in bwd if m.op in ("delete-wait", "delete-arrive")}
-    for file in ("csrc/sm90/bwd/consumer.cuh", "csrc/sm90/bwd/epilogue.cuh"):
+    for file in ("csrc/sm90/bwd/consumer.cuh", "csrc/sm90/bwd/consumer_split.cuh",
+                 "csrc/sm90/bwd/epilogue.cuh"):  # fmt: skip
         sites = _call_lines(BWD[file], r"consumer_wait\(|consumer_release\(|\.wait\(|"
                             r"\.arrive\(|NamedBarrier::(sync|arrive)")  # fmt: skip
         assert sites and {(file, n) for n in sites} <= lines, file
@@ -211,6 +216,8 @@ def test_mutants_cover_every_sync_site(kernels):
             "stale read",
         ),
         ("sm90bwd", "delete-wait", "sync(T::kConsumerThreads) in stage_dk_dv_tma", "overwrite"),
+        ("sm90bwd", "delete-wait", "sync(T::kConsumerThreads) in bwd_consumer_split", "stale read"),
+        ("sm90bwd", "delete-wait", "sync(threads) in dq_turn_pass_all", "overwrite"),
         ("decode", "delete-wait", "bar.sync in decode_kernel", "overwrite"),
         ("decode", "delete-wait", "group_sync(wn) in decode_kernel #2", "stale read"),
         ("decode", "flip-parity", "wait_barrier(&empty[stage]) in decode_kernel", "phase"),
