@@ -37,7 +37,10 @@ its case):
     transaction (a TMA-like step arriving with the warp's 32 lanes when they land); copies
     with no arrival before the next sync op land on a barrier that never completes. The
     epilogue's shared-memory stores alias the whole ring (a write of every stage) and its
-    row statistics (epi_lse) are per-warp buffers read by every warp's merge.
+    row statistics (epi_lse) are per-warp buffers read by every warp's merge. The FP8 cache
+    (kKvFp8): each warp dequantizes its part of its key group's rows into the staging block
+    (K16_<wn>_<wm>, V16_<wn>_<wm>), read whole by the group's warps; group_sync's bar.sync
+    orders them.
 Values the kernels read at run time come from the Config (KV blocks per tile, trait
 constants, run-time votes); everything else is opaque, as in sync_extract.
 """
