@@ -56,14 +56,15 @@ __host__ __device__ constexpr Role warp_role(int warp) {
 }
 static_assert(roles_match(kWarpRole, warp_role), "warp_role() must follow kWarpRole");
 
-// Registers per thread after setmaxnreg, per warpgroup: (160 + 160 + 128 + 64) · 128 = 65536.
-// The compute warpgroups' work is the 1-CTA kernel's; the reduce thread holds half a dQ row (64
-// fp32, the 2 × 2 layout), so 16 of its registers go to the MMA warp, which issues the pair's
-// MMAs over the descriptors of eight operand buffers: spills 144 bytes at the 1-CTA table's
-// (152, 40), 112 at (144, 48), 60 here.
-using bwd::kRegsCompute;
-constexpr int kRegsReduce = 128;
-constexpr int kRegsOther = 64;
+// Registers per thread after setmaxnreg, per warpgroup: (176 + 176 + 104 + 56) · 128 = 65536.
+// The compute warpgroups run the 1-CTA kernel's per-element work plus eight 64-bit DSMEM
+// addresses of their dS stores, which ptxas keeps across the per-block loop: at 160 it reloaded
+// five of them from local memory per block, at 176 none. The reduce thread holds half a dQ row
+// (64 fp32, the 2 × 2 layout) in 104; the MMA warp's operand descriptors and the load thread
+// fit 56 (the load thread's per-block loop spills at 48).
+constexpr int kRegsCompute = 176;
+constexpr int kRegsReduce = 104;
+constexpr int kRegsOther = 56;
 static_assert((2 * kRegsCompute + kRegsReduce + kRegsOther) * 128 == 65536,
               "the per-warpgroup budgets must add up to the 64 K register file");
 

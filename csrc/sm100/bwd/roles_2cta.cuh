@@ -373,7 +373,8 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(T::kThreads, 1)
       compute_role(kp, ss, tmem, t, role == Role::kCompute0 ? 0 : 1, threadIdx.x % 128);
       break;
     case Role::kReduce:
-      cutlass::arch::warpgroup_reg_alloc<kRegsReduce>();
+      static_assert(kRegsReduce <= 128, "the reduce warpgroup gives registers back (launch: 128)");
+      cutlass::arch::warpgroup_reg_dealloc<kRegsReduce>();
       reduce_role(kp, ss, tmem, t, threadIdx.x % 128);
       break;
     default:

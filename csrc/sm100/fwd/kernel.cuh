@@ -425,7 +425,9 @@ __device__ void mma_role(const KernelParams<T>& kp, typename T::SharedStorage& s
   const uint32_t s_col[2] = {Plan::kS0, Plan::kS1};
   const uint32_t o_col[2] = {Plan::kO0, Plan::kO1};
 
-  Ring q_ready, k_ready, v_ready, p_ready[2], o_ok[2], o_free;
+  // P_t and the rescaled O_t complete once per block and Q tile, as V once per block: their
+  // waits take v_ready's parity (at hd 192 four more counters were reloaded per block).
+  Ring q_ready, k_ready, v_ready, o_free;
   auto issue_s = [&](int q, int ks) {
     FA4_UNROLL
     for (int k = 0; k < kKQk; ++k) {
@@ -464,10 +466,8 @@ __device__ void mma_role(const KernelParams<T>& kp, typename T::SharedStorage& s
       const int vs = v_ready.index(T::kStages);
       bar_wait(bar_ptr<T, Bar::kVFull>(ss, vs), v_ready.parity(T::kStages));
       for (int q = 0; q < T::kQTiles; ++q) {
-        bar_wait(bar_ptr<T, Bar::kPFull>(ss, q), p_ready[q].parity(1));
-        ++p_ready[q].count;
-        bar_wait(bar_ptr<T, Bar::kORescaled>(ss, q), o_ok[q].parity(1));
-        ++o_ok[q].count;
+        bar_wait(bar_ptr<T, Bar::kPFull>(ss, q), v_ready.parity(1));
+        bar_wait(bar_ptr<T, Bar::kORescaled>(ss, q), v_ready.parity(1));
         // The tile's first P·V overwrites O_t: the epilogue of the previous tile must be done.
         if (i == 0) bar_wait(bar_ptr<T, Bar::kOEmpty>(ss, q), o_free.parity(1) ^ 1u);
         tmem_fence_after_sync();
@@ -495,6 +495,27 @@ __device__ void mma_role(const KernelParams<T>& kp, typename T::SharedStorage& s
 }
 
 // ---- Softmax roles -------------------------------------------------------------------------
+// Lane 0's value: ptxas treats a shuffle from a constant lane as warp-uniform and keeps what is
+// derived from it (tile coordinates, block bounds, barrier and TMEM addresses, ring counters) in
+// uniform registers, out of the softmax row's 192 (hd 128: 58 spill instructions outside the
+// per-block loop without, 21 with). For values that are the same in every lane (the callers'),
+// so the host branch is the identity; it comes first, as the branch the protocol extractor
+// (tools/sync_extract.py) reads.
+__device__ __forceinline__ int warp_uniform(int v) {
+#ifndef __CUDA_ARCH__
+  return v;
+#else
+  return __shfl_sync(0xffffffffu, v, 0);
+#endif
+}
+__device__ __forceinline__ TileCoord warp_uniform(const TileCoord& c) {
+#ifndef __CUDA_ARCH__
+  return c;
+#else
+  return TileCoord{warp_uniform(c.batch), warp_uniform(c.head), warp_uniform(c.m_block)};
+#endif
+}
+
 // Warpgroup q (0 or 1) owns Q tile q; thread i holds row i: lanes 32 · (warp % 4) + lane.
 template <class T>
 __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorage& ss,
@@ -502,7 +523,8 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
   using Element = typename T::Element;
   using Plan = typename T::Plan;
   using SFrag = RowMajorFrag<1, T::kBlockN>;
-  const uint32_t lane_base = uint32_t(row_in_tile & ~31) << 16;
+  const uint32_t lane_base = uint32_t(warp_uniform(row_in_tile & ~31)) << 16;
+  tmem = uint32_t(warp_uniform(int(tmem)));
   static_assert(
       Plan::kS1 == Plan::kS0 + T::kBlockN && Plan::kP0 == Plan::kS0 && Plan::kP1 == Plan::kS1,
       "S buffer b (and its P) at kS0 + b · kBlockN");
@@ -518,7 +540,7 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
     bar_arrive(st_full);
   };
   for (int n_item = 0;; ++n_item) {
-    const TileCoord coord = take_tile<T>(ss, n_item);
+    const TileCoord coord = warp_uniform(take_tile<T>(ss, n_item));
     if (coord.batch < 0) break;
     FA4_SM100_DEBUG_TILE(coord.batch, coord.head, coord.m_block);
     const TileWork t = tile_work(kp, coord);
@@ -527,6 +549,11 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
     const BlockRange br =
         block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block * T::kQTiles + q);
     const int row = (t.tile.m_block * T::kQTiles + q) * T::kBlockM + row_in_tile;
+    // apply_mask's per-element test with its row_bounds(row) taken once per tile: the per-block
+    // loop carries two ints for the mask instead of the Mask and the row (hd 128: 47 spill
+    // instructions in the loop with apply_mask, 11 with this).
+    const RowBounds rb = t.mask.row_bounds(row);
+    const int full_begin = br.full_begin, full_end = br.full_end;
     OnlineSoftmax<SFrag> softmax;
     softmax.init();
     for (int n = t.n_end - 1; n >= t.n_begin; --n) {
@@ -549,9 +576,12 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
       if (kp.score.softcap) apply_softcap<SFrag>(s, kp.score.pre);
       // Blocks outside this tile's own range are in the union of both tiles' ranges only:
       // needs_mask is true there and the mask hides the whole block.
-      if (br.empty() || br.needs_mask(n)) {
-        apply_mask<SFrag>(
-            s, t.mask, [&](int) { return row; }, [&](int e) { return n * T::kBlockN + e; });
+      // br.empty() || br.needs_mask(n): an empty range has full_begin == full_end == 0.
+      if (n < full_begin || n >= full_end) {
+        FA4_UNROLL
+        for (int e = 0; e < T::kBlockN; ++e) {
+          if (!rb.contains(n * T::kBlockN + e)) s[e] = -INFINITY;
+        }
       }
       float o_scale[1];
       softmax.update_max(s, kp.score.scale_log2, T::kTau, o_scale);
@@ -591,7 +621,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM100_ALL)
   extern __shared__ char smem[];
   auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem);
-  const int warp = threadIdx.x / 32;
+  // Warp-uniform (warp_uniform): the role switch is uniform control flow for ptxas.
+  const int warp = warp_uniform(int(threadIdx.x / 32));
   const Role role = warp_role(warp);
   FA4_SM100_DEBUG_BEGIN(kFwdSm100, typename T::Barriers, ss.bars, role);
   if (threadIdx.x == 0) {

@@ -1,0 +1,74 @@
+"""Where the SM100 kernels spill: no local-memory instruction (STL / LDL) inside a role's
+per-block loop, the code that runs once per KV block (forward) or Q block (backward).
+
+tools/spill_sites.py reads `nvdisasm -gi` of the manifest's instances (sass_helpers: the
+build's flags, -lineinfo among them): the natural loops of the SASS control flow, each
+classified by the source line of its back edge; a per-block loop is a `for` carrying the
+FA4_SM100_DEBUG_BLOCK marker. Spills outside those loops run once per tile or per kernel;
+docs/sm100.md ("Spills") gives each group its reason. Compiled, not executed.
+"""
+
+import pytest
+from helpers import ROOT, load_script
+from sass_helpers import compile_ahead, hdim_names, instance_line_sass
+
+pytestmark = pytest.mark.build
+spill_sites = load_script(ROOT / "tools" / "spill_sites.py", "spill_sites")
+
+FWD = [("fwd", h, "bf16") for h in hdim_names("sm100", "fwd")] + [("fwd", "128", "fp16")]
+BWD_2CTA = [("bwd", "128", t) for t in ("bf16", "fp16")]
+compile_ahead(__name__, [("sm100", d, h, t) for d, h, t in FWD + BWD_2CTA])
+
+# Per-block loops whose STL / LDL count is not yet 0 (instance -> {role function: count}); every
+# other per-block loop must have none. The forward softmax warpgroups at kBlockN = 128 (hd 64,
+# 96, 128): in the exponentials of a 128-score row ptxas keeps up to 183 values live in the 192
+# registers of the role and moves 5 of the exp2 pairs' temporaries to local memory and back.
+PENDING: dict[tuple[str, str, str], dict[str, int]] = {
+    ("fwd", "64", "bf16"): {"softmax_role": 11},
+    ("fwd", "96", "bf16"): {"softmax_role": 11},
+    ("fwd", "128", "bf16"): {"softmax_role": 11},
+    ("fwd", "128", "fp16"): {"softmax_role": 11},
+}
+
+# The per-block loops each kernel must have in its SASS (as the source functions that hold
+# them): without this a failed loop classification would pass as "no spills in loops".
+FWD_LOOPS = {"load_role", "mma_role", "softmax_role", "correction_role"}
+FWD_LOOPS_ONE_TILE = {"load_role", "mma_role_one_tile", "softmax_role", "correction_role"}
+BWD_2CTA_LOOPS = {"load_role", "mma_role", "compute_role", "reduce_role"}
+
+
+def sites(tmp_path_factory, direction, hdim, dtype, kernel_name):
+    text = instance_line_sass(tmp_path_factory, "sm100", direction, hdim, dtype)
+    (code,) = [c for n, c in spill_sites.functions(text).items() if kernel_name in n]
+    found, block_of, _ = spill_sites.loops(code)
+    srcs = spill_sites.source_loops(ROOT)
+    matched = {
+        src.function
+        for lp in found
+        for src in srcs
+        if spill_sites._in(code[lp.latch].chain, src, ROOT)
+    }
+    return spill_sites.spill_sites(code, ROOT), matched
+
+
+def check(s, matched, expected_loops, pending):
+    assert expected_loops <= matched, f"per-block loops not found in the SASS: {expected_loops}"
+    got = {src.function: len(v) for src, v in s.in_loops.items()}
+    where = {
+        f"{src}": [f"{i.addr:05x} {i.op} {spill_sites.where(i, ROOT)}" for i in v]
+        for src, v in s.in_loops.items()
+    }
+    assert got == pending, where
+
+
+@pytest.mark.parametrize("direction, hdim, dtype", FWD)
+def test_forward_per_block_loops_spill_free(tmp_path_factory, direction, hdim, dtype):
+    s, matched = sites(tmp_path_factory, direction, hdim, dtype, "fwd_kernel")
+    loops = FWD_LOOPS_ONE_TILE if hdim == "256" else FWD_LOOPS
+    check(s, matched, loops, PENDING.get((direction, hdim, dtype), {}))
+
+
+@pytest.mark.parametrize("direction, hdim, dtype", BWD_2CTA)
+def test_2cta_backward_per_block_loops_spill_free(tmp_path_factory, direction, hdim, dtype):
+    s, matched = sites(tmp_path_factory, direction, hdim, dtype, "bwd_kernel_2cta")
+    check(s, matched, BWD_2CTA_LOOPS, PENDING.get((direction, hdim, dtype), {}))
