@@ -298,6 +298,8 @@ def _sync_calls(tree):
     out = []
 
     def walk(n, fn):
+        if n.type in ("preproc_else", "preproc_elif"):
+            return  # the extractor runs a preprocessor block's first branch only
         if n.type == "function_definition":
             d = n.child_by_field_name("declarator")
             while d is not None and d.type != "function_declarator":
@@ -528,6 +530,8 @@ def _walk90(root, fn):
     out = []
 
     def walk(n, fn):
+        if n.type in ("preproc_else", "preproc_elif"):
+            return  # the extractor runs a preprocessor block's first branch only
         if n.type == "function_definition":
             d = n.child_by_field_name("declarator")
             while d is not None and d.type != "function_declarator":

@@ -533,6 +533,10 @@ class Interp:
         try:
             for case in body.named_children:
                 if case.type != "case_statement":
+                    # a statement the parser puts beside its case label (a static_assert first
+                    # in a case body): it belongs to the case before it
+                    if matched:
+                        self.stmt(case, scope)
                     continue
                 value = case.child_by_field_name("value")
                 if not matched:

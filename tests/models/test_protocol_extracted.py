@@ -128,18 +128,22 @@ def test_random_mutants(mutants, baseline):
     [
         # a barrier op in a construct the interpreter does not model
         (
-            "bar_wait(bar_ptr<T, Bar::kPFull>(ss, q), p_ready[q].parity(1));",
-            "while (false) bar_wait(bar_ptr<T, Bar::kPFull>(ss, q), p_ready[q].parity(1));",
+            "bar_wait(bar_ptr<T, Bar::kPFull>(ss, q), v_ready.parity(1));",
+            "while (false) bar_wait(bar_ptr<T, Bar::kPFull>(ss, q), v_ready.parity(1));",
             "unsupported statement",
         ),
         # a barrier op under a run-time condition with no ORACLES entry
         (
-            "bar_wait(bar_ptr<T, Bar::kPFull>(ss, q), p_ready[q].parity(1));",
-            "if (kp.p.seqlen_q) bar_wait(bar_ptr<T, Bar::kPFull>(ss, q), p_ready[q].parity(1));",
+            "bar_wait(bar_ptr<T, Bar::kPFull>(ss, q), v_ready.parity(1));",
+            "if (kp.p.seqlen_q) bar_wait(bar_ptr<T, Bar::kPFull>(ss, q), v_ready.parity(1));",
             "opaque condition",
         ),
         # a parity the interpreter cannot evaluate
-        ("p_ready[q].parity(1));", "kp.p.parity);", "not known"),
+        (
+            "Bar::kPFull>(ss, q), v_ready.parity(1));",
+            "Bar::kPFull>(ss, q), kp.p.parity);",
+            "not known",
+        ),
     ],
     ids=["while", "opaque-if", "opaque-parity"],
 )
