@@ -58,9 +58,9 @@ THRESHOLDS: dict[str, dict[str, int]] = {
         "sm90_bwd_hd128_masked_path_instructions_max": 299,
         "sm90_bwd_wgmma_waits_max": 10,
         # SM100 forward: spill stores per kernel, every head dim (test_sass_sm100.py::
-        # test_spills_bounded); 148 at hd 128 since the register epilogue's column guard of
-        # Note [padded head dims] (124 before).
-        "sm100_fwd_spill_bytes_max": 148,
+        # test_spills_bounded); 68 at hd 128, where test_sass_sm100_spills.py pins the 11 spill
+        # instructions left in the softmax per-block loop.
+        "sm100_fwd_spill_bytes_max": 68,
         # SM100 backward, 1-CTA kernel at hd 64 and 96: two scalars saved at entry.
         "sm100_bwd_spill_bytes_max": 8,
         # SM100 backward, 2-CTA kernel (hd 128): scalars saved once per kernel, none in a

@@ -260,6 +260,39 @@ def source_loops(root: Path = ROOT) -> list[SourceLoop]:
     return out
 
 
+def source_functions(root: Path = ROOT) -> list[SourceLoop]:
+    """Every function of csrc/sm100 declared at column 0 (`__device__ ... name(` or
+    `__global__ ...`), as (file, first line, closing brace line, name)."""
+    out = []
+    for path in sorted((root / "csrc/sm100").rglob("*.cuh")):
+        lines = path.read_text().splitlines()
+        for n, text in enumerate(lines):
+            m = re.match(r"(?:__device__|__global__)\b[^;(]*?\b(\w+)\(", text)
+            if not m:
+                continue
+            depth, opened = 0, False
+            for j in range(n, len(lines)):
+                depth += lines[j].count("{") - lines[j].count("}")
+                opened = opened or "{" in lines[j]
+                if opened and depth == 0:
+                    break
+                if not opened and lines[j].rstrip().endswith(";"):
+                    break
+            if opened:
+                out.append(SourceLoop(str(path.relative_to(root)), n + 1, j + 1, m.group(1)))
+    return out
+
+
+def role_of(ins: Instr, funcs: list[SourceLoop], root: Path = ROOT) -> str:
+    """The outermost function of the chain below the kernel entry: the role whose code it is."""
+    names = [f.function for _, f in sorted(
+        ((k, f) for k, (file, line) in enumerate(ins.chain) for f in funcs
+         if f.first <= line <= f.last and Path(file).resolve() == (root / f.file).resolve()),
+        key=lambda kf: -kf[0])]  # fmt: skip
+    names = [n for n in names if not n.startswith("__") and "kernel" not in n]
+    return names[0] if names else "kernel"
+
+
 def _in(chain, src: SourceLoop, root: Path) -> bool:
     return any(
         src.first <= line <= src.last and Path(f).resolve() == (root / src.file).resolve()
@@ -340,9 +373,11 @@ def main(argv=None) -> int:
             print(f"  loop {src}: {dict(ops)}")
             for ins in sites if a.v else ():
                 print(f"    {ins.addr:06x} {ins.op} {ins.args}  {where(ins, a.root)}")
-        groups = Counter((where(i, a.root).split(" < ")[0], i.op.split(".")[0]) for i in s.outside)
-        for (w, op), k in sorted(groups.items()):
-            print(f"  outside {w}: {op} x{k}")
+        funcs = source_functions(a.root)
+        roles = Counter(role_of(i, funcs, a.root) for i in s.outside)
+        print("  outside, by role: " + ", ".join(f"{r} {k}" for r, k in sorted(roles.items())))
+        for ins in s.outside if a.v else ():
+            print(f"    {ins.addr:06x} {ins.op} {ins.args}  {where(ins, a.root)}")
     return 1 if bad else 0
 
 

@@ -88,26 +88,11 @@ def _source_int(name):
 
 @pytest.mark.parametrize("hdim, dtype", INSTANCES)
 def test_spills_bounded(tmp_path_factory, hdim, dtype):
-    """Not yet spill-free: at most sm100_fwd_spill_bytes_max bytes of spill stores per kernel
-    (tests/sass_helpers.py's THRESHOLDS). 132 / 148 at hd 96 / 128 and 132 at (192, 128) since
-    the register epilogue guards its 16-byte stores by d_v (Note [padded head dims]: the
-    correction warpgroup, at tile granularity, outside the per-block loop; 2026-12-06, nvcc
-    13.0); 108 / 124 / 124 at hd 64 / 96 / 128, 36 at hd 192 and (192, 128), 52 at hd 256
-    before, since Note [packed exp2] (FFMA2 / FADD2 pairs: 62 instead of 84 STL
-    at hd 128); 172 / 184 / 180 before it, since the tile ring of Note [dynamic tiles], which
-    took the int64 divisions out of every role but load: the spill instructions went down (hd 96:
-    90 → 86 STL, 126 → 108 LDL; 17408 → 15104 instructions), the spill slots up by a few words;
-    140 / 180 / 168 / 28 / 28 / 40 before it, 132 / 128 / 120 / 12 / 12 / 24 before the TMA-store
-    epilogue, whose staging adds ~18 spill instructions to the correction warpgroup (80
-    registers) at tile granularity, none in its per-block rescale loop, and a few in the
-    48-register warpgroup that now also runs the epilogue warp's tile loop), all of them scalars
-    (barrier addresses, ring counters, tile bounds, the registers the int64 division subroutine
-    of TileScheduler::at saves), none of the S/P/O element arrays. At kBlockN = 128 the softmax
-    warpgroups (192 registers) have ~60 spill instructions, ~30 of them in the per-KV-block loop
-    next to ~3700 instructions of softmax; with the exp2 polynomial off (kEmuSixteenths = 0) they
-    drop to 2, and at kBlockN = 64 (hd 192) they are 2: the polynomial's temporaries beside a row
-    of 128 scores exceed the budget, and more registers (208) do not remove them (docs/sm100.md,
-    "Registers")."""
+    """At most sm100_fwd_spill_bytes_max bytes of spill stores per kernel (tests/sass_helpers.py's
+    THRESHOLDS): 28 / 64 / 68 / 28 / 40 / 32 at hd 64 / 96 / 128 / 192 / (192, 128) / 256,
+    nvcc 13.0. All of them scalars or exp2 temporaries, none of the S/P/O element arrays; where
+    they sit (per-block loop or once per tile) is test_sass_sm100_spills.py's and docs/sm100.md's
+    ("Spills")."""
     ptxas, _ = compiled(tmp_path_factory, hdim, dtype)
     (report,) = entries(ptxas, "100a").values()
     assert report["spill_stores"] <= threshold("sm100_fwd_spill_bytes_max"), ptxas
