@@ -2,14 +2,15 @@
 // plan (decode/plan.h), the kernel for its tile shape, and the combine when it splits.
 #pragma once
 
-#include <cstdlib>
-
 #include "common/instance.cuh"
 #include "decode/combine.cuh"
 #include "decode/kernel.cuh"
 
 namespace fa4::decode {
 
+// The producer (Note [row gather]): the FP8 cache takes the paired-lanes copy loop (kVariant 1);
+// the 16-bit caches keep the one-chunk-per-lane loop (kVariant 0) that ran on the H100 until
+// the A/B of branch exp/decode-paired-ab has measured both (docs/decisions.md).
 template <int D, int DV, class Element, int kWarpsN>
 Status launch_tile(const Args& args, const Plan& pl, cudaStream_t stream) {
   const dim3 grid(pl.m_blocks * pl.num_splits, args.p.heads_kv, args.p.batch);
@@ -19,14 +20,6 @@ Status launch_tile(const Args& args, const Plan& pl, cudaStream_t stream) {
                          T::kThreads, T::kSmemBytes, stream, args);
   }
   using T = Traits<D, DV, Element, kWarpsN>;
-  static const int variant = [] {
-    const char* v = std::getenv("FA4_DECODE_VARIANT");
-    return v != nullptr ? std::atoi(v) : 0;
-  }();
-  if (variant == 1) {
-    return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, false, 1>, grid,
-                         T::kThreads, T::kSmemBytes, stream, args);
-  }
   return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, false, 0>, grid,
                        T::kThreads, T::kSmemBytes, stream, args);
 }

@@ -470,7 +470,8 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
   float v_scale = 1.0f;
   ScoreScale score = args.score;
   if constexpr (kKvFp8) {
-    const int64_t at = int64_t{b} * p.descale_batch_stride + int64_t{kv_head} * p.descale_head_stride;
+    const int64_t at =
+        int64_t{b} * p.descale_batch_stride + int64_t{kv_head} * p.descale_head_stride;
     const float k_scale = p.k_descale != nullptr ? p.k_descale[at] : 1.0f;
     if (p.v_descale != nullptr) v_scale = p.v_descale[at];
     score = ScoreScale::make(p.softmax_scale * k_scale, p.softcap);
@@ -490,12 +491,10 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
       const uint32_t k16 = staging, v16 = staging + kBlockN * T::kMmaPitchK;
       const int group_thread = wm * 32 + lane;
       group_sync<T::kWarpsM>(wn);
-      detail::dequant_rows<D / 16, T::kPitchK, T::kMmaPitchK>(k_base, k16, wn * T::kWarpN,
-                                                              T::kWarpN, group_thread,
-                                                              32 * T::kWarpsM);
-      detail::dequant_rows<DV / 16, T::kPitchV, T::kMmaPitchV>(v_base, v16, wn * T::kWarpN,
-                                                               T::kWarpN, group_thread,
-                                                               32 * T::kWarpsM);
+      detail::dequant_rows<D / 16, T::kPitchK, T::kMmaPitchK>(
+          k_base, k16, wn * T::kWarpN, T::kWarpN, group_thread, 32 * T::kWarpsM);
+      detail::dequant_rows<DV / 16, T::kPitchV, T::kMmaPitchV>(
+          v_base, v16, wn * T::kWarpN, T::kWarpN, group_thread, 32 * T::kWarpsM);
       cutlass::arch::ClusterBarrier::arrive(&empty[stage]);  // this thread's ring reads are done
       group_sync<T::kWarpsM>(wn);
       k_base = k16;
