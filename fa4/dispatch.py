@@ -88,9 +88,9 @@ def _check_fp8(q, k, v, fp8_cache: bool) -> bool:
     if q.dtype in FP8_DTYPES:
         _fail(
             "q",
-            f"dtype {q.dtype}: FP8 queries (an FP8 forward) are not supported; an FP8 KV cache "
-            "(float8_e4m3fn k_cache / v_cache) takes float16 or bfloat16 q in "
-            "attention_with_kvcache",
+            f"dtype {q.dtype} not supported: {DTYPE_RULE}. FP8 queries (an FP8 forward) are not "
+            "supported; an FP8 KV cache (float8_e4m3fn k_cache / v_cache) takes float16 or "
+            "bfloat16 q in attention_with_kvcache",
             TypeError,
         )
     fp8 = [t.dtype in FP8_DTYPES for t in (k, v)]

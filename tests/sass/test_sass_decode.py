@@ -3,7 +3,9 @@ sm_90a (run by tests/gpu/test_decode.py on H100 / H200) and sm_100a (compiled, n
 Each instance is the manifest's (sass_helpers.compile_instance); the SASS must show the design:
 tensor-core MMAs from ldmatrix'd shared memory (HMMA, LDSM), 16-byte cp.async row chunks
 (LDGSTS) completing an mbarrier, no spills, and registers within the occupancy that
-decode/plan.h's ctas_per_sm promises (__launch_bounds__ enforces it; this pins it).
+decode/plan.h's ctas_per_sm promises (__launch_bounds__ enforces it; this pins it). Each tile
+shape (warps_n 4, 2, 1) has a 16-bit-cache kernel and an FP8-cache one (Note [fp8 cache]):
+the latter unpacks e4m3 pairs to fp16 (F2FP.F16.E4M3.UNPACK_B) and runs fp16 MMAs.
 """
 
 import re
@@ -17,24 +19,42 @@ CASES = [("128", "bf16", "90a"), ("256", "bf16", "90a"), ("128", "fp16", "100a")
          ("256", "bf16", "100a"), ("64", "bf16", "90a")]  # fmt: skip
 compile_ahead(__name__, [("decode", "fwd", h, t) for h, t, _ in CASES])
 
-# 65536 registers per SM over ctas_per_sm CTAs of 160 threads (decode/plan.h): hd64 3 CTAs
-# (its 16-row tile), hd128 2, hd256 1 (255, the ISA's cap).
-REG_CAP = {"64": 136, "128": 204, "256": 255}
+# decode/plan.h's ctas_per_sm per (head dim, FP8 cache), the same for every tile shape: 65536
+# registers per SM over that many CTAs of 160 threads, at most 255 (the ISA's cap).
+CTAS_PER_SM = {("64", False): 2, ("64", True): 3, ("128", False): 2, ("128", True): 2,
+               ("256", False): 1, ("256", True): 1}  # fmt: skip
+NAME = re.compile(r"decode_kernelILi\d+ELi\d+EN7cutlass\w+ELi([124])ELb([01])ELi([01])EE")
+
+
+def _shape(name):
+    """(warps_n, fp8 cache, producer variant) from the kernel's mangled name."""
+    m = NAME.search(name)
+    assert m, name
+    return int(m.group(1)), m.group(2) == "1", int(m.group(3))
 
 
 @pytest.mark.parametrize("hdim,dtype,arch", CASES)
 def test_decode_sass(tmp_path_factory, hdim, dtype, arch):
     ptxas, sass = compile_instance(tmp_path_factory, "decode", "fwd", hdim, dtype, arch=arch)
     reports = {n: r for n, r in entries(ptxas, arch).items() if "decode_kernel" in n}
-    assert len(reports) == 3, f"one kernel per tile shape (warps_n 4, 2, 1), got {list(reports)}"
+    shapes = sorted(_shape(n) for n in reports)
+    # the FP8 cache takes the paired-lanes producer (1), the 16-bit caches the other (0)
+    want = sorted((w, fp8, int(fp8)) for w in (4, 2, 1) for fp8 in (False, True))
+    assert shapes == want, f"one kernel per tile shape and cache type, got {list(reports)}"
     for name, r in reports.items():
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, (name, r)
-        cap = REG_CAP[hdim] if "Li4EE" in name or hdim != "64" else 204
-        assert r["registers"] <= cap, (name, r)
+        cap = min(255, 65536 // (CTAS_PER_SM[hdim, _shape(name)[1]] * 160) // 8 * 8)
+        assert r["registers"] <= cap, (name, r, cap)
     kernels = {n: f for n, f in functions(sass).items() if "decode_kernel" in n}
-    assert len(kernels) == 3
+    assert len(kernels) == 6
     for name, text in kernels.items():
-        assert re.search(r"\bHMMA\.16816\.F32", text), f"{name}: no m16n8k16 tensor-core MMA"
+        fp8 = _shape(name)[1]
         assert "LDSM" in text, f"{name}: no ldmatrix"
         assert "LDGSTS" in text, f"{name}: no cp.async (Note [row gather])"
         assert "SYNCS" in text, f"{name}: no mbarrier operation"
+        # fp16 MMAs with an FP8 cache whatever q's dtype; else the cache's type
+        mma = (
+            r"\bHMMA\.16816\.F32\.BF16\b" if dtype == "bf16" and not fp8 else r"\bHMMA\.16816\.F32 "
+        )
+        assert re.search(mma, text), f"{name}: no m16n8k16 tensor-core MMA of the expected type"
+        assert ("F2FP.F16.E4M3.UNPACK_B" in text) == fp8, f"{name}: e4m3 unpack iff an FP8 cache"
