@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from . import debug, dispatch, reference
+from . import debug, dispatch, fp8_cache, reference
 
 _OPTS = "causal softmax_scale window_left window_right softcap deterministic backend".split()
 
@@ -40,7 +40,7 @@ def _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, kw, serving=None):
     sv = serving or NO_SERVING
     sink = sv.learnable_sink
     out_dtype, post = q.dtype, None
-    if k.dtype in dispatch.FP8_DTYPES:
+    if k.dtype in fp8_cache.FP8_DTYPES:
         q, k, v, post = _fp8_for_reference(q, k, v, sv)
     if cu_q is not None:
         out, lse = reference.attention_varlen_ref(
@@ -83,7 +83,7 @@ class Serving(NamedTuple):
     leftpad_k: Tensor | None = None
     learnable_sink: Tensor | None = None
     num_splits: int = 0
-    k_descale: Tensor | None = None  # an FP8 cache's descales (dispatch.check_descales)
+    k_descale: Tensor | None = None  # an FP8 cache's descales (fp8_cache.check_descales)
     v_descale: Tensor | None = None
 
 
@@ -180,7 +180,7 @@ def fwd_route(q, k, v, cu_q, cu_k, seqused_k, sv: Serving, backend: str) -> str 
     arch = dispatch.kernel_for(q, v, backend, "fwd", (q, k, v))
     if arch is None:
         return None
-    fp8 = k.dtype == dispatch.FP8_KV_DTYPE  # Note [fp8 cache]: the decode kernel's alone
+    fp8 = k.dtype == fp8_cache.FP8_KV_DTYPE  # Note [fp8 cache]: the decode kernel's alone
     return "decode" if fp8 or takes_decode(cu_k, seqused_k, sv, arch) else arch
 
 

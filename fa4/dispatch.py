@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from . import build_info
+from .fp8_cache import FP8_KV_DTYPE, check_descales, check_fp8
 
 # Note [padded head dims] (csrc/common/head_dims.h): any multiple of 8 up to 256, served by the
 # compiled instance that covers it (manifest.cover), whose loads zero-fill the columns past d.
@@ -38,14 +39,6 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 REFERENCE_DTYPES = KERNEL_DTYPES + (torch.float32, torch.float64)
 DTYPE_RULE = (
     "the kernels take float16 or bfloat16; the reference backend also takes float32 or float64"
-)
-# An FP8 KV cache (attention_with_kvcache; Note [fp8 cache] in csrc/decode/kernel.cuh): e4m3
-# k_cache and v_cache with fp16 / bf16 (or, on the reference, fp32 / fp64) q.
-FP8_KV_DTYPE = torch.float8_e4m3fn
-FP8_DTYPES = tuple(
-    getattr(torch, n)
-    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-    if hasattr(torch, n)
 )
 BACKENDS = ("auto", "reference", "sm90", "sm100")
 _ARCH_OF_BACKEND = {"sm90": (9, 0), "sm100": (10, 0)}
@@ -83,36 +76,10 @@ def _check_tensor(name: str, t, ndim: int) -> None:
         _fail(name, f"last dimension must be contiguous (stride 1), got stride {t.stride(-1)}")
 
 
-def _check_fp8(q, k, v, fp8_cache: bool) -> bool:
-    """Whether k/v are an FP8 cache; raises for every FP8 use fa4 does not have."""
-    if q.dtype in FP8_DTYPES:
-        _fail(
-            "q",
-            f"dtype {q.dtype} not supported: {DTYPE_RULE}. FP8 queries (an FP8 forward) are not "
-            "supported; an FP8 KV cache (float8_e4m3fn k_cache / v_cache) takes float16 or "
-            "bfloat16 q in attention_with_kvcache",
-            TypeError,
-        )
-    fp8 = [t.dtype in FP8_DTYPES for t in (k, v)]
-    if not any(fp8):
-        return False
-    for name, t in (("k", k), ("v", v)):
-        if not fp8_cache:
-            _fail(
-                name,
-                f"dtype {t.dtype}: FP8 keys and values are supported as a KV cache only "
-                "(attention_with_kvcache with float8_e4m3fn k_cache and v_cache)",
-                TypeError,
-            )
-        if t.dtype != FP8_KV_DTYPE:
-            _fail(name, f"dtype {t.dtype}: an FP8 cache is float8_e4m3fn, k and v both", TypeError)
-    return True
-
-
 def _check_common(q, k, v, layout: str, fp8_cache: bool = False) -> None:
     """q/k/v agree in dtype and device (k/v may be an FP8 cache where fp8_cache allows it);
     heads and head dims are supported. Dim -2 is heads."""
-    fp8 = _check_fp8(q, k, v, fp8_cache)
+    fp8 = check_fp8(q, k, v, fp8_cache)
     if q.dtype not in REFERENCE_DTYPES:
         _fail("q", f"dtype {q.dtype} not supported: {DTYPE_RULE}", TypeError)
     for name, t in (("k", k), ("v", v)):
@@ -356,26 +323,6 @@ def check_kvcache(
     check_forward_only("q", "attention_with_kvcache", q, k_cache, v_cache, k_new, v_new,
                        learnable_sink)  # fmt: skip
     return opts
-
-
-def check_descales(k_descale, v_descale, q, k_cache) -> None:
-    """FA3's descales of an FP8 cache: float32 (batch, kv heads), true value = stored x descale
-    of the sequence's kv head; None = 1."""
-    fp8 = k_cache.dtype == FP8_KV_DTYPE
-    want = (q.shape[0], k_cache.shape[2])
-    for name, t in (("k_descale", k_descale), ("v_descale", v_descale)):
-        if t is None:
-            continue
-        if not fp8:
-            _fail(name, f"is for an FP8 (float8_e4m3fn) cache; the cache is {k_cache.dtype}")
-        if not isinstance(t, torch.Tensor):
-            _fail(name, f"expected a torch.Tensor, got {type(t).__name__}", TypeError)
-        if t.dtype != torch.float32:
-            _fail(name, f"dtype must be torch.float32, got {t.dtype}", TypeError)
-        if tuple(t.shape) != want:
-            _fail(name, f"shape {tuple(t.shape)} must be (batch, kv heads) = {want}")
-        if t.device != q.device:
-            _fail(name, f"device {t.device} differs from q.device {q.device}")
 
 
 def rotate_q_per_row(opts: Options) -> bool:

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from . import build_info
+from .fp8_cache import FP8_KV_DTYPE
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 # fp32 runs the torch path only (the tests' and CPU users' dtype).
@@ -211,7 +212,7 @@ def _check_rows(name: str, t, q: Tensor | None) -> None:
         if t.dtype not in DTYPES:
             _fail(name, f"dtype {t.dtype} not supported: float16, bfloat16 or float32", TypeError)
         return
-    fp8_cache = name in ("k_cache", "v_cache") and t.dtype == torch.float8_e4m3fn
+    fp8_cache = name in ("k_cache", "v_cache") and t.dtype == FP8_KV_DTYPE
     if t.dtype != q.dtype and not fp8_cache:
         _fail(name, f"dtype {t.dtype} differs from q.dtype {q.dtype}", TypeError)
     if t.device != q.device:
