@@ -319,6 +319,88 @@ struct OnlineSoftmax {
     }
   }
 
+  // Note [chunked exp2]: exp2_and_sum in column chunks, so that the caller can pack and store
+  // each chunk of P while the next is computed and the chunk's fp32 registers die early (SM100:
+  // a 128-score row in the 192 registers of its thread):
+  //   Exp2Sums sums = exp2_sums_begin();
+  //   for c: exp2_chunk<kEmuSixteenths, kChunk>(s, scale_log2, c, sums);  // elements
+  //          c · kChunk .. (c + 1) · kChunk - 1 of every row become P
+  //   exp2_sums_end(sums);
+  // with c a constant after unrolling and every chunk in order once. The same per element and
+  // the same sums as exp2_and_sum: element e takes the same path (e % 16 < kEmuSixteenths, Note
+  // [exp2 column split]), and each row's partial sums gain the elements in element order and
+  // are combined once, in exp2_sums_end.
+  static constexpr int kSumParts = Frag::kCols % 4 == 0 ? 4 : 1;  // exp2_and_sum's kPart
+  struct Exp2Sums {
+    float part[kRows][kSumParts];
+  };
+
+  __host__ __device__ static Exp2Sums exp2_sums_begin() {
+    Exp2Sums sums;
+    FA4_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      FA4_UNROLL
+      for (int k = 0; k < kSumParts; ++k) sums.part[r][k] = 0.0f;
+    }
+    return sums;
+  }
+
+  template <int kEmuSixteenths, int kChunk, int kDegree = 3>
+  __host__ __device__ void exp2_chunk(float (&s)[Frag::kSize], float scale_log2, int c,
+                                      Exp2Sums& sums) const {
+    static_assert(kEmuSixteenths >= 0 && kEmuSixteenths <= 16, "kEmuSixteenths: 0..16");
+    static_assert(Frag::kCols % kChunk == 0 && kChunk % 2 == 0, "whole, even chunks");
+#if defined(__CUDA_ARCH__) && !FA4_PACKED_FP32
+    constexpr bool kPairs = false;
+#else
+    constexpr bool kPairs = kEmuSixteenths % 2 == 0 && Frag::kCols % 2 == 0;
+#endif
+    FA4_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const float neg_m = row_max[r] == -INFINITY ? 0.0f : -row_max[r];  // as exp2_and_sum
+      float (&part)[kSumParts] = sums.part[r];
+      if constexpr (kPairs) {
+        FA4_UNROLL
+        for (int j = 0; j < kChunk; j += 2) {
+          const int e = c * kChunk + j;
+          const int i0 = Frag::idx(r, e), i1 = Frag::idx(r, e + 1);
+          float x0, x1, p0, p1;
+          detail::fma_x2(x0, x1, s[i0], s[i1], scale_log2, scale_log2, neg_m, neg_m);
+          if (e % 16 < kEmuSixteenths) {
+            exp2_poly_pair<kDegree>(x0, x1, p0, p1);
+          } else {
+            p0 = exp2_hw(x0);
+            p1 = exp2_hw(x1);
+          }
+          s[i0] = p0;
+          s[i1] = p1;
+          part[e % kSumParts] += p0;
+          part[(e + 1) % kSumParts] += p1;
+        }
+      } else {
+        FA4_UNROLL
+        for (int j = 0; j < kChunk; ++j) {
+          const int e = c * kChunk + j;
+          const int i = Frag::idx(r, e);
+          const float x = fmaf(s[i], scale_log2, neg_m);
+          const float p = e % 16 < kEmuSixteenths ? exp2_poly<kDegree>(x) : exp2_hw(x);
+          s[i] = p;
+          part[e % kSumParts] += p;
+        }
+      }
+    }
+  }
+
+  __host__ __device__ void exp2_sums_end(const Exp2Sums& sums) {
+    FA4_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float sum = sums.part[r][0];
+      FA4_UNROLL
+      for (int k = 1; k < kSumParts; ++k) sum += sums.part[r][k];
+      row_sum[r] += sum;
+    }
+  }
+
   // Step (v): inv_l = 1/l (0 where l = 0: the row saw no key, O is 0, and out = 0) and
   // lse = (m + log2 l) · ln 2, natural log, -inf for such rows (Note [empty rows] in
   // fa4/reference.py). The caller scales O by inv_l (scale_rows). row_sum becomes the full l.

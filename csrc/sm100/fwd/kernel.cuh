@@ -525,6 +525,7 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
   using SFrag = RowMajorFrag<1, T::kBlockN>;
   const uint32_t lane_base = uint32_t(warp_uniform(row_in_tile & ~31)) << 16;
   tmem = uint32_t(warp_uniform(int(tmem)));
+  q = warp_uniform(q);  // the stats barriers' addresses in uniform registers
   static_assert(
       Plan::kS1 == Plan::kS0 + T::kBlockN && Plan::kP0 == Plan::kS0 && Plan::kP1 == Plan::kS1,
       "S buffer b (and its P) at kS0 + b · kBlockN");
@@ -586,15 +587,20 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
       float o_scale[1];
       softmax.update_max(s, kp.score.scale_log2, T::kTau, o_scale);
       publish(o_scale[0], 0.0f);  // early: correction rescales O while we exponentiate
-      softmax.template exp2_and_sum<T::kEmuSixteenths>(s, kp.score.scale_log2);
+      // Note [chunked exp2]: each 32 columns of P packed and stored as soon as they are
+      // exponentiated, the finished columns' fp32 registers free for the next ones (with the
+      // whole row exponentiated first: 5 STL + 6 LDL in this loop).
+      auto sums = softmax.exp2_sums_begin();
       FA4_UNROLL
       for (int c = 0; c < T::kBlockN / 32; ++c) {
+        softmax.template exp2_chunk<T::kEmuSixteenths, 32>(s, kp.score.scale_log2, c, sums);
         uint32_t p[16];
         FA4_UNROLL
         for (int j = 0; j < 16; ++j)
           p[j] = pack2<Element>(s[32 * c + 2 * j], s[32 * c + 2 * j + 1]);
         tmem_store_16(p_addr + 16 * c, p);
       }
+      softmax.exp2_sums_end(sums);
       tmem_wait_st();
       tmem_fence_before_sync();
       bar_arrive(bar_ptr<T, Bar::kPFull>(ss, b));
