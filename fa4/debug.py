@@ -57,36 +57,26 @@ _FWD_ROLES = (
     ("kCorrection", "correction warpgroup"), ("kMma", "MMA warp"), ("kLoad", "load warp"),
     ("kEpilogue", "epilogue warp"), ("kIdle", "idle warp"),
 )  # fmt: skip
+# enum Bar of csrc/sm100/fwd/kernel.cuh, shared by the 2-CTA forward (each kernel's table gives
+# the rows it does not use no copies)
+_FWD_BARS = (
+    "kQFull", "kQEmpty", "kKFull", "kKEmpty", "kVFull", "kVEmpty", "kSFull", "kPFull",
+    "kStatsFull", "kStatsEmpty", "kOFull", "kORescaled", "kOEmpty", "kOStageFull",
+    "kOStageEmpty", "kTileFull", "kTileEmpty", "kPeerQFull", "kPeerKFull", "kPeerVFull",
+)  # fmt: skip
 _BWD_ROLES = (
     ("kCompute0", "compute0 warpgroup"), ("kCompute1", "compute1 warpgroup"),
     ("kReduce", "reduce warpgroup"), ("kMma", "MMA warp"), ("kLoad", "load warp"),
 )  # fmt: skip
 KERNELS: dict[int, Kernel] = {
-    1: Kernel(
-        "fwd_sm100 (csrc/sm100/fwd/kernel.cuh)",
-        _FWD_ROLES,
-        (
-            "kQFull",
-            "kQEmpty",
-            "kKFull",
-            "kKEmpty",
-            "kVFull",
-            "kVEmpty",
-            "kSFull",
-            "kPFull",
-            "kStatsFull",
-            "kStatsEmpty",
-            "kOFull",
-            "kORescaled",
-            "kOEmpty",
-            "kOStageFull",
-            "kOStageEmpty",
-            "kTileFull",
-            "kTileEmpty",
-        ),
+    1: Kernel("fwd_sm100 (csrc/sm100/fwd/kernel.cuh)", _FWD_ROLES, _FWD_BARS, "m", "KV block"),
+    4: Kernel(
+        "fwd_sm100 2-CTA (csrc/sm100/fwd/kernel_2cta.cuh)",
+        _FWD_ROLES[:5] + (("kEpilogue", "relay (epilogue) warp"), ("kIdle", "idle warp")),
+        _FWD_BARS,
         "m",
         "KV block",
-    ),  # fmt: skip
+    ),
     2: Kernel(
         "bwd_sm100 (csrc/sm100/bwd/kernel.cuh)",
         _BWD_ROLES + (("kIdle", "idle warp"),),

@@ -41,11 +41,14 @@ WG = 128  # a softmax/correction warpgroup is one process: its arrive counts 128
 
 
 # ---- Parsing the kernel's table ------------------------------------------------------------
-def parse_bar_table(text: str) -> tuple[dict[str, str], list[str], list[tuple[str, str, int]]]:
+def parse_bar_table(
+    text: str, table_name: str = "kBarriers"
+) -> tuple[dict[str, str], list[str], list[tuple[str, str, int]]]:
     """The barrier table of an SM100 kernel (csrc/common/barrier_table.cuh's form): enum class Bar
     ({enumerator: the first line of its comment}, in enum order), the kinds of enum class
     BarCopies, and the kBarriers rows {Bar::kX, BarCopies::kKind, arrivals} as (name, kind,
-    arrivals). Raises unless the rows are the enumerators in order, each of a BarCopies kind."""
+    arrivals). Raises unless the rows are the enumerators in order, each of a BarCopies kind.
+    table_name: the array to read (the 2-CTA forward's kBarriersPair shares the forward's enum)."""
     enum = re.search(r"enum class Bar : int \{(.*?)\n\s*kCount", text, re.S)
     if not enum:
         raise ValueError("enum class Bar not found")
@@ -54,9 +57,9 @@ def parse_bar_table(text: str) -> tuple[dict[str, str], list[str], list[tuple[st
     if not kinds:
         raise ValueError("enum class BarCopies not found")
     kinds = [k.strip() for k in kinds.group(1).split(",") if k.strip()]
-    table = re.search(r"kBarriers\[\] = \{(.*?)\};", text, re.S)
+    table = re.search(rf"\b{table_name}\[\] = \{{(.*?)\}};", text, re.S)
     if not table:
-        raise ValueError("kBarriers table not found")
+        raise ValueError(f"{table_name} table not found")
     rows = re.findall(r"\{Bar::(k\w+),\s*BarCopies::(\w+),\s*(\d+)\}", table.group(1))
     if [r[0] for r in rows] != list(comments):
         raise ValueError(f"kBarriers rows {[r[0] for r in rows]} != enum Bar {list(comments)}")
@@ -66,7 +69,8 @@ def parse_bar_table(text: str) -> tuple[dict[str, str], list[str], list[tuple[st
     return comments, kinds, [(name, kind, int(arrivals)) for name, kind, arrivals in rows]
 
 
-COPIES = ("kPerQTile", "kPerStage", "kPerSBuffer", "kOnce", "kPerTileSlot")  # enum BarCopies
+# enum BarCopies; kNone: a row of the shared enum this kernel does not have (0 copies)
+COPIES = ("kPerQTile", "kPerStage", "kPerSBuffer", "kOnce", "kPerTileSlot", "kNone")
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class BarSpec:
             "kPerSBuffer": S_BUFFERS,
             "kOnce": 1,
             "kPerTileSlot": tile_slots(),
+            "kNone": 0,
         }
         return counts[self.copies]
 
@@ -663,7 +668,11 @@ def check_consistency(
     table: Table, progs: dict[str, list], S: int, q_tiles: int = Q_TILES
 ) -> list[str]:
     """The programs use exactly the parsed barriers, from the roles the comments name."""
-    bars = {name: (spec.count(q_tiles, S), spec.src, spec.dst) for name, spec in table.bars.items()}
+    bars = {
+        name: (spec.count(q_tiles, S), spec.src, spec.dst)
+        for name, spec in table.bars.items()
+        if spec.copies != "kNone"
+    }
     return check_programs(progs, bars, _role_of)
 
 

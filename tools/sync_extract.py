@@ -72,14 +72,17 @@ _BLANK = re.compile(
     r"__grid_constant__|__shared__|FA4_UNROLL|CUTLASS_PRAGMA_UNROLL|typename(?=\s+T::)"
 )
 
-# The 2-CTA kernel's cluster primitives (kernel_2cta.cuh): bar_wait_cluster waits on this
-# CTA's copy, bar_arrive_cta(bar, cta) arrives on CTA cta's, elected_umma_commit_pair commits
-# to both CTAs' copies (two commits, issued together).
-WAITS = {"bar_wait", "wait", "bar_wait_cluster"}
-ARRIVES = {"bar_arrive", "arrive", "bar_arrive_cta"}
+# The 2-CTA kernels' cluster primitives (sm100/common.cuh): bar_wait_cluster waits on this
+# CTA's copy, bar_arrive_cta(bar, cta) arrives on CTA cta's, umma_commit_pair and
+# elected_umma_commit_pair commit to both CTAs' copies (two commits, issued together).
+# The SM100 forward's wait_any<T> and arrive_mma<T> (sm100/fwd/kernel.cuh) are bar_wait and
+# bar_arrive in the 1-CTA kernel; with T::kPair a cluster-scope wait and an arrival on the even
+# CTA's copy.
+WAITS = {"bar_wait", "wait", "bar_wait_cluster", "wait_any"}
+ARRIVES = {"bar_arrive", "arrive", "bar_arrive_cta", "arrive_mma"}
 # The elected variants (sm100/common.cuh: one lane of a converged warp issues) are one
 # operation of the role, as the plain ones.
-COMMITS = {"umma_commit", "elected_umma_commit", "elected_umma_commit_pair"}
+COMMITS = {"umma_commit", "elected_umma_commit", "umma_commit_pair", "elected_umma_commit_pair"}
 EXPECTS = {"arrive_and_expect_tx"}
 SYNC_NAMES = WAITS | ARRIVES | COMMITS | EXPECTS
 MMAS = {"umma_ss", "umma_ts", "elected_umma_ss", "elected_umma_ts"}
@@ -796,12 +799,17 @@ class Interp:
                 if not isinstance(cta, int):
                     raise ExtractError(f"{self.role}: arrival on an unknown CTA: {txt(n)[:60]}")
                 bname = f"{bar.name}@{cta}"
+            if name == "arrive_mma" and self.env.consts.get("T::kPair"):  # the even CTA's
+                bname = f"{bar.name}@0"
             self.sync(pm.Arrive(bname, bar.idx, self.threads), site)
             return None
         if name in COMMITS:
             bar = self.expr(args[0], scope)
             _need_known(self.role, bar, 0, n)
-            if name == "elected_umma_commit_pair":  # multicast to both CTAs' copies
+            if name in (
+                "umma_commit_pair",
+                "elected_umma_commit_pair",
+            ):  # multicast to both CTAs' copies
                 self.sync(pm.Commit(f"{bar.name}@0", bar.idx), site)
                 self.sync(pm.Commit(f"{bar.name}@1", bar.idx), site)
                 return None
@@ -1128,6 +1136,7 @@ def fwd_env(cfg: FwdConfig, text: str, stages: int, tile_slots: int) -> Env:
         "T::kQTiles": cfg.q_tiles, "T::kStages": stages, "kSBuffers": 2,
         "kTileSlots": tile_slots, "T::kBlockN": block_n, "T::kHeadDimV": dv,
         "T::kHeadDim": dv, "T::kMmaK": 16, "T::kTmaStoreO": store,
+        "T::kPair": False, "T::kItemTiles": cfg.q_tiles,
         "Plan::kS0": s0, "Plan::kS1": s1, "Plan::kO0": o0, "Plan::kO1": o0 + dv,
         "Plan::kP0": s0, "Plan::kP1": s1, "blockIdx": ThreadIdx(0),
         "@roles": [r.strip() for r in roles.group(1).split(",") if r.strip()],

@@ -70,16 +70,24 @@ struct BarrierTable {
     for (const Spec& s : kTable) n += Policy::copies(s.copies);
     return n;
   }();
+  // 0 copies: a row of the shared enum that this kernel does not use (the SM100 forward's
+  // BarCopies::kNone: the 1-CTA kernel has no peer barriers, the 2-CTA kernel no tile ring).
   static_assert(
       [] {
         for (const Spec& s : kTable) {
-          if (Policy::copies(s.copies) < 1 || s.arrivals < 1) return false;
+          if (Policy::copies(s.copies) < 0 || s.arrivals < 1) return false;
         }
         return true;
       }(),
-      "every barrier has at least one copy and one arrival");
+      "every barrier has a copy count >= 0 and at least one arrival");
 
   // Compile time only: the table is host data, which device code reads in constant expressions.
+  static constexpr int row_of(Bar b) {
+    for (int r = 0; r < kRows; ++r) {
+      if (kTable[r].bar == b) return r;
+    }
+    return 0;
+  }
   static constexpr int offset(Bar b) {
     int n = 0;
     for (int r = 0; r < kRows; ++r) {
@@ -93,6 +101,7 @@ struct BarrierTable {
   __device__ static __forceinline__ uint64_t* at(uint64_t* bars, int i = 0) {
     constexpr int kOffset = offset(b);
     static_assert(kOffset >= 0, "barrier missing from the table");
+    static_assert(copies(row_of(b)) > 0, "barrier with no copies in this kernel (kNone)");
     return &bars[kOffset + i];
   }
 
@@ -110,9 +119,11 @@ struct BarrierTable {
   __device__ static __forceinline__ void init_row(uint64_t* bars) {
     constexpr Spec kSpec = kTable[R];
     constexpr int kCopies = copies(R);
-    FA4_UNROLL
-    for (int i = 0; i < kCopies; ++i) {
-      cutlass::arch::ClusterBarrier::init(at<kSpec.bar>(bars, i), kSpec.arrivals);
+    if constexpr (kCopies > 0) {
+      FA4_UNROLL
+      for (int i = 0; i < kCopies; ++i) {
+        cutlass::arch::ClusterBarrier::init(at<kSpec.bar>(bars, i), kSpec.arrivals);
+      }
     }
   }
 };

@@ -36,6 +36,7 @@ enum class KernelId : uint32_t {
   kFwdSm100 = 1,      // sm100/fwd/kernel.cuh
   kBwdSm100 = 2,      // sm100/bwd/kernel.cuh
   kBwdSm100Pair = 3,  // sm100/bwd/kernel_2cta.cuh
+  kFwdSm100Pair = 4,  // sm100/fwd/kernel_2cta.cuh
   kProbe = 90,        // tests/gpu/test_debug_wait.py's planted-bug kernel (runs on SM90)
 };
 

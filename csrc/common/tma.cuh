@@ -91,6 +91,20 @@ auto make_tma_tile(const GmemView& g) {
 template <class Element, class SmemLayout, int kRows, int kCols>
 using TmaTile = decltype(make_tma_tile<Element, SmemLayout, kRows, kCols>(GmemView{}));
 
+// TMA loads of kRows × kCols tiles of a tensor with kFullCols columns in the kernel (column
+// tiles: the d/2 halves) and g.cols <= kFullCols in memory (zero-filled past them: Note [padded
+// head dims]); make_tma_tile's tiles span all columns.
+template <class Element, class SmemLayout, int kRows, int kCols, int kFullCols>
+auto make_tma_cols(const GmemView& g) {
+  static_assert(kCols <= kFullCols, "a column tile of the kernel's columns");
+  return make_tma_copy(SM90_TMA_LOAD{},
+                       gmem_qkv<Element>(g.ptr, g.rows, g.cols, g.heads, g.batch, g.row_stride,
+                                         g.head_stride, g.batch_stride),
+                       take<0, 2>(SmemLayout{}), Shape<Int<kRows>, Int<kCols>>{}, _1{});
+}
+template <class Element, class SmemLayout, int kRows, int kCols, int kFullCols>
+using TmaCols = decltype(make_tma_cols<Element, SmemLayout, kRows, kCols, kFullCols>(GmemView{}));
+
 // TMA stores of kRows × kCols tiles from SmemLayout into a GmemView (the output); a box's columns
 // past g.cols (<= kCols) are not written.
 template <class Element, class SmemLayout, int kRows, int kCols>

@@ -172,4 +172,67 @@ __device__ __forceinline__ void store_64_bytes(void* dst, const uint32_t (&r)[32
   }
 }
 
+// ---- Cluster primitives (the 2-CTA kernels: a cluster of two CTAs, one MMA over both) ----
+// Waits with cluster scope: the barriers here also complete through the other CTA's arrivals
+// and commits, whose writes (shared memory of either CTA, TMEM) the waiter then uses.
+__device__ __forceinline__ void bar_wait_cluster(uint64_t* bar, uint32_t parity) {
+#ifdef FA4_SM100_DEBUG
+  debug::wait<true>(bar, parity);
+#else
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "WAIT_%=:\n\t"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n\t"
+      "@!p bra WAIT_%=;\n\t}" ::"r"(addr),
+      "r"(parity)
+      : "memory");
+#endif
+}
+// Arrival on CTA `cta`'s copy of a barrier (this CTA's own included), releasing this thread's
+// earlier writes at cluster scope.
+__device__ __forceinline__ void bar_arrive_cta(uint64_t* bar, uint32_t cta) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+#ifdef FA4_SM100_DEBUG
+  debug::trace(debug::Event::kArrive, addr, 0);
+#endif
+  asm volatile(
+      "{\n\t.reg .b32 r;\n\t"
+      "mapa.shared::cluster.u32 r, %0, %1;\n\t"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n\t}" ::"r"(addr),
+      "r"(cta)
+      : "memory");
+}
+// 16 bytes into CTA `cta`'s copy of a shared-memory location (distributed shared memory).
+__device__ __forceinline__ void st_cluster_16(const void* local, uint32_t cta, uint4 v) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(local));
+  asm volatile(
+      "{\n\t.reg .b32 r;\n\t"
+      "mapa.shared::cluster.u32 r, %0, %1;\n\t"
+      "st.shared::cluster.v4.b32 [r], {%2, %3, %4, %5};\n\t}" ::"r"(addr),
+      "r"(cta), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+      : "memory");
+}
+// Generic-proxy writes to either CTA's shared memory, ordered before the async proxy's reads.
+__device__ __forceinline__ void fence_async_smem_cluster() {
+  asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
+}
+// tcgen05.commit to both CTAs' copies of `bar` (multicast), from the even CTA's MMA thread: its
+// arrivals happen when every cta_group::2 operation this thread issued has completed.
+__device__ __forceinline__ void umma_commit_pair(uint64_t* bar) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+#ifdef FA4_SM100_DEBUG
+  debug::trace(debug::Event::kCommit, addr, 0);
+#endif
+  asm volatile(
+      "tcgen05.commit.cta_group::2.mbarrier::arrive::one.shared::cluster.multicast::cluster.b64 "
+      "[%0], %1;" ::"r"(addr),
+      "h"(uint16_t(0x3))
+      : "memory");
+}
+// The same from the whole MMA warp (the 2-CTA backward's): one elected lane commits.
+__device__ __forceinline__ void elected_umma_commit_pair(uint64_t* bar) {
+  if (cute::elect_one_sync()) umma_commit_pair(bar);
+}
+
 }  // namespace fa4::sm100

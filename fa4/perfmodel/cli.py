@@ -46,6 +46,10 @@ def config_from_args(args) -> Config:
         "block_n": args.block_n,
         "two_cta": args.two_cta,
     }
+    if args.two_cta:
+        # the 2-CTA forward as built (sm100/fwd/kernel_2cta.cuh): one Q tile per CTA, 128 keys
+        kw["q_tiles"] = 1
+        kw["block_n"] = args.block_n or 128
     if args.policy:
         kw["policy"] = args.policy
     if args.emu is not None:

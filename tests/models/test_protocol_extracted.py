@@ -101,7 +101,7 @@ def test_mutants_cover_every_sync_site(mutants):
     "op, what",
     [
         ("delete-wait", "bar_wait(kPFull) in mma_role"),
-        ("delete-arrive", "bar_arrive(kPFull) in softmax_role"),
+        ("delete-arrive", "arrive_mma(kPFull) in softmax_role"),
         ("delete-wait", "bar_wait(kPFull) in mma_role_one_tile"),
     ],
 )

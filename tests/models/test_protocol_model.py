@@ -21,7 +21,13 @@ TABLE = pm.parse_kernel()
 
 def test_parse_matches_kernel():
     assert TABLE.stages == 2
-    assert len(TABLE.bars) == 17
+    # 17 rows of the 1-CTA kernel and the 2-CTA forward's three peer rows, which it has none of
+    assert len(TABLE.bars) == 20
+    assert [n for n, b in TABLE.bars.items() if TABLE.copies(n) == 0] == [
+        "kPeerQFull",
+        "kPeerKFull",
+        "kPeerVFull",
+    ]
     # the tile ring (Note [dynamic tiles]): 3 warpgroups + the MMA and epilogue threads
     assert TABLE.bars["kTileEmpty"].arrivals == 3 * 128 + 2
     assert TABLE.copies("kTileFull") == pm.tile_slots() == 2
@@ -174,8 +180,8 @@ def test_table_drift_fails_loudly():
         "  kCount\n",
         "  kFoo,  // from load to mma, protects nothing: test\n  kCount\n",
     ).replace(
-        "    {Bar::kTileEmpty,   BarCopies::kPerTileSlot, 386},\n",
-        "    {Bar::kTileEmpty,   BarCopies::kPerTileSlot, 386},\n"
+        "    {Bar::kPeerVFull,   BarCopies::kNone,       1},\n",
+        "    {Bar::kPeerVFull,   BarCopies::kNone,       1},\n"
         "    {Bar::kFoo,         BarCopies::kPerQTile, 1},\n",
     )
     with pytest.raises(ValueError, match="kFoo is in kBarriers but no role program uses it"):

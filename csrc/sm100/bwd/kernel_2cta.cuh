@@ -203,20 +203,6 @@ struct Traits2 {
   static constexpr uint32_t kDoBytes = (kHalfM * kHeadDimV + kBlockM * kHalfD) * sizeof(Element);
 };
 
-// TMA loads of kRows × kCols tiles of a tensor with kFullCols columns in the kernel (column
-// tiles: the d/2 halves) and g.cols <= kFullCols in memory (zero-filled past them: Note [padded
-// head dims]); make_tma_tile's tiles span all columns.
-template <class Element, class SmemLayout, int kRows, int kCols, int kFullCols>
-auto make_tma_cols(const GmemView& g) {
-  static_assert(kCols <= kFullCols, "a column tile of the kernel's columns");
-  return make_tma_copy(SM90_TMA_LOAD{},
-                       gmem_qkv<Element>(g.ptr, g.rows, g.cols, g.heads, g.batch, g.row_stride,
-                                         g.head_stride, g.batch_stride),
-                       take<0, 2>(SmemLayout{}), Shape<Int<kRows>, Int<kCols>>{}, _1{});
-}
-template <class Element, class SmemLayout, int kRows, int kCols, int kFullCols>
-using TmaCols = decltype(make_tma_cols<Element, SmemLayout, kRows, kCols, kFullCols>(GmemView{}));
-
 template <class T>
 auto make_tma_dq(const BwdWorkspace& ws) {
   return make_tma_copy(SM90_TMA_REDUCE_ADD{}, bwd::gmem_dq_acc(ws), typename T::SmemLayoutDQ{},
@@ -267,63 +253,6 @@ __device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp) {
   t.iters = t.m_end > t.m_begin ? kp.group * (t.m_end - t.m_begin) : 0;
   t.row0_ws = kp.ws.row_offset(t.b, t.seq.offset_q, 0);
   return t;
-}
-
-// ---- Cluster primitives ------------------------------------------------------------------
-// Waits with cluster scope: the barriers here also complete through the other CTA's arrivals
-// and commits, whose writes (shared memory of either CTA, TMEM) the waiter then uses.
-__device__ __forceinline__ void bar_wait_cluster(uint64_t* bar, uint32_t parity) {
-#ifdef FA4_SM100_DEBUG
-  debug::wait<true>(bar, parity);
-#else
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile(
-      "{\n\t.reg .pred p;\n\t"
-      "WAIT_%=:\n\t"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n\t"
-      "@!p bra WAIT_%=;\n\t}" ::"r"(addr),
-      "r"(parity)
-      : "memory");
-#endif
-}
-// Arrival on CTA `cta`'s copy of a barrier (this CTA's own included), releasing this thread's
-// earlier writes at cluster scope.
-__device__ __forceinline__ void bar_arrive_cta(uint64_t* bar, uint32_t cta) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-#ifdef FA4_SM100_DEBUG
-  debug::trace(debug::Event::kArrive, addr, 0);
-#endif
-  asm volatile(
-      "{\n\t.reg .b32 r;\n\t"
-      "mapa.shared::cluster.u32 r, %0, %1;\n\t"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n\t}" ::"r"(addr),
-      "r"(cta)
-      : "memory");
-}
-// 16 bytes into CTA `cta`'s copy of a shared-memory location (distributed shared memory).
-__device__ __forceinline__ void st_cluster_16(const void* local, uint32_t cta, uint4 v) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(local));
-  asm volatile(
-      "{\n\t.reg .b32 r;\n\t"
-      "mapa.shared::cluster.u32 r, %0, %1;\n\t"
-      "st.shared::cluster.v4.b32 [r], {%2, %3, %4, %5};\n\t}" ::"r"(addr),
-      "r"(cta), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-      : "memory");
-}
-// Generic-proxy writes to either CTA's shared memory, ordered before the async proxy's reads.
-__device__ __forceinline__ void fence_async_smem_cluster() {
-  asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
-}
-// tcgen05.commit to both CTAs' copies of `bar`, from the even CTA's MMA warp (one lane).
-__device__ __forceinline__ void elected_umma_commit_pair(uint64_t* bar) {
-  if (cute::elect_one_sync()) {
-    const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-    asm volatile(
-        "tcgen05.commit.cta_group::2.mbarrier::arrive::one.shared::cluster.multicast::cluster.b64 "
-        "[%0], %1;" ::"r"(addr),
-        "h"(uint16_t(0x3))
-        : "memory");
-  }
 }
 
 }  // namespace fa4::sm100::bwd2

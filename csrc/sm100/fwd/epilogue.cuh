@@ -14,28 +14,30 @@ template <class T>
 __device__ __forceinline__ void stage_o(typename T::SharedStorage& ss, uint32_t o_addr, bool has_o,
                                         float inv_l, int row, Ring& staged) {
   using Element = typename T::Element;
-  bar_wait(bar_ptr<T, Bar::kOStageEmpty>(ss, 0), staged.parity(1) ^ 1u);
-  ++staged.count;
-  Tensor sO = make_tensor(make_smem_ptr(ss.o.data()), typename T::SmemLayoutO{});
-  FA4_UNROLL
-  for (int c = 0; c < T::kHeadDimV / 32; ++c) {
-    uint32_t o[32];
-    if (has_o) {
-      tmem_load_32(o_addr + 32 * c, o);
-      tmem_wait_ld();
-    } else {
-      FA4_UNROLL
-      for (int j = 0; j < 32; ++j) o[j] = 0u;
-    }
-    scale_pack_32<Element>(o, inv_l);
+  if constexpr (T::kTmaStoreO) {  // the traits without a staging buffer have no kOStage barriers
+    bar_wait(bar_ptr<T, Bar::kOStageEmpty>(ss, 0), staged.parity(1) ^ 1u);
+    ++staged.count;
+    Tensor sO = make_tensor(make_smem_ptr(ss.o.data()), typename T::SmemLayoutO{});
     FA4_UNROLL
-    for (int v = 0; v < 4; ++v) {
-      *reinterpret_cast<uint4*>(&sO(row, 32 * c + 8 * v)) =
-          make_uint4(o[4 * v], o[4 * v + 1], o[4 * v + 2], o[4 * v + 3]);
+    for (int c = 0; c < T::kHeadDimV / 32; ++c) {
+      uint32_t o[32];
+      if (has_o) {
+        tmem_load_32(o_addr + 32 * c, o);
+        tmem_wait_ld();
+      } else {
+        FA4_UNROLL
+        for (int j = 0; j < 32; ++j) o[j] = 0u;
+      }
+      scale_pack_32<Element>(o, inv_l);
+      FA4_UNROLL
+      for (int v = 0; v < 4; ++v) {
+        *reinterpret_cast<uint4*>(&sO(row, 32 * c + 8 * v)) =
+            make_uint4(o[4 * v], o[4 * v + 1], o[4 * v + 2], o[4 * v + 3]);
+      }
     }
+    fence_async_smem();  // generic-proxy writes, read by the TMA store
+    bar_arrive(bar_ptr<T, Bar::kOStageFull>(ss, 0));
   }
-  fence_async_smem();  // generic-proxy writes, read by the TMA store
-  bar_arrive(bar_ptr<T, Bar::kOStageFull>(ss, 0));
 }
 
 // One thread: per work tile and Q tile (the correction warpgroup's order), the TMA store of the
@@ -85,7 +87,7 @@ __device__ void correction_role(const KernelParams<T>& kp, typename T::SharedSto
     bar_arrive(bar_ptr<T, Bar::kStatsEmpty>(ss, q));
   };
   auto wait_o = [&](int q) {
-    bar_wait(bar_ptr<T, Bar::kOFull>(ss, q), o_done[q].parity(1));
+    wait_any<T>(bar_ptr<T, Bar::kOFull>(ss, q), o_done[q].parity(1));
     ++o_done[q].count;
     tmem_fence_after_sync();
   };
@@ -120,7 +122,7 @@ __device__ void correction_role(const KernelParams<T>& kp, typename T::SharedSto
           }
         }
         tmem_fence_before_sync();
-        bar_arrive(bar_ptr<T, Bar::kORescaled>(ss, q));
+        arrive_mma<T>(bar_ptr<T, Bar::kORescaled>(ss, q));
       }
     }
     // Epilogue: out = O · 1/l, row by row from TMEM (a thread writes its row's d_v contiguous
@@ -131,7 +133,7 @@ __device__ void correction_role(const KernelParams<T>& kp, typename T::SharedSto
         take_stats(q, inv_l, lse);
         wait_o(q);
       }
-      const int row = (t.tile.m_block * T::kQTiles + q) * T::kBlockM + row_in_tile;
+      const int row = q_tile_of<T>(t.tile, q) * T::kBlockM + row_in_tile;
       const bool in_seq = row < t.seq.seqlen_q;  // rows past the sequence are not written
       const int64_t grow = int64_t(t.seq.offset_q) + row;
       Element* out = static_cast<Element*>(p.out) + grow * p.out_row_stride +
@@ -162,9 +164,12 @@ __device__ void correction_role(const KernelParams<T>& kp, typename T::SharedSto
         p.lse[int64_t(t.tile.head) * p.lse_head_stride +
               (varlen ? grow : int64_t(t.tile.batch) * p.lse_batch_stride + row)] = lse;
       }
-      if (nblk > 0) {
-        tmem_fence_before_sync();
-        bar_arrive(bar_ptr<T, Bar::kOEmpty>(ss, q));
+      // A pair runs one tile per cluster: no next tile's P·V waits for O.
+      if constexpr (!T::kPair) {
+        if (nblk > 0) {
+          tmem_fence_before_sync();
+          bar_arrive(bar_ptr<T, Bar::kOEmpty>(ss, q));
+        }
       }
     }
   }

@@ -92,6 +92,8 @@ static_assert((2 * kRegsSoftmax + kRegsCorrection + kRegsOther) * 128 == 65536,
 //   kPerQTile: one barrier per Q tile (kQTiles); kPerStage: one per K/V stage (kStages);
 //   kPerSBuffer: one per TMEM S buffer (2: Q tile t's S, or hd 256's double-buffered S);
 //   kOnce: one barrier; kPerTileSlot: one per work-item ring slot (kTileSlots)
+//   kNone: none in this kernel (the peer barriers of the 2-CTA forward, Note [fwd 2-CTA], whose
+//          own table kBarriersPair in sm100/fwd/kernel_2cta.cuh marks the rows it does not use)
 //   arrivals: the arrive count at init; "tx" barriers also count TMA bytes
 enum class Bar : int {
   kQFull,        // from load to mma, protects sQ[t]: Q tile landed (TMA tx)
@@ -113,9 +115,12 @@ enum class Bar : int {
   kTileFull,     // from load to every_role, protects tile_item[slot]: the CTA's next work item
   kTileEmpty,    // from every_role to load, protects tile_item[slot]: read by every role's
                  // threads (kTileReaders)
+  kPeerQFull,    // from relay to mma, protects sQ (odd CTA): its Q tile landed (2-CTA, even)
+  kPeerKFull,    // from relay to mma, protects sK[stage] (odd CTA): its K half landed (even)
+  kPeerVFull,    // from relay to mma, protects sV[stage] (odd CTA): its V half landed (even)
   kCount
 };
-enum class BarCopies : int { kPerQTile, kPerStage, kPerSBuffer, kOnce, kPerTileSlot };
+enum class BarCopies : int { kPerQTile, kPerStage, kPerSBuffer, kOnce, kPerTileSlot, kNone };
 // clang-format off
 inline constexpr BarSpec<Bar, BarCopies> kBarriers[] = {
     {Bar::kQFull,       BarCopies::kPerQTile,   1},
@@ -135,6 +140,9 @@ inline constexpr BarSpec<Bar, BarCopies> kBarriers[] = {
     {Bar::kOStageEmpty, BarCopies::kOnce,       1},
     {Bar::kTileFull,    BarCopies::kPerTileSlot, 1},
     {Bar::kTileEmpty,   BarCopies::kPerTileSlot, 386},
+    {Bar::kPeerQFull,   BarCopies::kNone,       1},
+    {Bar::kPeerKFull,   BarCopies::kNone,       1},
+    {Bar::kPeerVFull,   BarCopies::kNone,       1},
 };
 // clang-format on
 static_assert(rows_follow_enum(kBarriers), "kBarriers: one row per barrier, in the order of Bar");
@@ -152,6 +160,7 @@ struct FwdBarCopies {
            : c == BarCopies::kPerStage    ? kStages
            : c == BarCopies::kPerSBuffer  ? kSBuffers
            : c == BarCopies::kPerTileSlot ? kTileSlots
+           : c == BarCopies::kNone        ? 0
                                           : 1;
   }
 };
@@ -166,7 +175,11 @@ struct FwdTraits {
   static constexpr int kBlockN = fwd_block_n<kHeadDimV, kHeadDim>();
   using Plan = FwdTmemPlan<kHeadDimV, kBlockN>;
   static constexpr int kQTiles = Plan::kQTiles;  // 1 at hd 256: Note [one-tile order]
+  static constexpr int kItemTiles = kQTiles;     // Q tiles of one work item
   static constexpr int kCtaRows = kQTiles * kBlockM;
+  static constexpr bool kPair = false;      // the 2-CTA forward's traits: sm100/fwd/kernel_2cta.cuh
+  static constexpr int kKRows = kBlockN;    // K rows of a stage in this CTA
+  static constexpr int kVCols = kHeadDimV;  // V columns of a stage in this CTA
   static constexpr int kStages = 2;
   static constexpr int kThreads = 32 * kWarps;
   // Note [exp2 column split], SM100 defaults (fa4/perfmodel/model.py EMU_SIXTEENTHS, chosen by
@@ -235,8 +248,8 @@ template <class T>
 struct KernelParams {
   using Element = typename T::Element;
   using TmaQ = TmaTile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>;
-  using TmaK = TmaTile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>;
-  using TmaV = TmaTile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>;
+  using TmaK = TmaTile<Element, typename T::SmemLayoutK, T::kKRows, T::kHeadDim>;
+  using TmaV = TmaCols<Element, typename T::SmemLayoutV, T::kBlockN, T::kVCols, T::kHeadDimV>;
   using TmaO = TmaStoreTile<Element, typename T::SmemLayoutO, T::kBlockM, T::kHeadDimV>;
   TmaQ tma_q;
   TmaK tma_k;
@@ -245,14 +258,15 @@ struct KernelParams {
   Shape<int, int, int, int> shape_q, shape_k, shape_v, shape_o;
   FwdParams p;
   ScoreScale score;
-  TileScheduler sched;  // items of kCtaRows query rows
+  TileScheduler sched;  // items of kCtaRows query rows (the pair's with T::kPair)
   int group;            // heads_q / heads_kv
   bool tma_store_o;     // T::kTmaStoreO and a dense problem
 };
 
 // The per-tile geometry every role derives the same way: sequence, mask, and the KV blocks of
-// the union of both Q tiles' ranges. A block outside one tile's own range is masked away
-// entirely for that tile (BlockRange::needs_mask is true there), so one block list serves both.
+// the union of both Q tiles' ranges (a pair's: both CTAs', Note [fwd 2-CTA]). A block outside one
+// tile's own range is masked away entirely for that tile (BlockRange::needs_mask is true there), so
+// one block list serves both.
 struct TileWork {
   TileCoord tile;
   SeqInfo seq;
@@ -273,8 +287,8 @@ __device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp, const T
   t.mask = Mask::from_params(p, t.seq.seqlen_q, t.seq.seqlen_k);
   t.n_begin = 1 << 30;
   t.n_end = 0;
-  for (int q = 0; q < T::kQTiles; ++q) {
-    t.br[q] = block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block * T::kQTiles + q);
+  for (int q = 0; q < T::kItemTiles; ++q) {
+    t.br[q] = block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block * T::kItemTiles + q);
     if (!t.br[q].empty()) {
       t.n_begin = detail::imin(t.n_begin, t.br[q].n_begin);
       t.n_end = detail::imax(t.n_end, t.br[q].n_end);
@@ -293,16 +307,21 @@ __device__ __forceinline__ TileWork tile_work(const KernelParams<T>& kp, const T
 // protocol extractor (tools/sync_extract.py) reads the first branch of a preprocessor block.
 template <class T>
 __device__ __forceinline__ TileCoord take_tile(typename T::SharedStorage& ss, int n) {
+  if constexpr (T::kPair) {
+    // The 2-CTA forward: one work item per cluster, written in slot 0 by the kernel's start.
+    return n == 0 ? ss.tile_item[0] : TileCoord{-1, 0, 0};
+  } else {
 #ifndef FA4_SM100_DEBUG
-  return take_item(bar_ptr<T, Bar::kTileFull>(ss, 0), bar_ptr<T, Bar::kTileEmpty>(ss, 0),
-                   ss.tile_item, n);
+    return take_item(bar_ptr<T, Bar::kTileFull>(ss, 0), bar_ptr<T, Bar::kTileEmpty>(ss, 0),
+                     ss.tile_item, n);
 #else
-  const int slot = n % kTileSlots, use = n / kTileSlots;
-  bar_wait(bar_ptr<T, Bar::kTileFull>(ss, slot), uint32_t(use & 1));
-  const TileCoord c = ss.tile_item[slot];
-  bar_arrive(bar_ptr<T, Bar::kTileEmpty>(ss, slot));
-  return c;
+    const int slot = n % kTileSlots, use = n / kTileSlots;
+    bar_wait(bar_ptr<T, Bar::kTileFull>(ss, slot), uint32_t(use & 1));
+    const TileCoord c = ss.tile_item[slot];
+    bar_arrive(bar_ptr<T, Bar::kTileEmpty>(ss, slot));
+    return c;
 #endif
+  }
 }
 template <class T>
 __device__ __forceinline__ void publish_tile(typename T::SharedStorage& ss, int n,
@@ -324,6 +343,36 @@ template <class T>
 __device__ void pass_tiles(typename T::SharedStorage& ss) {
   for (int n = 0;; ++n) {
     if (take_tile<T>(ss, n).batch < 0) break;
+  }
+}
+
+// Q tile q of a work item as a global Q tile index: of a pair's item, this CTA's (its rank).
+template <class T>
+__device__ __forceinline__ int q_tile_of(const TileCoord& c, int q) {
+  if constexpr (T::kPair) {
+    return c.m_block * T::kItemTiles + int(cute::block_rank_in_cluster());
+  } else {
+    return c.m_block * T::kItemTiles + q;
+  }
+}
+// A wait on a barrier the other CTA of a pair completes too (its commits and arrivals): with
+// cluster scope there.
+template <class T>
+__device__ __forceinline__ void wait_any(uint64_t* bar, uint32_t parity) {
+  if constexpr (T::kPair) {
+    bar_wait_cluster(bar, parity);
+  } else {
+    bar_wait(bar, parity);
+  }
+}
+// An arrival for the MMA thread: on the even CTA's copy of a pair, whose MMA thread issues both
+// CTAs' MMAs.
+template <class T>
+__device__ __forceinline__ void arrive_mma(uint64_t* bar) {
+  if constexpr (T::kPair) {
+    bar_arrive_cta(bar, 0);
+  } else {
+    bar_arrive(bar);
   }
 }
 
@@ -547,9 +596,9 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
     const TileWork t = tile_work(kp, coord);
     if (t.blocks() <= 0) continue;  // the correction warpgroup writes out = 0, lse = -inf
     // This tile's own range (recomputed: t.br[q] with a run-time q would sit in local memory).
-    const BlockRange br =
-        block_range<T::kBlockM, T::kBlockN>(t.mask, t.tile.m_block * T::kQTiles + q);
-    const int row = (t.tile.m_block * T::kQTiles + q) * T::kBlockM + row_in_tile;
+    const int q_tile = q_tile_of<T>(t.tile, q);
+    const BlockRange br = block_range<T::kBlockM, T::kBlockN>(t.mask, q_tile);
+    const int row = q_tile * T::kBlockM + row_in_tile;
     // apply_mask's per-element test with its row_bounds(row) taken once per tile: the per-block
     // loop carries two ints for the mask instead of the Mask and the row (hd 128: 47 spill
     // instructions in the loop with apply_mask, 11 with this).
@@ -562,8 +611,8 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
       // S buffer b: Q tile q's with two tiles; with one (hd 256) the buffer of this block's
       // running count (Note [one-tile order]).
       const int b = T::kQTiles == 2 ? q : s_ready.index(kSBuffers);
-      bar_wait(bar_ptr<T, Bar::kSFull>(ss, b),
-               T::kQTiles == 2 ? s_ready.parity(1) : s_ready.parity(kSBuffers));
+      wait_any<T>(bar_ptr<T, Bar::kSFull>(ss, b),
+                  T::kQTiles == 2 ? s_ready.parity(1) : s_ready.parity(kSBuffers));
       ++s_ready.count;
       const uint32_t s_addr = tmem + lane_base + Plan::kS0 + uint32_t(b) * T::kBlockN;
       const uint32_t p_addr = s_addr;  // 16-bit P over its S
@@ -603,7 +652,7 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
       softmax.exp2_sums_end(sums);
       tmem_wait_st();
       tmem_fence_before_sync();
-      bar_arrive(bar_ptr<T, Bar::kPFull>(ss, b));
+      arrive_mma<T>(bar_ptr<T, Bar::kPFull>(ss, b));
     }
     float inv_l[1], lse[1];
     softmax.finalize(inv_l, lse);
