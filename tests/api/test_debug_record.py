@@ -22,6 +22,7 @@ SOURCES = {
     1: ROOT / "csrc" / "sm100" / "fwd" / "kernel.cuh",
     2: ROOT / "csrc" / "sm100" / "bwd" / "kernel.cuh",
     3: ROOT / "csrc" / "sm100" / "bwd" / "kernel_2cta.cuh",
+    4: ROOT / "csrc" / "sm100" / "fwd" / "kernel.cuh",  # the 2-CTA forward shares its enums
 }
 CAPACITY, CTAS, WARPS, EVENTS = 64, 2, 16, 1024
 
@@ -43,7 +44,14 @@ def test_names_follow_the_kernels_enums(kernel):
 def test_kernel_ids_match_the_header():
     body = re.search(r"enum class KernelId : uint32_t \{(.*?)\};", HEADER.read_text(), re.S)
     ids = {int(v): n for n, v in re.findall(r"\b(k\w+) = (\d+),", body.group(1))}
-    assert ids == {0: "kNone", 1: "kFwdSm100", 2: "kBwdSm100", 3: "kBwdSm100Pair", 90: "kProbe"}
+    assert ids == {
+        0: "kNone",
+        1: "kFwdSm100",
+        2: "kBwdSm100",
+        3: "kBwdSm100Pair",
+        4: "kFwdSm100Pair",
+        90: "kProbe",
+    }
     assert set(debug.KERNELS) == set(ids) - {0}
 
 

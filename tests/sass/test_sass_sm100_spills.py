@@ -8,6 +8,8 @@ FA4_SM100_DEBUG_BLOCK marker. Spills outside those loops run once per tile or pe
 docs/sm100.md ("Spills") gives each group its reason. Compiled, not executed.
 """
 
+import re
+
 import pytest
 from helpers import ROOT, load_script
 from sass_helpers import compile_ahead, hdim_names, instance_line_sass
@@ -23,12 +25,16 @@ compile_ahead(__name__, [("sm100", d, h, t) for d, h, t in FWD + BWD_2CTA])
 # them): without this a failed loop classification would pass as "no spills in loops".
 FWD_LOOPS = {"load_role", "mma_role", "softmax_role", "correction_role"}
 FWD_LOOPS_ONE_TILE = {"load_role", "mma_role_one_tile", "softmax_role", "correction_role"}
+FWD_LOOPS_PAIR = {
+    "load_role_pair", "relay_role_pair", "mma_role_pair", "softmax_role", "correction_role"
+}  # fmt: skip
+PAIR_HDIMS = ("192", "256")  # the 2-CTA forward's (sm100/fwd/instance.cuh)
 BWD_2CTA_LOOPS = {"load_role", "mma_role", "compute_role", "reduce_role"}
 
 
 def sites(tmp_path_factory, direction, hdim, dtype, kernel_name):
     text = instance_line_sass(tmp_path_factory, "sm100", direction, hdim, dtype)
-    (code,) = [c for n, c in spill_sites.functions(text).items() if kernel_name in n]
+    (code,) = [c for n, c in spill_sites.functions(text).items() if re.search(kernel_name, n)]
     found, block_of, _ = spill_sites.loops(code)
     srcs = spill_sites.source_loops(ROOT)
     matched = {
@@ -51,7 +57,7 @@ def check(s, matched, expected_loops):
 
 @pytest.mark.parametrize("direction, hdim, dtype", FWD)
 def test_forward_per_block_loops_spill_free(tmp_path_factory, direction, hdim, dtype):
-    s, matched = sites(tmp_path_factory, direction, hdim, dtype, "fwd_kernel")
+    s, matched = sites(tmp_path_factory, direction, hdim, dtype, r"fwd_kernelI")
     loops = FWD_LOOPS_ONE_TILE if hdim == "256" else FWD_LOOPS
     check(s, matched, loops)
 
@@ -60,3 +66,9 @@ def test_forward_per_block_loops_spill_free(tmp_path_factory, direction, hdim, d
 def test_2cta_backward_per_block_loops_spill_free(tmp_path_factory, direction, hdim, dtype):
     s, matched = sites(tmp_path_factory, direction, hdim, dtype, "bwd_kernel_2cta")
     check(s, matched, BWD_2CTA_LOOPS)
+
+
+@pytest.mark.parametrize("hdim", PAIR_HDIMS)
+def test_2cta_forward_per_block_loops_spill_free(tmp_path_factory, hdim):
+    s, matched = sites(tmp_path_factory, "fwd", hdim, "bf16", r"fwd_kernel_2ctaI")
+    check(s, matched, FWD_LOOPS_PAIR)
