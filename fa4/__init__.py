@@ -3,6 +3,7 @@
 out = fa4.attention(q, k, v, causal=True)            # q, k, v: (batch, seqlen, heads, d)
 out = fa4.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k)   # q: (total_q, heads, d)
 out = fa4.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k_new=k, v_new=v)  # decode
+out = fa4.attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)  # FP8 (e4m3), bf16 out
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def attention(
     return_lse=False,
     deterministic=False,
     backend="auto",
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     """Scaled dot-product attention, differentiable in q, k, v (and learnable_sink).
 
@@ -44,13 +48,19 @@ def attention(
     (b, h, s_q); rows that see no key get out 0 and lse -inf (lse = sink with a sink).
     backend: "auto" (the kernel for the device, else the reference with a warning),
     "reference", "sm90", "sm100" (these two raise when they cannot run the problem).
+    FP8 forward: q, k, v all float8_e4m3fn, q_descale / k_descale / v_descale float32
+    (b, h_kv) or None (1), FA3's meaning: true value = stored x descale[b, kv head] (a q head
+    uses its kv head's q_descale). out is bf16. Forward only; no learnable_sink; head dims
+    multiples of 16; on CUDA it needs an e4m3 kernel in the build (else it raises: use
+    backend="reference"). docs/numerics.md, "FP8".
     """
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     opts = dispatch.check_dense(
         q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
         softcap=softcap, deterministic=deterministic, backend=backend,
-        learnable_sink=learnable_sink,
+        learnable_sink=learnable_sink, descales=descales,
     )  # fmt: skip
-    serving = _ops.Serving(learnable_sink=learnable_sink)
+    serving = _ops.Serving(learnable_sink=learnable_sink, **_contiguous(descales))
     out, lse = _ops.call_fwd(q, k, v, opts, serving=serving)
     return (out, lse) if return_lse else out
 
@@ -76,6 +86,9 @@ def attention_varlen(
     return_lse=False,
     deterministic=False,
     backend="auto",
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     """Attention over packed sequences: q (total_q, h, d), k/v (total_k, h_kv, ·).
 
@@ -88,21 +101,30 @@ def attention_varlen(
     cu_seqlens_k must be None and seqused_k gives the key counts. Forward only.
     learnable_sink: as in attention. num_splits: int >= 0 (0 = heuristic, 1 = no split, n = split
     the keys into up to n parts); it changes only the summation order. docs/inference.md.
+    FP8 forward: as in attention, descales (batch, h_kv) with batch = the number of sequences;
+    no page_table, seqused_q, learnable_sink or num_splits > 1 with it.
     """
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     opts = dispatch.check_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
         seqused_q=seqused_q, page_table=page_table, learnable_sink=learnable_sink,
         num_splits=num_splits, causal=causal, softmax_scale=softmax_scale,
         window_size=window_size, softcap=softcap, deterministic=deterministic, backend=backend,
+        descales=descales,
     )  # fmt: skip
     serving = _ops.Serving(
         seqused_q=seqused_q, page_table=page_table, learnable_sink=learnable_sink,
-        num_splits=num_splits,
+        num_splits=num_splits, **_contiguous(descales),
     )  # fmt: skip
     out, lse = _ops.call_fwd(
         q, k, v, opts, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, serving
     )
     return (out, lse) if return_lse else out
+
+
+def _contiguous(descales: dict) -> dict:
+    """The descales as the kernels read them (dense (rows, h_kv) fp32)."""
+    return {n: None if t is None else t.contiguous() for n, t in descales.items()}
 
 
 def attention_with_kvcache(

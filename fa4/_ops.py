@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from . import debug, dispatch, fp8_cache, reference
+from . import debug, dispatch, fp8_cache, reference, reference_fp8
 
 _OPTS = "causal softmax_scale window_left window_right softcap deterministic backend".split()
 
@@ -38,6 +38,8 @@ def _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, kw, serving=None):
     """The reference forward, returned as the op promises: out in q's dtype, contiguous.
     serving: Serving (the op's serving arguments) or None."""
     sv = serving or NO_SERVING
+    if q.dtype == fp8_cache.E4M3:
+        return _ref_fwd_fp8(q, k, v, cu_q, cu_k, seqused_k, kw, sv)
     sink = sv.learnable_sink
     out_dtype, post = q.dtype, None
     if k.dtype in fp8_cache.FP8_DTYPES:
@@ -57,6 +59,24 @@ def _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, kw, serving=None):
     if post is not None:
         out = out.float() * post
     return out.to(out_dtype).contiguous(), lse.to(_lse_dtype(q)).contiguous()
+
+
+def _ref_fwd_fp8(q, k, v, cu_q, cu_k, seqused_k, kw, sv):
+    """The FP8 forward (e4m3 q, k, v) on the reference: fp32 attention on the dequantized inputs
+    (fa4.reference_fp8), out bf16, LSE fp32."""
+    descales = (sv.q_descale, sv.k_descale, sv.v_descale)
+    if cu_q is None:
+        out, lse = reference_fp8.attention_fp8_ref(q, k, v, *descales, **kw)
+    else:
+        out, lse = reference_fp8.attention_fp8_varlen_ref(
+            q, k, v, cu_q, cu_k, *descales, seqused_k=seqused_k, **kw
+        )
+    return out.contiguous(), lse.contiguous()
+
+
+def _out_dtype(q):
+    """fa4::fwd's out dtype: q's, except bf16 for the FP8 forward (e4m3 q)."""
+    return fp8_cache.FP8_OUT_DTYPE if q.dtype == fp8_cache.E4M3 else q.dtype
 
 
 def _ref_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k, seqused_k, kw):
@@ -83,8 +103,9 @@ class Serving(NamedTuple):
     leftpad_k: Tensor | None = None
     learnable_sink: Tensor | None = None
     num_splits: int = 0
-    k_descale: Tensor | None = None  # an FP8 cache's descales (fp8_cache.check_descales)
+    k_descale: Tensor | None = None  # an FP8 cache's or the FP8 forward's descales (fp8_cache)
     v_descale: Tensor | None = None
+    q_descale: Tensor | None = None  # the FP8 forward's (e4m3 q)
 
 
 NO_SERVING = Serving()
@@ -158,10 +179,11 @@ def fwd(
     num_splits: int = 0,
     k_descale: Tensor | None = None,
     v_descale: Tensor | None = None,
+    q_descale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     sv = Serving(
         seqused_q, page_table, cache_batch_idx, leftpad_k, learnable_sink, num_splits, k_descale,
-        v_descale,
+        v_descale, q_descale,
     )  # fmt: skip
     _check_data(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, sv)
     kw = _ref_kwargs(causal, softmax_scale, window_left, window_right, softcap)
@@ -178,8 +200,8 @@ def fwd_route(q, k, v, cu_q, cu_k, seqused_k, sv: Serving, backend: str) -> str 
     if cu_q is not None and cu_q.shape[0] < 2:
         return None
     arch = dispatch.kernel_for(q, v, backend, "fwd", (q, k, v))
-    if arch is None:
-        return None
+    if arch is None or q.dtype == fp8_cache.E4M3:  # the FP8 forward: the prefill kernel's
+        return arch
     fp8 = k.dtype == fp8_cache.FP8_KV_DTYPE  # Note [fp8 cache]: the decode kernel's alone
     return "decode" if fp8 or takes_decode(cu_k, seqused_k, sv, arch) else arch
 
@@ -187,21 +209,23 @@ def fwd_route(q, k, v, cu_q, cu_k, seqused_k, sv: Serving, backend: str) -> str 
 def _fwd_cuda(
     q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr, softcap, det, backend,
     seqused_q=None, page_table=None, cache_batch_idx=None, leftpad_k=None, learnable_sink=None,
-    num_splits=0, k_descale=None, v_descale=None,
+    num_splits=0, k_descale=None, v_descale=None, q_descale=None,
 ):  # fmt: skip
     sv = Serving(
         seqused_q, page_table, cache_batch_idx, leftpad_k, learnable_sink, num_splits, k_descale,
-        v_descale,
+        v_descale, q_descale,
     )  # fmt: skip
     _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k, sv)
     if fwd_route(q, k, v, cu_q, cu_k, seqused_k, sv, backend) is not None:
         knobs = dispatch.runtime_knobs("fwd")  # num_sms, tile_schedule, tile_order
-        # fa4::_fwd_kernel's order (csrc/api/bindings.cpp)
+        # fa4::_fwd_kernel's order (csrc/api/bindings.cpp). q_descale (its last argument, default
+        # None) is passed for the FP8 forward only: the op allocates its bf16 out for e4m3 q.
+        fp8 = (sv.q_descale,) if q.dtype == fp8_cache.E4M3 else ()
         # debug.guard: the op itself, or in a bring-up build the op and a hang check
         return debug.guard(torch.ops.fa4._fwd_kernel)(
             q, k, v, cu_q, cu_k, seqused_k, sv.seqused_q, sv.page_table, sv.cache_batch_idx,
             sv.leftpad_k, sv.learnable_sink, max_q, max_k, causal, scale, wl, wr, softcap, det,
-            sv.num_splits, *knobs, sv.k_descale, sv.v_descale,
+            sv.num_splits, *knobs, sv.k_descale, sv.v_descale, *fp8,
         )  # fmt: skip
     kw = _ref_kwargs(causal, scale, wl, wr, softcap)
     return _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, kw, sv)
@@ -209,7 +233,7 @@ def _fwd_cuda(
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, cu_q, *args, **kwargs):
-    out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+    out = q.new_empty(q.shape[:-1] + (v.shape[-1],), dtype=_out_dtype(q))
     if cu_q is None:
         b, s_q, h, _ = q.shape
         return out, q.new_empty((b, h, s_q), dtype=_lse_dtype(q))
@@ -264,7 +288,7 @@ def _bwd_fake(dout, q, k, v, *args):
 def _setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, *rest = inputs
     opts, sv = rest[: len(_OPTS)], Serving(*rest[len(_OPTS) :])
-    check_differentiable(cu_q, seqused_k, sv)
+    check_differentiable(cu_q, seqused_k, sv, q)
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, sv.seqused_q, sv.learnable_sink)
     ctx.max_seqlens = (max_q, max_k)
@@ -277,8 +301,11 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def check_differentiable(cu_q, seqused_k, sv: Serving) -> None:
-    """Note [serving backward]: the paged and KV-cache forms of fa4::fwd are forward only."""
+def check_differentiable(cu_q, seqused_k, sv: Serving, q=None) -> None:
+    """Note [serving backward]: the paged and KV-cache forms of fa4::fwd are forward only, and so
+    is the FP8 forward (e4m3 q; fp8_cache.check_fwd says it first)."""
+    if q is not None and q.dtype == fp8_cache.E4M3:
+        dispatch.fail("q", "the FP8 forward (float8_e4m3fn q, k, v) has no backward")
     for name in ("page_table", "cache_batch_idx", "leftpad_k"):
         if getattr(sv, name) is not None:
             dispatch.fail(
@@ -390,7 +417,7 @@ class _EagerAttention(torch.autograd.Function):
     # arguments through inspect.signature on every call.
     @staticmethod
     def forward(ctx, *args):
-        check_differentiable(args[3], args[5], Serving(*args[8 + len(_OPTS) :]))
+        check_differentiable(args[3], args[5], Serving(*args[8 + len(_OPTS) :]), args[0])
         output = _fwd_cuda(*args)
         _setup_context(ctx, args, output)
         return output

@@ -24,6 +24,43 @@ if CONFIG.get("built"):
 KERNELS: dict = CONFIG.get("kernels", {})
 
 
+def _instances() -> list[manifest.Instance]:
+    """The instances this build compiled: CONFIG["instances"] where setup.py records them (names
+    as `python fa4/manifest.py list` prints them), else those the manifest gives for the build's
+    archs, head dims and bwd flag (what setup.py compiled from the same manifest)."""
+    if not CONFIG.get("built"):
+        return []
+    names = CONFIG.get("instances")
+    try:
+        insts = manifest.instances(
+            CONFIG.get("archs"), CONFIG.get("hdims"), CONFIG.get("bwd", True)
+        )
+    except ValueError:  # a manifest that no longer knows the build's archs or head dims
+        return []
+    return insts if names is None else [i for i in insts if i.filename[: -len(".cu")] in names]
+
+
+# Every compiled instance, with its dtype (KERNELS has only the head dims).
+INSTANCES: list[manifest.Instance] = _instances()
+
+
+def missing_instance(arch: str, direction: str, hdims: tuple[int, int], dtype: str) -> str | None:
+    """None when an instance of exactly (arch, direction, hdims, dtype) is compiled in (dtype a
+    kernels.json "dtypes" key, e.g. "e4m3"), else the reason."""
+    if not CONFIG.get("built"):
+        return f"the CUDA extension was not built: {CONFIG.get('reason')}"
+    have = [
+        i.dims for i in INSTANCES if (i.family, i.direction, i.dtype) == (arch, direction, dtype)
+    ]
+    if not have:
+        return f"this build has no {arch} {direction} kernels of dtype {dtype}"
+    if tuple(hdims) not in have:
+        return (
+            f"head dims {tuple(hdims)}: the {dtype} {arch} {direction} kernels are {sorted(have)}"
+        )
+    return None
+
+
 def missing_kernel(arch: str, direction: str, hdims: tuple[int, int]) -> str | None:
     """None when a kernel for (arch, direction, hdims) is compiled in, else the reason."""
     if not CONFIG.get("built"):

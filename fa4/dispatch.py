@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import build_info
+from . import build_info, fp8_cache
 from .fp8_cache import FP8_KV_DTYPE, check_descales, check_fp8
 
 # Note [padded head dims] (csrc/common/head_dims.h): any multiple of 8 up to 256, served by the
@@ -43,8 +43,14 @@ DTYPE_RULE = (
 BACKENDS = ("auto", "reference", "sm90", "sm100")
 _ARCH_OF_BACKEND = {"sm90": (9, 0), "sm100": (10, 0)}
 # Kernels in the build that have not run on their hardware yet (README's support matrix):
-# dispatch uses them, with one warning per process.
-UNVERIFIED = {("sm100", "fwd"), ("sm100", "bwd")}
+# dispatch uses them, with one warning per process. "fwd e4m3": the FP8 forward.
+UNVERIFIED = {("sm100", "fwd"), ("sm100", "bwd"), ("sm90", "fwd e4m3"), ("sm100", "fwd e4m3")}
+# The FP8 forward where no e4m3 instance serves it: an error, not the reference's fallback (an
+# fp32 reference in place of an FP8 kernel is no choice to make silently).
+NO_FP8_KERNEL = (
+    "FP8 forward: no e4m3 kernel for this device/head dim in this build; backend='reference' "
+    "runs it on the CPU reference"
+)
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ def _check_common(q, k, v, layout: str, fp8_cache: bool = False) -> None:
     """q/k/v agree in dtype and device (k/v may be an FP8 cache where fp8_cache allows it);
     heads and head dims are supported. Dim -2 is heads."""
     fp8 = check_fp8(q, k, v, fp8_cache)
-    if q.dtype not in REFERENCE_DTYPES:
+    if q.dtype not in REFERENCE_DTYPES and q.dtype != FP8_KV_DTYPE:  # e4m3: the FP8 forward
         _fail("q", f"dtype {q.dtype} not supported: {DTYPE_RULE}", TypeError)
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype and not fp8:
@@ -199,7 +205,7 @@ def resolve_backend(q: torch.Tensor, backend: str) -> str:
         return backend
     if q.device.type != "cuda":
         _fail("backend", f"{backend!r} needs CUDA tensors, got device {q.device}")
-    if q.dtype not in KERNEL_DTYPES:
+    if q.dtype not in KERNEL_DTYPES + (FP8_KV_DTYPE,):
         _fail(
             "q",
             f"dtype {q.dtype} not supported by backend {backend!r}: float16 or bfloat16 "
@@ -209,19 +215,21 @@ def resolve_backend(q: torch.Tensor, backend: str) -> str:
     return backend
 
 
-def check_dense(q, k, v, *, learnable_sink=None, **kw) -> Options:
+def check_dense(q, k, v, *, learnable_sink=None, descales=None, **kw) -> Options:
+    """descales: the FP8 forward's {"q_descale": ..., ...} (fp8_cache.check_fwd)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t, 4)
     _check_common(q, k, v, "(batch, seqlen, heads, headdim)")
     if k.shape[0] != q.shape[0]:
         _fail("k", f"batch {k.shape[0]} differs from q's {q.shape[0]}")
+    fp8_cache.check_fwd(q, k, v, descales or {}, learnable_sink=learnable_sink)
     check_sink(learnable_sink, q)
     return _check_options(q, **kw)
 
 
 def check_varlen(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, *,
-    seqused_q=None, page_table=None, learnable_sink=None, num_splits=0, **kw,
+    seqused_q=None, page_table=None, learnable_sink=None, num_splits=0, descales=None, **kw,
 ) -> Options:  # fmt: skip
     paged = page_table is not None
     _check_tensor("q", q, 3)
@@ -265,8 +273,12 @@ def check_varlen(
                 f"max_pages * page_size = {page_table.shape[1]} * {k.shape[1]} = {capacity}",
             )
         check_forward_only("page_table", "paged attention", q, k, v, learnable_sink)
-    check_sink(learnable_sink, q)
     check_num_splits(num_splits)
+    fp8_cache.check_fwd(
+        q, k, v, descales or {}, batch, learnable_sink=learnable_sink, page_table=page_table,
+        seqused_q=seqused_q, num_splits=num_splits,
+    )  # fmt: skip
+    check_sink(learnable_sink, q)
     return _check_options(q, **kw)
 
 
@@ -694,18 +706,20 @@ def kernel_for(
     q: torch.Tensor, v: torch.Tensor, backend: str, direction: str, tensors=()
 ) -> str | None:
     """The compiled kernel family ('sm90'/'sm100') that runs this problem, or None for the
-    reference. Explicit backends raise when they cannot run it; 'auto' falls back with a warning.
+    reference. Explicit backends raise when they cannot run it; 'auto' falls back with a warning,
+    except for the FP8 forward (e4m3 q), which needs an e4m3 instance and raises NO_FP8_KERNEL.
     tensors: every tensor the kernel will address with TMA (checked for alignment)."""
     if backend == "reference":
         return None
+    fp8 = q.dtype == FP8_KV_DTYPE
     hdims = (q.shape[-1], v.shape[-1])
     cc = _capability(q.device.index)
     wanted = [backend] if backend != "auto" else [b for b, a in _ARCH_OF_BACKEND.items() if a == cc]
     for arch in wanted:
-        why = build_info.missing_kernel(arch, direction, hdims)
+        why = _missing(arch, direction, hdims, fp8)
         if why is None and _ARCH_OF_BACKEND[arch] != cc:
             why = f"the device has compute capability {cc[0]}.{cc[1]}"
-        if why is None and q.dtype not in KERNEL_DTYPES:
+        if why is None and q.dtype not in KERNEL_DTYPES and not fp8:
             why = f"kernels take float16/bfloat16, got {q.dtype}"
         if why is None and any(t.dtype == FP8_KV_DTYPE for t in tensors):
             if hdims[0] % 16 or hdims[1] % 16:
@@ -713,21 +727,45 @@ def kernel_for(
         if why is None:
             why = tma_incompatible(*tensors)
         if why is None:
-            if (arch, direction) in UNVERIFIED:
-                warn_once(
-                    f"fa4: the {arch} {direction} kernel is compiled but was never executed by its "
-                    f"authors (no such GPU available to them); verify it on this machine with "
-                    f"`pytest -m {arch} tests` before trusting results"
-                )
+            _warn_unverified(arch, direction + " e4m3" if fp8 else direction)
             return arch
+        if fp8:
+            _fail("q", f"{NO_FP8_KERNEL} ({arch}: {why})", RuntimeError)
         if backend != "auto":
             _fail("backend", f"{arch!r} cannot run this {direction}: {why}", RuntimeError)
         warn_once(
             f"fa4: no {arch} {direction} kernel for this problem ({why}); running the reference"
         )
         return None
+    if fp8:
+        _fail("q", f"{NO_FP8_KERNEL} (compute capability {cc[0]}.{cc[1]})", RuntimeError)
     warn_once(f"fa4: no kernels for compute capability {cc[0]}.{cc[1]}; running the fp32 reference")
     return None
+
+
+def _missing(arch: str, direction: str, hdims, fp8: bool) -> str | None:
+    """Why no compiled instance serves the problem (None: one does). The FP8 forward needs an
+    instance of dtype e4m3 with exactly these head dims (no padded FP8 head dims yet)."""
+    if fp8:
+        return build_info.missing_instance(arch, direction, hdims, "e4m3")
+    return build_info.missing_kernel(arch, direction, hdims)
+
+
+def _warn_unverified(arch: str, kind: str) -> None:
+    if (arch, kind) not in UNVERIFIED:
+        return
+    if kind.endswith("e4m3"):
+        warn_once(
+            f"fa4: the {arch} FP8 (e4m3) forward kernel is compiled but has not run on a GPU yet; "
+            f"verify it on this machine with `pytest tests/gpu/test_fp8_fwd_gpu.py` before "
+            f"trusting results"
+        )
+        return
+    warn_once(
+        f"fa4: the {arch} {kind} kernel is compiled but was never executed by its authors (no "
+        f"such GPU available to them); verify it on this machine with `pytest -m {arch} tests` "
+        f"before trusting results"
+    )
 
 
 # The knobs' lookups: os.environ.get of an unset variable raises and catches a KeyError inside

@@ -138,13 +138,15 @@ def test_kvcache_errors(case, exc, needle):
         fa4.attention_with_kvcache(q, k8, v8, 16, backend="reference", **kw)
 
 
-def test_fp8_outside_the_cache_is_rejected():
+def test_fp8_kv_with_16bit_q_outside_the_cache_is_rejected():
+    """e4m3 k/v with 16-bit q is an FP8 cache, attention_with_kvcache's alone; e4m3 q, k and v
+    is the FP8 forward (tests/api/test_fp8_fwd.py)."""
     q = torch.randn(1, 4, 2, 16)
     k8 = torch.randn(1, 4, 2, 16).to(E4M3)
-    with pytest.raises(TypeError, match="supported as a KV cache only"):
+    with pytest.raises(TypeError, match="an FP8 KV cache"):
         fa4.attention(q, k8, k8, backend="reference")
-    with pytest.raises(TypeError, match="FP8 queries"):
-        fa4.attention(q.to(E4M3), k8, k8, backend="reference")
+    with pytest.raises(TypeError, match="mixing FP8 and 16-bit"):
+        fa4.attention(q.to(E4M3), k8, k8.float(), backend="reference")
     cu = torch.tensor([0, 4], dtype=torch.int32)
-    with pytest.raises(TypeError, match="supported as a KV cache only"):
+    with pytest.raises(TypeError, match="an FP8 KV cache"):
         fa4.attention_varlen(q[0], k8[0], k8[0], cu, cu, 4, 4, backend="reference")
