@@ -46,9 +46,10 @@ kernels take fp16/bf16 (the CPU reference also fp32/fp64); fa4's softmax_lse is 
 FA3 (`hopper/flash_attn_interface.py`) differs from flash-attn 2: no dropout_p argument (so
 softmax_scale is its 4th positional argument), extra arguments (qv, descales, attention_chunk,
 num_splits, pack_gqa, sm_margin) and `(out, softmax_lse)` with return_attn_probs; code written
-for FA3 should call fa4.attention / attention_varlen directly. flash-attn-4
-(`flash_attn/cute/interface.py`) spells unbounded windows None and takes learnable_sink: use
-fa4.attention(..., learnable_sink=...) for those.
+for FA3 should call fa4.attention / attention_varlen directly (FA3's FP8 forward too: e4m3 q, k,
+v with q_descale / k_descale / v_descale are keywords of those, not of flash-attn 2's functions).
+flash-attn-4 (`flash_attn/cute/interface.py`) spells unbounded windows None and takes
+learnable_sink: use fa4.attention(..., learnable_sink=...) for those.
 """
 
 from __future__ import annotations

@@ -59,8 +59,10 @@ def dequantize_varlen(x8: torch.Tensor, descale, cu_seqlens: torch.Tensor, heads
 def quantize(x: torch.Tensor, heads_kv: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x (b, s, h, d) -> (e4m3 tensor, descale float32 (b, heads_kv)): each (batch, kv head)'s
     largest |value| maps to E4M3_MAX (a group's q heads share their kv head's descale)."""
-    b, _, h, _ = x.shape
-    amax = x.abs().float().reshape(b, -1, heads_kv, h // heads_kv, x.shape[-1])
+    b, s, h, _ = x.shape
+    if s == 0:  # an empty sequence: nothing to scale
+        return x.to(E4M3), torch.ones(b, heads_kv, device=x.device)
+    amax = x.abs().float().reshape(b, s, heads_kv, h // heads_kv, x.shape[-1])
     amax = amax.amax(dim=(1, 3, 4)).clamp_min(1e-12)  # (b, heads_kv)
     descale = (amax / E4M3_MAX).float()
     per_head = descale.repeat_interleave(h // heads_kv, dim=1)[:, None, :, None]
