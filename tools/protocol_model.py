@@ -16,6 +16,8 @@ interleaving of the roles and of the asynchronous TMA loads and tcgen05 MMAs and
   phase        a wait that passes on a completion count other than the one the waiter means
                (a stale phase two generations old, or a phase the producer ran ahead of)
   arrivals     more arrivals than the barrier's pending count (undefined in PTX)
+  exit         (Machine(exit_drained=True), the 2-CTA forward) every role finished while a
+               TMA load or tcgen05 op is in flight: the CTAs may leave before it lands
 The MMA thread's tcgen05 operations execute in issue order (a FIFO; tcgen05.commit arrives when
 everything issued before it has completed); `mma_in_order=False` lets MMAs complete in any
 order, to show that the kernel relies on that ordering.
@@ -681,9 +683,20 @@ class Machine:
     """The state machine of one CTA: role programs, barrier copies {name: (copies, arrivals)}
     and the buffers the programs name."""
 
-    def __init__(self, bars: dict[str, tuple], progs: dict[str, list], mma_in_order: bool):
+    def __init__(
+        self,
+        bars: dict[str, tuple],
+        progs: dict[str, list],
+        mma_in_order: bool,
+        exit_drained: bool = False,
+    ):
         self.progs = progs
         self.mma_in_order = mma_in_order
+        # exit_drained (a cluster that ends with cluster_sync, the 2-CTA forward): once every
+        # role has finished, the CTAs may exit; a TMA load or tcgen05 op (a multicast commit)
+        # still in flight then writes or arrives on a CTA that left ("exit").
+        self.exit_drained = exit_drained
+        self.lens = tuple(len(progs[r]) for r in progs)
         self.roles = list(self.progs)
         # Copy slots and their init counts.
         self.slot = {}
@@ -719,6 +732,9 @@ class Machine:
     def successors(self, state):
         pcs, done, pend, bufs, tmas, queue = state
         out, bad = [], []
+        if self.exit_drained and pcs == self.lens and (tmas or queue):
+            what = [f"TMA {w[0][1]}" for _, w, _ in tmas] + [str(op) for op in queue]
+            bad.append(("exit", f"every role finished with {', '.join(what)} in flight"))
         for r, role in enumerate(self.roles):
             prog = self.progs[role]
             if pcs[r] == len(prog):

@@ -1512,6 +1512,123 @@ def explore_bwd2(cfg: Bwd2Config, sources: dict[str, str], needs=None, stop_on=N
     return pm.search(machine_bwd2(specs, cfg, progs), stop_on), own
 
 
+# ---- The SM100 2-CTA forward (hd 256, a CTA pair per 256 query rows) ---------------------------
+FWD2_FILES = (
+    "csrc/sm100/fwd/kernel_2cta.cuh",
+    "csrc/sm100/fwd/kernel.cuh",
+    "csrc/sm100/fwd/epilogue.cuh",
+)
+FWD2_ENTRY = "fwd_kernel_2cta"
+
+
+@dataclass
+class Fwd2Config:
+    blocks: int = 3  # KV blocks of the cluster's one work item (128 keys each)
+    rescale: bool = True  # the correction warps' vote (Note [conditional rescale])
+
+
+def fwd2_tags(rescale: bool) -> dict:
+    """fwd_tags for the pair: the MMAs are elected cta_group::2 ones, named by their operands
+    (S = sQ·sKᵀ, O = P·sV); each CTA's softmax and correction read their own CTA's S, P, O."""
+    kv = lambda kind, name: lambda v: (kind, v(name).count)  # noqa: E731
+    tags = fwd_tags(rescale)
+    tags.update({
+        ("sQ", "tma"): lambda v: ("Q",),
+        ("sQ", "mma-S"): lambda v: ("Q",),
+        ("sK", "mma-S"): kv("K", "k_ready"),
+        ("S", "mma-write"): kv("S", "k_ready"),
+        ("S", "mma-O"): kv("P", "v_ready"),
+        ("sV", "mma-O"): kv("V", "v_ready"),
+    })  # fmt: skip
+    return tags
+
+
+def fwd2_env(cfg: Fwd2Config, text: str) -> Env:
+    """FwdTraits2<256, 256> (kernel_2cta.cuh): kBlockN 128 keys per block (each CTA 64 K rows,
+    d_v / 2 V columns per stage), one Q tile per CTA with S double-buffered; TMEM per CTA
+    S0 | S1 | O0 = 0 | 128 | 256 (FwdTmemPlan<256, 128>). Each role runs once per CTA rank
+    (block_rank_in_cluster); as extract_bwd2, its own barriers and buffers get the rank."""
+    block_n, dv = 128, 256
+    s0, s1, o0 = 0, block_n, 2 * block_n
+    env = fwd_env(FwdConfig(tiles=(cfg.blocks,), q_tiles=1, tma_store_o=False,
+                            rescale=cfg.rescale), text, 2, 1)  # fmt: skip
+    env.tmem = {"S0": (s0, block_n), "S1": (s1, block_n), "O0": (o0, dv)}
+    blocks = cfg.blocks
+    env.consts.update({
+        "T::kPair": True, "T::kItemTiles": 2, "T::kBlockN": block_n, "T::kBlockM": 128,
+        "T::kKRows": block_n // 2, "T::kVCols": dv // 2, "T::kHeadDim": dv,
+        "T::kHeadDimV": dv, "T::kTmaStoreO": False, "T::kQTiles": 1, "T::kStages": 2,
+        "Plan::kS0": s0, "Plan::kS1": s1, "Plan::kO0": o0, "Plan::kO1": o0 + dv,
+        "Plan::kP0": s0, "Plan::kP1": s1, "ss.tmem_base": 0,
+        # take_tile<T> with kPair: the cluster's one work item, written by the kernel's start
+        "ss.tile_item": [Coord(0, 0)],
+    })  # fmt: skip
+    env.consts["@overrides"].update({
+        "tile_work": lambda kp, coord: TileWork(coord, 0, blocks),
+        "block_rank_in_cluster": lambda: env.consts["@rank"],
+        "make_runtime_instr_desc": lambda desc: desc,
+    })  # fmt: skip
+    env.kp = {"kp.tma_store_o": False}
+    both = lambda kind: lambda s: [f"{kind}{s}@0", f"{kind}{s}@1"]  # noqa: E731
+    # the pair MMA reads the operand at the same offset in both CTAs' shared memory
+    env.descs = {"dQ": both("sQ"), "dK": both("sK"), "dV": both("sV")}
+    env.mma_products = {("sQ", "sK"): "S", ("S", "sV"): "O"}
+    env.tags = fwd2_tags(cfg.rescale)
+    return env
+
+
+def extract_fwd2(cfg: Fwd2Config, sources: dict[str, str], called=None) -> dict[str, list[Op]]:
+    """{role@rank: ops} of fwd_kernel_2cta's roles in both CTAs of the pair (roles with no op,
+    e.g. the odd CTA's MMA warp and softmax1, are absent)."""
+    env = fwd2_env(cfg, sources[FWD2_FILES[1]])
+    progs = {}
+    for rank in (0, 1):
+        env.consts["@rank"] = rank
+        for role, ops in _extract(sources, sources[FWD2_FILES[1]], FWD2_ENTRY, env,
+                                  called).items():  # fmt: skip
+            progs[f"{role}@{rank}"] = [Op(_at(op.step, rank), op.site) for op in ops]
+    return progs
+
+
+def fwd2_bars(pair_text: str, enum_text: str | None = None) -> dict[str, tuple]:
+    """{name@rank: (copies, arrivals)} of kBarriersPair (the enum Bar of kernel.cuh; kNone
+    rows have no copy), both CTAs' copies."""
+    if enum_text is None:
+        enum_text = (ROOT / FWD2_FILES[1]).read_text()
+    _, _, rows = pm.parse_bar_table(enum_text + "\n" + pair_text, "kBarriersPair")
+    stages = re.search(r"static constexpr int kStages = (\d+);", pair_text)
+    if not stages:
+        raise ExtractError("FwdTraits2::kStages not found")
+    copies = {"kPerQTile": 1, "kPerStage": int(stages.group(1)), "kPerSBuffer": 2, "kNone": 0}
+    bars = {}
+    for name, kind, arrivals in rows:
+        if kind not in copies:
+            raise ExtractError(f"kBarriersPair {name}: copies {kind} not in the pair's policy")
+        for rank in (0, 1):
+            if copies[kind]:
+                bars[f"{name}@{rank}"] = (copies[kind], arrivals)
+    return bars
+
+
+def machine_fwd2(pair_text: str, progs) -> pm.Machine:
+    """Both CTAs; exit_drained: the closing cluster_sync lets both CTAs exit once every role of
+    both has finished, so a commit or TMA still in flight then arrives on a CTA that left."""
+    return pm.Machine(fwd2_bars(pair_text), progs, mma_in_order=True, exit_drained=True)
+
+
+# The "...Empty" barriers of each CTA whose buffer is free before its first use (annotate).
+FWD2_FREE_AT_START = {f"{b}@{r}" for b in ("kKEmpty", "kVEmpty", "kStatsEmpty") for r in (0, 1)}
+
+
+def finish_fwd2(progs, needs=None):
+    return finish(progs, needs, free_at_start=FWD2_FREE_AT_START)
+
+
+def explore_fwd2(cfg: Fwd2Config, sources: dict[str, str], needs=None, stop_on=None):
+    progs, own = finish_fwd2(extract_fwd2(cfg, sources), needs)
+    return pm.search(machine_fwd2(sources[FWD2_FILES[0]], progs), stop_on), own
+
+
 # ---- From extracted ops to the explorer's programs -------------------------------------------
 def finish(progs: dict[str, list[Op]], needs: dict | None = None, free_at_start=None):
     """protocol_model steps: each write declares the reads its value gets (summed over every
