@@ -97,8 +97,12 @@ def instance_source(inst: Instance) -> str:
 
 def instances_header(insts: list[Instance]) -> str:
     lines = [GENERATED_BY.rstrip("\n"), "#pragma once"]
-    for k in M["kernels"]:
-        mine = [i for i in insts if (i.family, i.direction) == (k["family"], k["direction"])]
+    # one list per (family, direction), whose instances may come from several kernels entries
+    # (the SM90 forward's e4m3 instances have head dims of their own)
+    pairs = list(dict.fromkeys((k["family"], k["direction"]) for k in M["kernels"]))
+    for family, direction in pairs:
+        k = {"family": family, "direction": direction}
+        mine = [i for i in insts if (i.family, i.direction) == (family, direction)]
         if mine:
             cases = " ".join(f"X({i.dims[0]}, {i.dims[1]}, {DTYPES[i.dtype]})" for i in mine)
             name = f"FA4_INSTANCES_{k['family'].upper()}_{k['direction'].upper()}"

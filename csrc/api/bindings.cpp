@@ -89,7 +89,9 @@ fa4::FwdParams fwd_params(const Tensor& q, const Tensor& k, const Tensor& v, con
   p.window_left = static_cast<int>(wl);
   p.window_right = static_cast<int>(wr);
   p.causal = causal;
-  p.dtype = q.scalar_type() == at::kHalf ? fa4::DType::kFloat16 : fa4::DType::kBFloat16;
+  p.dtype = q.scalar_type() == at::kHalf            ? fa4::DType::kFloat16
+            : q.scalar_type() == at::kFloat8_e4m3fn ? fa4::DType::kE4M3
+                                                    : fa4::DType::kBFloat16;
   p.deterministic = det;
   return p;
 }
@@ -198,21 +200,21 @@ void set_inference(fa4::FwdParams& p, const Tensor& k, const Tensor& v, const Op
   }
 }
 
-std::tuple<Tensor, Tensor> fwd_kernel(const Tensor& q, const Tensor& k, const Tensor& v,
-                                      const OptTensor& cu_q, const OptTensor& cu_k,
-                                      const OptTensor& seqused_k, const OptTensor& seqused_q,
-                                      const OptTensor& page_table, const OptTensor& kv_batch_idx,
-                                      const OptTensor& leftpad_k, const OptTensor& sink,
-                                      int64_t max_q, int64_t max_k, bool causal, double scale,
-                                      int64_t wl, int64_t wr, double softcap, bool det,
-                                      int64_t num_splits, int64_t num_sms, int64_t tile_schedule,
-                                      const std::optional<std::string>& tile_order,
-                                      const OptTensor& k_descale, const OptTensor& v_descale) {
+std::tuple<Tensor, Tensor> fwd_kernel(
+    const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_q, const OptTensor& cu_k,
+    const OptTensor& seqused_k, const OptTensor& seqused_q, const OptTensor& page_table,
+    const OptTensor& kv_batch_idx, const OptTensor& leftpad_k, const OptTensor& sink, int64_t max_q,
+    int64_t max_k, bool causal, double scale, int64_t wl, int64_t wr, double softcap, bool det,
+    int64_t num_splits, int64_t num_sms, int64_t tile_schedule,
+    const std::optional<std::string>& tile_order, const OptTensor& k_descale,
+    const OptTensor& v_descale, const OptTensor& q_descale) {
   check_knobs(num_sms, tile_schedule);
   c10::cuda::CUDAGuard guard(q.device());
   auto out_shape = q.sizes().vec();
   out_shape.back() = v.size(-1);
-  Tensor out = at::empty(out_shape, q.options());
+  // The FP8 forward (e4m3 q, k, v: api/fa4.h) writes bf16.
+  const bool fp8_fwd = q.scalar_type() == at::kFloat8_e4m3fn;
+  Tensor out = at::empty(out_shape, fp8_fwd ? q.options().dtype(at::kBFloat16) : q.options());
   Tensor lse = cu_q.has_value()
                    ? at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat))
                    : at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
@@ -220,19 +222,21 @@ std::tuple<Tensor, Tensor> fwd_kernel(const Tensor& q, const Tensor& k, const Te
   auto p = fwd_params(q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, wl, wr,
                       softcap, det);
   set_inference(p, k, v, seqused_q, page_table, kv_batch_idx, leftpad_k, sink, max_k, num_splits);
-  // An e4m3 cache (api/fa4.h, "Inference layouts"); descales are fp32 (batch, heads_kv).
-  p.kv_fp8 = k.scalar_type() == at::kFloat8_e4m3fn;
+  // An e4m3 cache with 16-bit q (api/fa4.h, "Inference layouts"), or the FP8 forward; descales
+  // are fp32 (batch, heads_kv) with one layout.
+  p.kv_fp8 = !fp8_fwd && k.scalar_type() == at::kFloat8_e4m3fn;
   p.k_descale = opt_ptr<float>(k_descale);
   p.v_descale = opt_ptr<float>(v_descale);
-  for (const OptTensor* d : {&k_descale, &v_descale}) {
+  p.q_descale = opt_ptr<float>(q_descale);
+  for (const OptTensor* d : {&k_descale, &v_descale, &q_descale}) {
     if (d->has_value() && (*d)->defined()) {
       p.descale_batch_stride = (*d)->stride(0);
       p.descale_head_stride = (*d)->stride(1);
     }
   }
   p.num_sms = static_cast<int>(num_sms);
-  // Split-KV partials (Note [split-KV]): sized from the sizes alone, so a CUDA graph captures a
-  // fixed allocation.
+  // Split-KV partials (Note [split-KV]) or the FP8 forward's Vᵀ: sized from the sizes alone, so
+  // a CUDA graph captures a fixed allocation.
   const size_t ws_bytes = fa4::fwd_workspace_size(p);
   Tensor workspace;
   if (ws_bytes > 0) {
@@ -305,7 +309,8 @@ TORCH_LIBRARY(fa4, m) {
       "Tensor? leftpad_k, Tensor? learnable_sink, int max_seqlen_q, int max_seqlen_k, "
       "bool causal, float softmax_scale, int window_left, int window_right, float softcap, "
       "bool deterministic, int num_splits, int num_sms, int tile_schedule, str? tile_order, "
-      "Tensor? k_descale=None, Tensor? v_descale=None) -> (Tensor, Tensor)");
+      "Tensor? k_descale=None, Tensor? v_descale=None, Tensor? q_descale=None) -> (Tensor, "
+      "Tensor)");
   m.def(
       "_bwd_kernel(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? "
       "dlse, "

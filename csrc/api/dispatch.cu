@@ -6,6 +6,7 @@
 #include "common/params.h"
 #include "decode/plan.h"
 #include "fa4_instances.h"
+#include "sm90/fwd/fp8_vt.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -242,8 +243,24 @@ void check_fwd(Checker& c, const FwdParams& p, bool lse_required) {
   check_sizes(c, p);
   if (!c.ok()) return;  // the rules below index with the sizes
 
-  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
-    c.fail("dtype", "=%d unknown: DType::kFloat16 or DType::kBFloat16", static_cast<int>(p.dtype));
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16 && p.dtype != DType::kE4M3) {
+    c.fail("dtype", "=%d unknown: DType::kFloat16, kBFloat16 or kE4M3", static_cast<int>(p.dtype));
+  }
+  const bool e4m3 = p.dtype == DType::kE4M3;
+  if (e4m3) {
+    // The FP8 forward (api/fa4.h): dense or varlen q, k, v, none of the serving layouts.
+    if (p.kv_fp8 || p.page_table != nullptr || p.kv_batch_idx != nullptr ||
+        p.leftpad_k != nullptr || p.seqused_q != nullptr || p.learnable_sink != nullptr ||
+        p.num_splits > 1 || (p.seqused_k != nullptr && p.cu_seqlens_k == nullptr)) {
+      c.fail("dtype",
+             "=kE4M3: the FP8 forward takes dense or varlen q, k, v (no kv_fp8, "
+             "page_table, kv_batch_idx, leftpad_k, seqused_q, dense seqused_k, "
+             "learnable_sink or splits)");
+    }
+    if (p.head_dim % 16 != 0 || p.head_dim_v % 16 != 0) {
+      c.fail("head_dim", "=%d / head_dim_v=%d: the FP8 forward needs multiples of 16", p.head_dim,
+             p.head_dim_v);
+    }
   }
   if (!(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f)) {
     c.fail("softmax_scale", "=%g must be finite and > 0 (usually 1/sqrt(head_dim))",
@@ -268,17 +285,17 @@ void check_fwd(Checker& c, const FwdParams& p, bool lse_required) {
   c.require_ptr("v", p.v, has_k, "when there are key rows");
   c.require_ptr("lse", p.lse, lse_required && has_q, "by the backward (it is an input there)");
   check_tensor(c, "q", p.q, varlen, p.batch, sq, p.heads_q, p.q_batch_stride, p.q_row_stride,
-               p.q_head_stride);
+               p.q_head_stride, e4m3 ? 1 : 2);
   // Paged: (num_pages, page_size, heads, d); kv_batch_idx: more batch entries than q has.
   const bool k_dense = !varlen || is_paged(p);
   const int k_batch = is_paged(p) ? p.num_pages : p.kv_batch_idx != nullptr ? 2 : p.batch;
   const int64_t k_len = is_paged(p) ? p.page_size : sk;
-  const int kv_bytes = p.kv_fp8 ? 1 : 2;
+  const int kv_bytes = p.kv_fp8 || e4m3 ? 1 : 2;
   check_tensor(c, "k", p.k, !k_dense, k_batch, k_len, p.heads_kv, p.k_batch_stride, p.k_row_stride,
                p.k_head_stride, kv_bytes);
   check_tensor(c, "v", p.v, !k_dense, k_batch, k_len, p.heads_kv, p.v_batch_stride, p.v_row_stride,
                p.v_head_stride, kv_bytes);
-  if (p.kv_fp8) {
+  if (p.kv_fp8 || e4m3) {
     // Note [fp8 cache] (decode/kernel.cuh): 16-byte copies of whole rows.
     if (p.head_dim % 16 != 0 || p.head_dim_v % 16 != 0) {
       c.fail("head_dim", "=%d / head_dim_v=%d: kv_fp8 needs multiples of 16", p.head_dim,
@@ -290,7 +307,10 @@ void check_fwd(Checker& c, const FwdParams& p, bool lse_required) {
              static_cast<long long>(p.descale_head_stride));
     }
   } else if (p.k_descale != nullptr || p.v_descale != nullptr) {
-    c.fail("k_descale", " / v_descale are set without kv_fp8: descales are for an FP8 cache");
+    c.fail("k_descale", " / v_descale are set without kv_fp8 or kE4M3: descales are for FP8");
+  }
+  if (p.q_descale != nullptr && !e4m3) {
+    c.fail("q_descale", " is set without dtype kE4M3: it is the FP8 forward's");
   }
   check_tensor(c, "out", p.out, varlen, p.batch, sq, p.heads_q, p.out_batch_stride,
                p.out_row_stride, p.out_head_stride);
@@ -472,10 +492,10 @@ Status validate(const BwdParams& p) noexcept {
   // gradient and runs seqused_q through lse = +inf rows.
   if (fp.seqused_q != nullptr || fp.page_table != nullptr || fp.kv_batch_idx != nullptr ||
       fp.leftpad_k != nullptr || fp.learnable_sink != nullptr || fp.kv_fp8 ||
-      (fp.seqused_k != nullptr && fp.cu_seqlens_k == nullptr)) {
+      fp.dtype == DType::kE4M3 || (fp.seqused_k != nullptr && fp.cu_seqlens_k == nullptr)) {
     c.fail("fwd",
-           ": seqused_q, page_table, kv_batch_idx, leftpad_k, learnable_sink, kv_fp8 and dense "
-           "seqused_k are forward only (api/fa4.h)");
+           ": seqused_q, page_table, kv_batch_idx, leftpad_k, learnable_sink, kv_fp8, dtype kE4M3 "
+           "and dense seqused_k are forward only (api/fa4.h)");
     return c.status();
   }
   const bool varlen = is_varlen(fp);
@@ -529,6 +549,16 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream, const RunOptions& option
     }
     return kDecodeFwd(p, info, stream);
   }
+  if (p.dtype == DType::kE4M3) {  // Vᵀ goes to the workspace (sm90/fwd/fp8_vt.cuh)
+    const size_t needed = fwd_workspace_size(p);
+    if (p.workspace_bytes < needed || p.workspace == nullptr) {
+      return fail(Status::kInvalid, "workspace_bytes=%zu smaller than fwd_workspace_size()=%zu",
+                  p.workspace_bytes, needed);
+    }
+    if (reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0) {
+      return fail(Status::kInvalid, "workspace=%p not 16-byte aligned", p.workspace);
+    }
+  }
   return arch->fwd(p, info, stream);
 }
 
@@ -542,6 +572,7 @@ size_t fwd_workspace_size(const FwdParams& p) noexcept {
     cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev);
   }
   if (p.num_sms > 0) num_sms = p.num_sms;
+  if (p.dtype == DType::kE4M3) return sm90::VtLayout::of(p).bytes(p);
   if (!decode::takes_decode(p, cc_major)) return 0;
   return decode::make_plan(p, num_sms).workspace_bytes();
 }

@@ -75,6 +75,14 @@
 //               strides are multiples of 16 elements. The decode kernel computes it in fp16: q
 //               values beyond +-65504 saturate there.
 //
+// FP8 forward (dtype = DType::kE4M3; SM90): q, k and v hold float8_e4m3fn elements and out is
+// bf16; the true value of an element of sequence b, kv head h is x * descale[b *
+// descale_batch_stride + h * descale_head_stride] with q_descale, k_descale, v_descale (each 1
+// when null; a q head uses its kv head's entry). Dense or varlen q, k, v only (no kv_fp8 flag, no
+// paged or serving layouts, no sink); head dims multiples of 16; forward only. The kernel reads V
+// transposed: run_fwd writes Vᵀ into `workspace` (fwd_workspace_size(p) bytes) first
+// (sm90/fwd/fp8_vt.cuh, Note [fp8 P layout]).
+//
 // Masking (causal, window), bottom-right aligned as in flash-attn: with offset = seqlen_k -
 // seqlen_q of the sequence (per sequence for varlen, after seqused_k), query row i sees key j iff
 //   (window_left  == -1 || j >= i + offset - window_left) &&
@@ -124,7 +132,7 @@ const char* last_error() noexcept;
 // The library version, e.g. "0.1.0" (fa4/VERSION when it was built).
 const char* version() noexcept;
 
-enum class DType { kFloat16, kBFloat16 };
+enum class DType { kFloat16, kBFloat16, kE4M3 };  // kE4M3: the FP8 forward (see above)
 
 struct FwdParams {
   // Tensors: see the layout notes at the top of this file.
@@ -187,8 +195,10 @@ struct FwdParams {
   const float* learnable_sink = nullptr;  // fp32 (heads_q,): a logit per head in every row's
                                           // softmax denominator (no value)
   bool kv_fp8 = false;                    // k, v are float8_e4m3fn (see Inference layouts)
-  const float* k_descale = nullptr;       // fp32 (batch, heads_kv), optional with kv_fp8
+  const float* k_descale = nullptr;       // fp32 (batch, heads_kv), optional with kv_fp8 or
+                                          // kE4M3
   const float* v_descale = nullptr;       // likewise for v
+  const float* q_descale = nullptr;       // likewise for q, with kE4M3
   int64_t descale_batch_stride = 0, descale_head_stride = 0;
   int num_splits = 0;  // >= 0: key splits of the decode kernel; 0 = heuristic, 1 = none
   // Device memory for the split-KV partial results: at least fwd_workspace_size(p) bytes,
@@ -223,8 +233,8 @@ static_assert(std::is_trivially_copyable_v<BwdParams> && std::is_standard_layout
 // The kernels' parameter structs hold FwdParams / BwdParams by value followed by their own
 // members, so a member added here moves the constant-bank offset of every later kernel parameter
 // and changes the machine code of every kernel. Per-call choices that no kernel reads go in
-// RunOptions instead. With 8-byte pointers (every CUDA host): 376 and 512 bytes.
-static_assert(sizeof(void*) != 8 || (sizeof(FwdParams) == 376 && sizeof(BwdParams) == 512),
+// RunOptions instead. With 8-byte pointers (every CUDA host): 384 and 520 bytes.
+static_assert(sizeof(void*) != 8 || (sizeof(FwdParams) == 384 && sizeof(BwdParams) == 520),
               "FwdParams / BwdParams changed size: every kernel's SASS moves (see above)");
 
 // Per-call options that do not describe the problem (kernels never see this struct).

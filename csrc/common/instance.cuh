@@ -14,7 +14,9 @@
 namespace fa4 {
 
 template <DType E>
-using ElementOf = std::conditional_t<E == DType::kBFloat16, cutlass::bfloat16_t, cutlass::half_t>;
+using ElementOf = std::conditional_t<
+    E == DType::kBFloat16, cutlass::bfloat16_t,
+    std::conditional_t<E == DType::kE4M3, cutlass::float_e4m3_t, cutlass::half_t>>;
 
 }  // namespace fa4
 

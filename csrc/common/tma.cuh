@@ -10,12 +10,14 @@ namespace fa4 {
 
 using namespace cute;
 
-// The largest GMMA K-major swizzle atom whose row (64, 32 or 16 elements) divides the head dim.
+// The largest GMMA K-major swizzle atom whose row (128, 64 or 32 bytes: 64, 32 or 16 16-bit
+// elements, twice as many e4m3) divides the row of kCols elements.
 template <class Element, int kCols>
 auto smem_atom_k() {
-  if constexpr (kCols % 64 == 0) {
+  constexpr int kBytes = kCols * int(sizeof_bits_v<Element>) / 8;
+  if constexpr (kBytes % 128 == 0) {
     return GMMA::Layout_K_SW128_Atom<Element>{};
-  } else if constexpr (kCols % 32 == 0) {
+  } else if constexpr (kBytes % 64 == 0) {
     return GMMA::Layout_K_SW64_Atom<Element>{};
   } else {
     return GMMA::Layout_K_SW32_Atom<Element>{};

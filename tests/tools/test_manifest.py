@@ -38,12 +38,18 @@ def test_selection_follows_archs_hdims_and_bwd(tmp_path):
         ((128, 128), "fp16"),
         ((192, 128), "bf16"),
         ((192, 128), "fp16"),
+        ((128, 128), "e4m3"),  # the FP8 forward (hd 64, 128, 256: a kernels entry of its own)
     }
     units = manifest.generate(tmp_path, insts)
     assert sorted(p.name for p in tmp_path.glob("*.cu")) == sorted(p.name for p in units)
     header = (tmp_path / "fa4_instances.h").read_text()
-    want = "#define FA4_INSTANCES_SM90_FWD(X) X(128, 128, kBFloat16) X(128, 128, kFloat16)"
+    # one list per family and direction, the e4m3 entry's instances after the 16-bit ones
+    want = (
+        "#define FA4_INSTANCES_SM90_FWD(X) X(128, 128, kBFloat16) X(128, 128, kFloat16) "
+        "X(192, 128, kBFloat16) X(192, 128, kFloat16) X(128, 128, kE4M3)\n"
+    )
     assert want in header
+    assert header.count("FA4_INSTANCES_SM90_FWD") == 1
     assert "SM90_BWD" not in header and "SM100" not in header
     # A narrower selection removes the units it no longer has.
     manifest.generate(tmp_path, insts[:1])

@@ -179,7 +179,9 @@ __device__ void load_role_pair(const KernelParams<T>& kp, typename T::SharedStor
   }
   // The tail: the even CTA's last multicast commits to this CTA's kKEmpty and kVEmpty have
   // arrived before the CTA may leave (the kernel's closing cluster_sync follows every role).
-  for (int s = 0; s < T::kStages && s < t.blocks(); ++s) {
+  // Every stage, used or not: with one block the loop above left the count at 1, so stage 0's
+  // commit is the second wait (the protocol model's `exit` check found the tail skipping it).
+  for (int s = 0; s < T::kStages; ++s) {
     bar_wait_cluster(bar_ptr<T, Bar::kKEmpty>(ss, k_free.index(T::kStages)),
                      k_free.parity(T::kStages) ^ 1u);
     ++k_free.count;

@@ -17,7 +17,7 @@ template <class T, class Frag>
 __device__ __forceinline__ void store_tile(const KernelParams<T>& kp, const TileWork& t,
                                            const float* o, const float (&lse)[2], int row_in_tile0,
                                            int quad_lane) {
-  using Element = typename T::Element;
+  using Element = typename T::OutElement;  // bf16 for the FP8 forward
   static_assert(T::kHeadDimV % 32 == 0, "groups of four 8-column chunks");
   const FwdParams& p = kp.p;
   const bool varlen = p.cu_seqlens_q != nullptr;
@@ -64,7 +64,7 @@ __device__ __forceinline__ void store_tile_tma(const KernelParams<T>& kp,
                                                const MmaPV& mma_pv, const AccO& acc_o,
                                                const float (&lse)[2], int row_in_tile0,
                                                int quad_lane, int wg, int tid, int trace_tile) {
-  using Element = typename T::Element;
+  using Element = typename T::OutElement;         // bf16 for the FP8 forward
   constexpr uint32_t kBarrier = T::kConsumerWGs;  // + wg; below are the ping-pong turns
   const bool issuer = threadIdx.x % 128 == 0;
   if (issuer) tma_store_wait<0>();

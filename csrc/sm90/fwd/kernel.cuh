@@ -103,9 +103,17 @@ __device__ __forceinline__ void producer(const KernelParams<T>& kp, typename T::
     Tensor gK =
         local_tile(domain_offset(make_coord(t.seq.offset_k, _0{}), mK(_, _, head_kv, t.bidb_gmem)),
                    Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, make_coord(_, _0{}));
-    Tensor gV =
-        local_tile(domain_offset(make_coord(t.seq.offset_k, _0{}), mV(_, _, head_kv, t.bidb_gmem)),
-                   Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, make_coord(_, _0{}));
+    Tensor gV = [&] {
+      if constexpr (T::kFp8) {  // Vᵀ (d_v, keys) from the sequence's first column (fp8_vt.cuh)
+        const int first = int(kp.vt.start(kp.p.cu_seqlens_k, t.tile.batch));
+        return local_tile(domain_offset(make_coord(_0{}, first), mV(_, _, head_kv, t.bidb_gmem)),
+                          Shape<Int<T::kHeadDimV>, Int<T::kBlockN>>{}, make_coord(_0{}, _));
+      } else {
+        return local_tile(
+            domain_offset(make_coord(t.seq.offset_k, _0{}), mV(_, _, head_kv, t.bidb_gmem)),
+            Shape<Int<T::kBlockN>, Int<T::kHeadDimV>>{}, make_coord(_, _0{}));
+      }
+    }();
     auto [tKgK, tKsK] =
         tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     auto [tVgV, tVsV] =
@@ -159,6 +167,7 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
                                          typename T::PipelineKV& pipe_k,
                                          typename T::PipelineKV& pipe_v, int tid) {
   using Element = typename T::Element;
+  using OutElement = typename T::OutElement;
   using SFrag = QuadFrag<T::kBlockN>;
   using OFrag = QuadFrag<T::kHeadDimV>;
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQS{});
@@ -250,6 +259,20 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
     OnlineSoftmax<SFrag> softmax;
     softmax.init();
     clear(tOrO);
+    // Note [fp8 forward]: this (batch, kv head)'s q and k descales scale the scores, before the
+    // softcap as in the 16-bit kernel; v's descale and the 2^-8 of P's scaling multiply 1/l.
+    ScoreScale fp8_score;
+    float fp8_out = 1.0f;
+    if constexpr (T::kFp8) {
+      const FwdParams& p = kp.p;
+      const int64_t at = int64_t(t.tile.batch) * p.descale_batch_stride +
+                         int64_t(t.tile.head / kp.group) * p.descale_head_stride;
+      const float qd = p.q_descale != nullptr ? p.q_descale[at] : 1.0f;
+      const float kd = p.k_descale != nullptr ? p.k_descale[at] : 1.0f;
+      fp8_score = ScoreScale::make(p.softmax_scale * qd * kd, p.softcap);
+      fp8_out = (p.v_descale != nullptr ? p.v_descale[at] : 1.0f) * kFp8PInverse;
+    }
+    const ScoreScale& score = T::kFp8 ? fp8_score : kp.score;
     if (!br.empty()) {
       ss.trace.tile_mark(leader, wg, tk, 1);
       // The slot as a warp-uniform value (lane 0's), so that the S descriptors stay in uniform
@@ -319,7 +342,7 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       };
       // Scores of block n -> P in fp32 (in tSrS); returns the rows' O factors.
       auto softmax_block = [&](int n, float (&o_scale)[2]) {
-        if (kp.score.softcap) apply_softcap<SFrag>(s_arr, kp.score.pre);
+        if (score.softcap) apply_softcap<SFrag>(s_arr, score.pre);
         if (br.needs_mask(n)) {
           if (T::kRightEdgeMask && n >= br.left_end) {  // Note [right-edge mask]
             const int base = n * T::kBlockN + 2 * quad_lane;
@@ -340,15 +363,31 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
         // for its own P·V moved from before the row max to after it, so the max overlaps that
         // P·V: hd128 +2.7-6.2 % at 1k-16k, causal and not.
         RowDecisions d;
-        if (!__all_sync(0xffffffffu, softmax.keeps_max(m_loc, kp.score.scale_log2, T::kTau))) {
-          d = softmax.update_max_local(m_loc, kp.score.scale_log2, T::kTau, o_scale);
+        if (!__all_sync(0xffffffffu, softmax.keeps_max(m_loc, score.scale_log2, T::kTau))) {
+          d = softmax.update_max_local(m_loc, score.scale_log2, T::kTau, o_scale);
         }
-        softmax.template exp2_and_sum<T::kEmuSixteenths>(s_arr, kp.score.scale_log2);
+        softmax.template exp2_and_sum<T::kEmuSixteenths>(s_arr, score.scale_log2);
         return d;
       };
       auto convert_p = [&]() {
-        FA4_UNROLL
-        for (int i = 0; i < SFrag::kSize; ++i) tOrP(i) = Element(s[i]);
+        if constexpr (T::kFp8) {
+          // Note [fp8 P layout] (sm90/fwd/fp8_vt.cuh): per 32 keys, A register m takes the four
+          // S values fp8_a_source(4 m ..) of the same row; P scaled by 2^8 (Note [fp8 forward]).
+          uint32_t* p8 = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrP.data()));
+          FA4_UNROLL
+          for (int c = 0; c < SFrag::kSize / 16; ++c) {
+            FA4_UNROLL
+            for (int m = 0; m < 4; ++m) {
+              const float* g = s + 16 * c;
+              p8[4 * c + m] = pack4_e4m3(
+                  g[fp8_a_source(4 * m)] * kFp8PScale, g[fp8_a_source(4 * m + 1)] * kFp8PScale,
+                  g[fp8_a_source(4 * m + 2)] * kFp8PScale, g[fp8_a_source(4 * m + 3)] * kFp8PScale);
+            }
+          }
+        } else {
+          FA4_UNROLL
+          for (int i = 0; i < SFrag::kSize; ++i) tOrP(i) = Element(s[i]);
+        }
       };
 
       float o_scale[2];
@@ -391,6 +430,10 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
     float inv_l[2], lse[2];
     const float* sink = kp.p.learnable_sink;  // Note [learnable sink]
     softmax.finalize(inv_l, lse, sink != nullptr ? sink[t.tile.head] * kLog2e : -INFINITY);
+    if constexpr (T::kFp8) {
+      inv_l[0] *= fp8_out;
+      inv_l[1] *= fp8_out;
+    }
     scale_rows<OFrag>(o_arr, inv_l);
     ss.trace.tile_mark(leader && !br.empty(), wg, tk, 5);
     const bool dense = kp.p.cu_seqlens_q == nullptr;
@@ -405,7 +448,7 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       ss.trace.tile_mark(leader && !br.empty(), wg, tk, 8);
     }
     ss.trace.set_last_tile(tid == 0 && dense,
-                           static_cast<Element*>(kp.p.out) +
+                           static_cast<OutElement*>(kp.p.out) +
                                int64_t(t.tile.m_block) * T::kBlockM * kp.p.out_row_stride +
                                int64_t(t.tile.head) * kp.p.out_head_stride +
                                int64_t(t.tile.batch) * kp.p.out_batch_stride,
@@ -413,7 +456,7 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
     ss.trace.tile_mark(leader && !br.empty(), wg, tk, 9);
   }
   ss.trace.clock_mark(tid == 0, 1);
-  ss.trace.dump(kp.p.out_row_stride * int64_t(sizeof(Element)), T::kHeadDimV / 2, tid,
+  ss.trace.dump(kp.p.out_row_stride * int64_t(sizeof(OutElement)), T::kHeadDimV / 2, tid,
                 T::kConsumerThreads, 2 * T::kConsumerWGs);
   // The last TMA store must have read shared memory before the CTA exits.
   if (T::kTmaStoreO && threadIdx.x % 128 == 0) tma_store_wait<0>();
@@ -477,12 +520,28 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   kp.shape_v = v.shape();
   kp.tma_q = make_tma_tile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>(q);
   kp.tma_k = make_tma_tile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>(k);
-  kp.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(v);
+  if constexpr (T::kFp8) {  // Vᵀ in the workspace (sm90/fwd/fp8_vt.cuh)
+    kp.vt = VtLayout::of(p);
+    const GmemView vt{p.workspace,
+                      p.head_dim_v,
+                      int(kp.vt.cols),
+                      p.heads_kv,
+                      kp.vt.varlen ? 1 : p.batch,
+                      kp.vt.cols,
+                      kp.vt.head_stride(p.head_dim_v),
+                      kp.vt.batch_stride(p.head_dim_v, p.heads_kv)};
+    kp.shape_v = vt.shape();
+    kp.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, T::kHeadDimV, T::kBlockN>(vt);
+  } else {
+    kp.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(v);
+  }
   if (T::kTmaStoreO && p.cu_seqlens_q == nullptr) {
     const GmemView o = gmem_view(p, p.out, false, p.head_dim_v, p.out_row_stride, p.out_head_stride,
                                  p.out_batch_stride);
     kp.shape_o = o.shape();
-    kp.tma_o = make_tma_store_tile<Element, typename T::SmemLayoutOHalf, 64, T::kHeadDimV>(o);
+    kp.tma_o =
+        make_tma_store_tile<typename T::OutElement, typename T::SmemLayoutOHalf, 64, T::kHeadDimV>(
+            o);
   }
   kp.sched = TileScheduler::for_forward(p, T::kBlockM, int(sizeof(Element)),
                                         dev.num_sms * T::kCtasPerSm, dev.tile_order);

@@ -23,6 +23,8 @@
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -37,6 +39,7 @@
 #include "common/tile_ring.cuh"
 #include "common/tile_scheduler.cuh"
 #include "sm90/common.cuh"
+#include "sm90/fwd/fp8_vt.cuh"
 #include "sm90/fwd/heuristics.cuh"
 #include "sm90/fwd/trace.cuh"
 
@@ -93,6 +96,10 @@ template <int kHeadDim_, int kHeadDimV_, class Element_, int kConsumerWGs_ = 0, 
           int kCtasPerSm_ = 1>
 struct FwdTraits {
   using Element = Element_;
+  // Note [fp8 forward]: e4m3 q, k, v with fp32 accumulation and a bf16 out; P·V runs in e4m3 on a
+  // Vᵀ that run_fwd writes first (sm90/fwd/fp8_vt.cuh), since FP8 wgmma takes K-major B only.
+  static constexpr bool kFp8 = sizeof_bits_v<Element> == 8;
+  using OutElement = std::conditional_t<kFp8, cutlass::bfloat16_t, Element>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
   // Note [three consumers at hd64]: at d = 64 a 128 × 128 block is as long on MUFU (16384
@@ -105,7 +112,10 @@ struct FwdTraits {
   // Note [hd256 kBlockN 80]: at hd 256, 80 keys per block (S 40 registers per thread, K and V
   // 2 × 40 KB each, 224 KB of shared memory with Q) run +8 % at 16k against 64; hd 192 keeps 64.
   // Short problems may take 64 instead (Note [hd256 narrow blocks], sm90/fwd/kernel.cuh).
-  static constexpr int kBlockN = kBlockN_ != 0 ? kBlockN_ : default_block_n(kHeadDim);
+  // FP8: P·V's K (kBlockN) is a multiple of 32; hd 256 takes 64 (S 32 + O 128 registers).
+  static constexpr int kBlockN =
+      kBlockN_ != 0 ? kBlockN_ : (kFp8 && kHeadDim > 128 ? 64 : default_block_n(kHeadDim));
+  static_assert(!kFp8 || kBlockN % 32 == 0, "FP8 P·V: 32 keys per wgmma K step");
   // Note [three-CTA stages]: the three-CTA kernel has 75 KB of shared memory per CTA, of which
   // two 8 KB K and V stages at hd64 use 32 KB; a third stage fits (72 KB with both Q buffers and
   // the O staging) and lets the producer run a block further ahead of the one consumer
@@ -132,7 +142,9 @@ struct FwdTraits {
   // with its wgmma rate at these tile shapes while the FMA pipe carries the rest of the softmax,
   // so exp2_poly would only lengthen it: 2 of 16 emulated cost hd128 4-10 % at every point.
   static constexpr int kEmuSixteenths = 0;
-  static constexpr float kTau = 8.0f;  // Note [conditional rescale]
+  // Note [conditional rescale]; FP8: 0, so each row's P·2^8 peaks at exactly 256 <= 448 (Note
+  // [fp8 forward], docs/numerics.md "FP8").
+  static constexpr float kTau = kFp8 ? 0.0f : 8.0f;
   // Note [right-edge mask]: the one-compare test in masked blocks that no left edge cuts, at
   // every head dim but 96 (default_right_edge_mask has the numbers).
   static constexpr bool kRightEdgeMask = default_right_edge_mask(kHeadDim);
@@ -148,17 +160,25 @@ struct FwdTraits {
       AtomLayout{}));
   using MmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV>, Int<kBlockN>>,
-                           GMMA::Major::K, GMMA::Major::MN>(),
+                           GMMA::Major::K, kFp8 ? GMMA::Major::K : GMMA::Major::MN>(),
       AtomLayout{}));
 
   using SmemLayoutQ = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
                                              Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutK = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
                                              Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
-  using SmemLayoutV = decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(),
-                                             Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
-  // Vᵀ as the B operand of P·V: (d_v, kBlockN) with d_v contiguous, i.e. MN-major.
-  using SmemLayoutVt = TransposedSmem<SmemLayoutV, kBlockN, kHeadDimV, kStages>;
+  // V as TMA writes it: (kBlockN, d_v), d_v contiguous; FP8: Vᵀ from its own tensor, (d_v,
+  // kBlockN) with the keys contiguous.
+  using SmemLayoutV = std::conditional_t<
+      kFp8,
+      decltype(tile_to_shape(smem_atom_k<Element, kBlockN>(),
+                             Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{})),
+      decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(),
+                             Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}))>;
+  // Vᵀ as the B operand of P·V: (d_v, kBlockN); 16-bit: d_v contiguous, i.e. MN-major, a view of
+  // V; FP8: K-major, the buffer itself.
+  using SmemLayoutVt = std::conditional_t<kFp8, SmemLayoutV,
+                                          TransposedSmem<SmemLayoutV, kBlockN, kHeadDimV, kStages>>;
 
   // Note [TMA-store epilogue]: each consumer warpgroup puts its 64 rows of O in shared memory
   // and one of its threads stores them with a TMA store, so the warpgroup moves on to the next
@@ -172,13 +192,13 @@ struct FwdTraits {
   // cycles on the tile boundary: Note [fwd trace].) The whole tile stacks the halves, so rows
   // [64 w, 64 w + 64) are a contiguous block.
   using SmemLayoutOHalf =
-      decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(), Shape<_64, Int<kHeadDimV>>{}));
+      decltype(tile_to_shape(smem_atom_k<OutElement, kHeadDimV>(), Shape<_64, Int<kHeadDimV>>{}));
   using SmemLayoutO =
       decltype(tile_to_shape(SmemLayoutOHalf{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
   static constexpr int kQKVBytes =
       int(cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV>) *
       int(sizeof(Element));
-  static constexpr int kOBytes = kBlockM * kHeadDimV * int(sizeof(Element));
+  static constexpr int kOBytes = kBlockM * kHeadDimV * int(sizeof(OutElement));
   static constexpr bool kTmaStoreO = kQKVBytes + kOBytes + 1024 <= kSmemLimit;
   // Note [two Q buffers]: the next tile's Q goes to the other buffer, issued by the producer
   // between the current tile's last K and V loads (it claims the next item there), where with
@@ -201,7 +221,7 @@ struct FwdTraits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQS>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
-    alignas(1024) cute::array_aligned<Element, kTmaStoreO ? cosize_v<SmemLayoutO> : 8> o;
+    alignas(1024) cute::array_aligned<OutElement, kTmaStoreO ? cosize_v<SmemLayoutO> : 8> o;
     alignas(16) typename PipelineKV::SharedStorage pipe_k;
     typename PipelineKV::SharedStorage pipe_v;
     cutlass::arch::ClusterTransactionBarrier q_full[kQStages];
@@ -218,14 +238,26 @@ struct FwdTraits {
   static constexpr uint32_t kVBytes = kBlockN * kHeadDimV * sizeof(Element);
 };
 
+// The TMA of V's boxes, (kBlockN, d_v); FP8: of Vᵀ's, (d_v, kBlockN) (sm90/fwd/fp8_vt.cuh). A
+// specialization, so that only the chosen one is instantiated.
+template <bool kFp8, class Element, class SmemLayoutV, int kBlockN, int kHeadDimV>
+struct TmaVOf {
+  using type = TmaTile<Element, SmemLayoutV, kBlockN, kHeadDimV>;
+};
+template <class Element, class SmemLayoutV, int kBlockN, int kHeadDimV>
+struct TmaVOf<true, Element, SmemLayoutV, kBlockN, kHeadDimV> {
+  using type = TmaTile<Element, SmemLayoutV, kHeadDimV, kBlockN>;
+};
+
 template <class T>
 struct KernelParams {
   using Element = typename T::Element;
   using ShapeQKV = Shape<int, int, int, int>;
   using TmaQ = TmaTile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>;
   using TmaK = TmaTile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>;
-  using TmaV = TmaTile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>;
-  using TmaO = TmaStoreTile<Element, typename T::SmemLayoutOHalf, 64, T::kHeadDimV>;
+  using TmaV =
+      typename TmaVOf<T::kFp8, Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>::type;
+  using TmaO = TmaStoreTile<typename T::OutElement, typename T::SmemLayoutOHalf, 64, T::kHeadDimV>;
   TmaQ tma_q;
   TmaK tma_k;
   TmaV tma_v;
@@ -234,7 +266,8 @@ struct KernelParams {
   FwdParams p;
   ScoreScale score;
   TileScheduler sched;
-  int group;  // heads_q / heads_kv
+  int group;    // heads_q / heads_kv
+  VtLayout vt;  // the FP8 forward's Vᵀ (sm90/fwd/fp8_vt.cuh); unused otherwise
 };
 
 // Copies the per-tile sequence geometry every role derives the same way.

@@ -1,0 +1,44 @@
+"""Note [fp8 P layout] (csrc/sm90/fwd/fp8_vt.cuh) held to CuTe's layouts on the CPU: the FP8
+forward's consumer copies its S accumulator into the A fragment of the e4m3 P·V wgmma by a
+register renaming (fp8_a_source), and its Vᵀ permutes each 32-key chunk (fp8_key_of) so that
+every A element meets the key its value belongs to. tests/cpp/fp8_layout_harness.cu checks every
+element of every thread of a warpgroup for the block shapes the FP8 instances use; the harness
+is a host program (nvcc), so this runs without a GPU.
+"""
+
+import subprocess
+
+import pytest
+from helpers import ROOT, find_tool
+from sass_helpers import cutlass_include
+
+pytestmark = pytest.mark.build
+
+
+def test_fp8_p_layout_matches_cute(tmp_path):
+    nvcc = find_tool("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not found: the harness needs CuTe's layouts compiled")
+    exe = tmp_path / "fp8_layout"
+    subprocess.run(
+        [nvcc, "-std=c++20", "-arch=sm_90a", f"-I{ROOT / 'csrc'}", f"-I{cutlass_include()}",
+         str(ROOT / "tests/cpp/fp8_layout_harness.cu"), "-o", str(exe)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.split("\n")
+    assert [line.split(" elements")[0] for line in lines if line] == [
+        "ok kBlockN=128 d_v=128",
+        "ok kBlockN=128 d_v=64",
+        "ok kBlockN=64 d_v=256",
+    ]
+
+
+def test_vt_permutation_is_a_bijection_per_chunk():
+    key_of = [
+        16 * (k // 16) + 2 * ((k % 16) // 4) + (k % 2) + 8 * ((k % 4) // 2) for k in range(32)
+    ]
+    assert sorted(key_of) == list(range(32))
+    src = (ROOT / "csrc/sm90/fwd/fp8_vt.cuh").read_text()
+    assert "return 16 * (k / 16) + 2 * ((k % 16) / 4) + (k % 2) + 8 * ((k % 4) / 2);" in src
