@@ -218,14 +218,13 @@ def _fwd_cuda(
     _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k, sv)
     if fwd_route(q, k, v, cu_q, cu_k, seqused_k, sv, backend) is not None:
         knobs = dispatch.runtime_knobs("fwd")  # num_sms, tile_schedule, tile_order
-        # fa4::_fwd_kernel's order (csrc/api/bindings.cpp). q_descale (its last argument, default
-        # None) is passed for the FP8 forward only: the op allocates its bf16 out for e4m3 q.
-        fp8 = (sv.q_descale,) if q.dtype == fp8_cache.E4M3 else ()
+        # fa4::_fwd_kernel's order (csrc/api/bindings.cpp); for e4m3 q (the FP8 forward) the op
+        # allocates the bf16 out itself.
         # debug.guard: the op itself, or in a bring-up build the op and a hang check
         return debug.guard(torch.ops.fa4._fwd_kernel)(
             q, k, v, cu_q, cu_k, seqused_k, sv.seqused_q, sv.page_table, sv.cache_batch_idx,
             sv.leftpad_k, sv.learnable_sink, max_q, max_k, causal, scale, wl, wr, softcap, det,
-            sv.num_splits, *knobs, sv.k_descale, sv.v_descale, *fp8,
+            sv.num_splits, *knobs, sv.k_descale, sv.v_descale, sv.q_descale,
         )  # fmt: skip
     kw = _ref_kwargs(causal, scale, wl, wr, softcap)
     return _ref_fwd(q, k, v, cu_q, cu_k, seqused_k, kw, sv)

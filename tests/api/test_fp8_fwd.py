@@ -314,9 +314,8 @@ def _schema_names():
 
 def test_kernel_route_passes_the_descales(monkeypatch):
     """With an e4m3 instance built, the FP8 forward takes the prefill family (not the decode
-    kernel) and hands q_descale, k_descale, v_descale to fa4::_fwd_kernel at their schema
-    positions: q_descale after v_descale, the argument csrc/api/bindings.cpp adds (checked by
-    name once the schema has it)."""
+    kernel) and hands q_descale, k_descale, v_descale to fa4::_fwd_kernel at the positions
+    csrc/api/bindings.cpp declares (q_descale last)."""
     _e4m3_build(monkeypatch)
     spy = _Spy()
     monkeypatch.setattr(torch.ops, "fa4", spy)
@@ -329,8 +328,6 @@ def test_kernel_route_passes_the_descales(monkeypatch):
     assert _ops._fwd_cuda(q8, k8, v8, None, None, None, 0, 0, *opts, **ds) == ("out", "lse")
     (args,) = spy.calls
     names = _schema_names()
-    if "q_descale" not in names:  # before the C++ side adds it
-        names.append("q_descale")
     assert names[-3:] == ["k_descale", "v_descale", "q_descale"], names
     assert len(args) == len(names)
     got = dict(zip(names, args, strict=True))
@@ -341,9 +338,8 @@ def test_kernel_route_passes_the_descales(monkeypatch):
     assert got["causal"] is True and got["softmax_scale"] == 0.125
 
 
-def test_kernel_route_without_descales_and_16bit_calls_unchanged(monkeypatch):
-    """None descales are passed as None; a 16-bit call passes no q_descale (its argument list is
-    the schema's before the C++ side adds it)."""
+def test_kernel_route_without_descales_and_16bit_calls(monkeypatch):
+    """None descales are passed as None; a 16-bit call passes q_descale None too."""
     _e4m3_build(monkeypatch)
     spy = _Spy()
     monkeypatch.setattr(torch.ops, "fa4", spy)
@@ -353,8 +349,8 @@ def test_kernel_route_without_descales_and_16bit_calls_unchanged(monkeypatch):
     assert spy.calls[-1][-3:] == (None, None, None)
     q = torch.zeros(1, 8, 2, 128, dtype=torch.bfloat16)
     _ops._fwd_cuda(q, q, q, None, None, None, 0, 0, *opts)
-    names = [n for n in _schema_names() if n != "q_descale"]
-    assert len(spy.calls) == 2 and len(spy.calls[-1]) == len(names)
+    assert len(spy.calls) == 2 and len(spy.calls[-1]) == len(_schema_names())
+    assert spy.calls[-1][-1] is None
 
 
 def test_kernel_route_warns_once_that_it_has_not_run(monkeypatch, recwarn):
