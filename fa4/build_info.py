@@ -45,8 +45,9 @@ INSTANCES: list[manifest.Instance] = _instances()
 
 
 def missing_instance(arch: str, direction: str, hdims: tuple[int, int], dtype: str) -> str | None:
-    """None when an instance of exactly (arch, direction, hdims, dtype) is compiled in (dtype a
-    kernels.json "dtypes" key, e.g. "e4m3"), else the reason."""
+    """None when an instance of (arch, direction, dtype) covering hdims is compiled in (dtype a
+    kernels.json "dtypes" key, e.g. "e4m3"; Note [padded head dims]: the C++ dispatch picks the
+    covering instance of the problem's dtype), else the reason."""
     if not CONFIG.get("built"):
         return f"the CUDA extension was not built: {CONFIG.get('reason')}"
     have = [
@@ -54,9 +55,10 @@ def missing_instance(arch: str, direction: str, hdims: tuple[int, int], dtype: s
     ]
     if not have:
         return f"this build has no {arch} {direction} kernels of dtype {dtype}"
-    if tuple(hdims) not in have:
+    if manifest.cover(have, *hdims) is None:
         return (
-            f"head dims {tuple(hdims)}: the {dtype} {arch} {direction} kernels are {sorted(have)}"
+            f"head dims {tuple(hdims)}: no {dtype} {arch} {direction} kernel covers them "
+            f"(it has {sorted(have)})"
         )
     return None
 

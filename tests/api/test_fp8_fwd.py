@@ -353,6 +353,14 @@ def test_kernel_route_without_descales_and_16bit_calls(monkeypatch):
     assert spy.calls[-1][-1] is None
 
 
+def test_padded_head_dims_take_the_covering_e4m3_instance(monkeypatch):
+    # Note [padded head dims]: d = 96 runs on the hd 128 e4m3 instance (csrc/fwd_sm90.cu covers
+    # per dtype)
+    _e4m3_build(monkeypatch)
+    q8, k8, v8, _ = _qkv8(d=96)
+    assert dispatch.kernel_for(q8, v8, "auto", "fwd", (q8, k8, v8)) == "sm90"
+
+
 def test_kernel_route_warns_once_that_it_has_not_run(monkeypatch, recwarn):
     _e4m3_build(monkeypatch)
     dispatch._warned.clear()
@@ -367,8 +375,8 @@ def test_kernel_route_warns_once_that_it_has_not_run(monkeypatch, recwarn):
     "build,cc,d,backend",
     [
         (None, (9, 0), 128, "auto"),  # no e4m3 instance at all (the manifest before the entry)
-        (("128",), (9, 0), 64, "auto"),  # no instance at this head dim
-        (("128",), (9, 0), 96, "sm90"),  # padded head dims are not served in FP8
+        (("64",), (9, 0), 128, "auto"),  # no instance covers this head dim
+        (("64",), (9, 0), 96, "sm90"),
         (("64", "128", "256"), (10, 0), 128, "auto"),  # SM100: not built
         (("64", "128", "256"), (10, 0), 128, "sm100"),
         (("64", "128", "256"), (8, 0), 128, "auto"),  # no kernel family at all
