@@ -1,8 +1,9 @@
 """A CPU model of SM100 tensor memory for the data-flow replays of the SM100 kernels
-(tests/models/test_sm100_bwd_dataflow.py, test_sm100_fwd_dataflow.py): 128 lanes x 512 columns,
-a column holding one fp32 value or two 16-bit values; writing one kind destroys the other (NaN),
-so a plan that overwrites a value before its reader gives NaN or wrong results. Also the TMEM
-column plans of the C++ headers (FwdTmemPlan, BwdTmemPlan), printed by the host harnesses
+(tests/models/test_sm100_bwd_dataflow.py, test_sm100_fwd_dataflow.py,
+test_sm100_fwd2_dataflow.py): 128 lanes x 512 columns, a column holding one fp32 value or two
+16-bit values; writing one kind destroys the other (NaN), so a plan that overwrites a value
+before its reader gives NaN or wrong results. Also the TMEM column plans of the C++ headers
+(FwdTmemPlan, the 2-CTA forward's included, and BwdTmemPlan), printed by the host harnesses
 tests/cpp/tmem_plan_harness.cpp and bwd_tmem_plan_harness.cpp, which those replays and
 test_tmem_plan.py read. Imported as models.tmem_model (pyproject.toml: pythonpath = ["tests"])."""
 
@@ -29,7 +30,16 @@ def _harness_output(tmp_path_factory, harness: str) -> str:
 def fwd_plans(tmp_path_factory) -> list[dict[str, int]]:
     """The forward's plan per head dim (FWD_KEYS), in the harness's order (d_v ascending)."""
     out = _harness_output(tmp_path_factory, "tmem_plan_harness.cpp")
-    return [dict(zip(FWD_KEYS, map(int, line.split()), strict=True)) for line in out.splitlines()]
+    return [dict(zip(FWD_KEYS, map(int, line.split()), strict=True))
+            for line in out.splitlines() if not line.startswith("pair ")]  # fmt: skip
+
+
+def fwd_pair_plans(tmp_path_factory) -> list[dict[str, int]]:
+    """The 2-CTA forward's plan of each CTA (FwdTraits2::Plan = FwdTmemPlan<d_v, 128>), per
+    d_v (192, 256), FWD_KEYS."""
+    out = _harness_output(tmp_path_factory, "tmem_plan_harness.cpp")
+    return [dict(zip(FWD_KEYS, map(int, line.split()[1:]), strict=True))
+            for line in out.splitlines() if line.startswith("pair ")]  # fmt: skip
 
 
 def parse_bwd_plans(out: str) -> list[dict]:
