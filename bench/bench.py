@@ -7,6 +7,7 @@
                                                            # (bench_decode.py says what it does)
   python3 bench/bench.py --sustained 10 --rounds 3 --out /tmp/sus   # steady-state TFLOP/s,
                                                            # clock, J/PFLOP (bench_sustained.py)
+  python3 bench/bench.py --dirs fwd --dtype e4m3 --hdims 128,256 --seqlens 16k   # FP8 forward
 
 Implementations: fa4 (ours; fa4.attention(backend="sm90"), skipped with the reason while the
 build has no kernel for the point: the fp32 reference is never timed), torch SDPA with the
@@ -21,12 +22,27 @@ measured), tflops_<dir>.png, and the printed tables (ratio of fa4 to the best pe
 at the (i + r)-th (with --rotate-impls), and reports the median: the SM clock under the power
 cap moved single readings by 7-12 % between runs (docs/decisions.md, 2026-12-06), and a ratio
 of two implementations timed moments apart carries that drift.
+
+FP8 forward (--dtype e4m3, forward only): the same points, q, k, v drawn as above and quantized
+to e4m3 per (batch, kv head) by fa4.reference_fp8.quantize. Implementations: fa4 (the FP8
+forward: fa4.attention with q/k/v_descale, bf16 out), fa4-bf16 (fa4's bf16 forward on the
+dequantized values: the same-run baseline) and sdpa-cudnn-fp8 (cuDNN's FP8 SDPA, only where this
+torch exposes one on the device: probed at run time, else its rows are skipped and the line
+"cuDNN FP8 SDPA: not exposed by torch <version>" is printed once and kept in fp8_meta.json).
+Every row is checked against SDPA-flash on the dequantized values; the e4m3 rows' guard adds
+docs/numerics.md "FP8"'s bound on rounding P to e4m3, (2^-4 + n·2^-18)·max|v| for n keys
+(bench_util.agrees_fp8). FLOPs as for bf16. The run
+first times the FP8 GEMM ceiling, an 8192³ e4m3 torch._scaled_mm (bf16 out), as the attention
+calls are timed (--rounds included): "fp8 GEMM ceiling X TFLOP/s" = 2·8192³ / t, printed once,
+in fp8_meta.json and in every row's fp8_gemm_ceiling_tflops. Rows add ratio_fa4_bf16 (TFLOP/s
+over fa4-bf16's at the point) and frac_fp8_ceiling (over the ceiling).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
 import operator
 import signal
@@ -62,7 +78,18 @@ def parse_args(argv=None):
     ap.add_argument("--hdims", help="comma list, e.g. 128,64")
     ap.add_argument("--seqlens", help="comma list, e.g. 1k,16k")
     ap.add_argument("--causal", choices=("both", "yes", "no"), default="both")
-    ap.add_argument("--impls", help=f"comma list of {', '.join(IMPLS + EXTRA_IMPLS)}")
+    ap.add_argument(
+        "--impls",
+        help=f"comma list of {', '.join(IMPLS + EXTRA_IMPLS)}; with --dtype e4m3 of "
+        f"{', '.join(bu.FP8_IMPLS)}",
+    )
+    ap.add_argument(
+        "--dtype",
+        choices=bu.DTYPES,
+        default="bf16",
+        help="e4m3: the FP8 forward (--dirs fwd only) against fa4's bf16 forward, with the FP8 "
+        "GEMM ceiling measured in the same run",
+    )
     ap.add_argument("--warmup-ms", type=float, default=25.0)
     ap.add_argument("--rep-ms", type=float, default=100.0)
     ap.add_argument(
@@ -103,8 +130,8 @@ def parse_args(argv=None):
         "--decode",
         action="store_true",
         help="the KV-cache decode sweep instead: GB/s of K and V read, fa4 against "
-        "flash-attn-4 and SDPA (--impls from fa4, flash-attn-4, sdpa-cudnn, sdpa-flash; "
-        "--hdims from 128, 64)",
+        "flash-attn-4 and SDPA (--impls from fa4, flash-attn-4, sdpa-cudnn, sdpa-flash, and "
+        "fa4-fp8cache: fa4 on an e4m3 cache, only when named; --hdims from 128, 64)",
     )
     dec.add_argument("--decode-cases", help="comma list of decode, spec, paged (default all)")
     dec.add_argument(
@@ -181,6 +208,11 @@ def config_from(args):
     points = bu.sweep(
         bu.parse_ints(args.hdims, bu.HDIMS), bu.parse_ints(args.seqlens, seq_default), causals
     )
+    if args.dtype == "e4m3":
+        dirs = bu.parse_names(args.dirs or "fwd", bu.DIRECTIONS)
+        if dirs != ("fwd",):
+            raise ValueError(f"--dtype e4m3 --dirs {args.dirs}: the FP8 forward is fwd only")
+        return points, dirs, bu.parse_names(args.impls, bu.FP8_IMPLS)
     dirs = bu.parse_names(args.dirs, bu.DIRECTIONS)
     impls = bu.parse_names(args.impls, IMPLS + EXTRA_IMPLS) if args.impls else IMPLS
     return points, dirs, impls
@@ -192,6 +224,9 @@ class State:
         self.t0 = time.perf_counter()
         self.compiled: set[tuple] = set()  # (impl, hdim, causal, grad) already JIT-compiled
         self.rows: list[dict] = []
+        self.fp8 = getattr(args, "dtype", "bf16") == "e4m3"
+        self.ceiling: float | None = None  # the FP8 GEMM ceiling, TFLOP/s (FP8 mode)
+        self.v_max: float | None = None  # max |v| of the point's true values (FP8 mode)
         self.csv = bu.CsvLog(out / "results.csv")
         self.profile = out / "kernels.txt" if args.profile_kernels else None
         if self.profile is not None:
@@ -200,10 +235,38 @@ class State:
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
 
+    def dtype_of(self, impl: str) -> str:
+        """The dtype column of impl's rows: e4m3 in the FP8 mode but for fa4-bf16."""
+        return "e4m3" if self.fp8 and impl != bu.FP8_BASELINE else "bf16"
+
+    def agrees(self, impl: str, p, diff: float, ref_max: float) -> bool:
+        """The correctness guard of impl's row at p: the FP8 one (bu.agrees_fp8) for e4m3 rows."""
+        if self.dtype_of(impl) == "e4m3":
+            return bu.agrees_fp8(diff, ref_max, self.v_max, p.seqlen)
+        return bu.agrees(diff, ref_max)
+
+    def bound_text(self, impl: str) -> str:
+        """The guard of impl's rows, as the failed status names it."""
+        if self.dtype_of(impl) == "e4m3":
+            return (f"{bu.TOLERANCE}·max(1, |ref|max) + (2^-4 + n·2^-18)·max|v| "
+                    f"(max|v| {self.v_max:.3g}; the FP8 guard)")  # fmt: skip
+        return f"{bu.TOLERANCE}·max(1, |ref|max)"
+
+    def emit_point(self, rows: list[dict]) -> None:
+        """Rows of one point (the FP8 mode's ratio and ceiling columns filled), then emitted."""
+        if self.fp8:
+            bu.fill_fp8_columns(rows, self.ceiling)
+        for r in rows:
+            self.emit(r)
+
     def emit(self, row: dict) -> None:
         self.rows.append(row)
         self.csv.write(row)
         tail = f"{row['ms']} ms {row['tflops']} TFLOP/s" if row["ms"] else ""
+        if row.get("ratio_fa4_bf16"):
+            tail += f" ({row['ratio_fa4_bf16']}x {bu.FP8_BASELINE})"
+        if row.get("frac_fp8_ceiling"):
+            tail += f" ({100 * float(row['frac_fp8_ceiling']):.1f} % of the fp8 GEMM ceiling)"
         mem = f"peak +{row['peak_extra_mib']} MiB" if row["peak_extra_mib"] else ""
         diff = f"diff {row['max_abs_diff']}" if row["max_abs_diff"] else ""
         print(
@@ -231,13 +294,13 @@ class Timed:
         self.mhz.append(mhz)
         self.why.append(why)
 
-    def row(self, p) -> dict:
+    def row(self, p, dtype: str = "bf16") -> dict:
         reasons = [int(w, 16) for w in self.why if w]
         return bu.make_row(
             self.impl.name, self.d, p, ms=statistics.median(self.ms), peak_extra_mib=self.mem,
             max_abs_diff=self.diff, status=self.status, sm_mhz=" ".join(m for m in self.mhz if m),
             clock_reasons=hex(functools.reduce(operator.or_, reasons)) if reasons else "",
-            host_us=self.host, ms_rounds=self.ms,
+            host_us=self.host, ms_rounds=self.ms, dtype=dtype,
         )  # fmt: skip
 
 
@@ -267,7 +330,7 @@ def measure(bi, torch, impl, p, dirs, inputs, ref, st: State) -> list[Timed]:
     rounds and emitted by it."""
 
     def emit(d, **kw):
-        st.emit(bu.make_row(impl.name, d, p, **kw))
+        st.emit_point([bu.make_row(impl.name, d, p, dtype=st.dtype_of(impl.name), **kw)])
 
     todo = []
     for d in dirs:
@@ -287,7 +350,7 @@ def measure(bi, torch, impl, p, dirs, inputs, ref, st: State) -> list[Timed]:
         diff, ok, todo = _check(bi, torch, impl, p, a, todo, ref, st, emit)
         for d in todo:
             if not ok.get(d, True):
-                bound = f"{bu.TOLERANCE}·max(1, |ref|max)"
+                bound = st.bound_text(impl.name)
                 emit(
                     d, max_abs_diff=diff[d], status=f"failed: max_abs_diff {diff[d]:.3g} > {bound}"
                 )
@@ -356,7 +419,7 @@ def _check(bi, torch, impl, p, a, todo, ref, st, emit):
         if ref is not None:
             diff[name], scale[name] = bi.max_abs_diff(impl, got, ref[1] if grad else [ref[0]])
         del got
-    ok = {d: bu.agrees(diff[d], scale[d]) for d in diff}
+    ok = {d: st.agrees(impl.name, p, diff[d], scale[d]) for d in diff}
     if "fwd" in diff and "bwd" in diff:
         diff["fwd+bwd"] = _worst(diff["fwd"], diff["bwd"])
         ok["fwd+bwd"] = ok["fwd"] and ok["bwd"]
@@ -402,22 +465,28 @@ def _profile(bi, torch, impl, p, a, grad, path):
                 f.write(f"  profiler failed: {type(e).__name__}: {e}\n")
 
 
-def report(rows, dirs, out: Path | None, title=""):
+def report(rows, dirs, out: Path | None, title="", notes=()):
+    fp8 = bu.is_fp8_rows(rows)
     for d in dirs:
         if not any(r["direction"] == d for r in rows):
             continue
-        print(f"\n### {d}: TFLOP/s (bf16; ratio = fa4 / best peer)\n")
-        print(bu.ratio_table(rows, d))
-        gaps = bu.sweep_gaps(rows, d)
-        if gaps:
-            print(f"\n{gaps}")
+        if fp8:
+            print(f"\n### {d}: TFLOP/s (fa4 FP8 e4m3; ratio = fa4 / {bu.FP8_BASELINE})\n")
+            print(bu.fp8_table(rows, d))
+        else:
+            print(f"\n### {d}: TFLOP/s (bf16; ratio = fa4 / best peer)\n")
+            print(bu.ratio_table(rows, d))
+            gaps = bu.sweep_gaps(rows, d)
+            if gaps:
+                print(f"\n{gaps}")
         print(f"\n### {d}: peak extra device memory, MiB\n")
         print(bu.memory_table(rows, d))
         if out is not None:
             try:
                 from bench_plot import plot
 
-                png = plot(rows, d, out / PNG_NAME[d], title)
+                name = PNG_NAME[d].replace(".png", "_e4m3.png") if fp8 else PNG_NAME[d]
+                png = plot(rows, d, out / name, title, "e4m3" if fp8 else "bf16")
                 if png:
                     print(f"\nplot: {png}")
             except Exception as e:  # noqa: BLE001
@@ -425,6 +494,61 @@ def report(rows, dirs, out: Path | None, title=""):
     skipped = {(r["impl"], r["status"]) for r in rows if r["status"].startswith("skipped")}
     for impl, status in sorted(skipped):
         print(f"{impl}: {status}")
+    for line in notes:
+        print(line)
+
+
+FP8_META = "fp8_meta.json"
+
+
+def fp8_notes(meta: dict) -> list[str]:
+    """The FP8 run's once-per-run lines (the ceiling, cuDNN FP8 SDPA) from its metadata."""
+    lines = []
+    if meta.get("fp8_gemm_ceiling_tflops") is not None:
+        lines.append(f"fp8 GEMM ceiling {meta['fp8_gemm_ceiling_tflops']:.1f} TFLOP/s "
+                     f"({meta.get('fp8_gemm_ceiling_call', '')})")  # fmt: skip
+    elif meta.get("fp8_gemm_ceiling_status"):
+        lines.append(f"fp8 GEMM ceiling: {meta['fp8_gemm_ceiling_status']}")
+    if meta.get("cudnn_fp8_sdpa"):
+        lines.append(meta["cudnn_fp8_sdpa"])
+    return lines
+
+
+def fp8_setup(bi, torch, args, st: State) -> dict:
+    """The FP8 mode's once-per-run work before the points: whether torch exposes a cuDNN FP8
+    SDPA (printed once), and the FP8 GEMM ceiling timed as the attention calls are (--rounds,
+    --warmup-ms, --rep-ms); both in st and in fp8_meta.json beside results.csv."""
+    _, why = bi.cudnn_fp8_sdpa()
+    meta = {
+        "dtype": "e4m3",
+        "torch": torch.__version__,
+        "cudnn_fp8_sdpa": why
+        or f"cuDNN FP8 SDPA: exposed by torch {torch.__version__} "
+        f"({bi.CUDNN_FP8_API}, per-tensor descales; row sdpa-cudnn-fp8)",
+        "command": " ".join(sys.argv),
+    }
+    print(meta["cudnn_fp8_sdpa"], flush=True)
+    try:
+        ms, times, call = bi.fp8_gemm_ceiling(args.rounds, args.warmup_ms, args.rep_ms)
+        st.ceiling = bu.gemm_tflops(ms)
+        meta.update(fp8_gemm_ceiling_tflops=st.ceiling, fp8_gemm_ceiling_ms=ms,
+                    fp8_gemm_ceiling_ms_rounds=times, fp8_gemm_ceiling_call=call,
+                    fp8_gemm_ceiling_mnk=list(bu.CEILING_MNK))  # fmt: skip
+        print(f"fp8 GEMM ceiling {st.ceiling:.1f} TFLOP/s ({ms:.4f} ms, median of "
+              f"{len(times)} round(s): {call})", flush=True)  # fmt: skip
+    except Exception as e:  # noqa: BLE001
+        meta.update(fp8_gemm_ceiling_tflops=None, fp8_gemm_ceiling_status=f"failed: {_err(e)}")
+        print(f"fp8 GEMM ceiling: failed: {_err(e)}", flush=True)
+        torch.cuda.empty_cache()
+    (st.out / FP8_META).write_text(json.dumps(meta, indent=1) + "\n")
+    return meta
+
+
+def read_fp8_meta(csv_path: Path) -> dict:
+    try:
+        return json.loads((Path(csv_path).parent / FP8_META).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
 
 
 def _interrupt(signum, frame):
@@ -441,8 +565,13 @@ def main(argv=None) -> int:
             bench_decode.report(rows, Path(args.replot).parent, gpu)
             return 0
         rows = bu.read_csv(Path(args.replot))
-        report(rows, bu.DIRECTIONS, Path(args.replot).parent)
+        notes = fp8_notes(read_fp8_meta(Path(args.replot))) if bu.is_fp8_rows(rows) else ()
+        report(rows, bu.DIRECTIONS, Path(args.replot).parent, notes=notes)
         return 0
+    if args.dtype != "bf16" and (args.decode or args.sustained is not None):
+        print(f"bench: --dtype {args.dtype} is the forward sweep's; the decode sweep's FP8 KV "
+              "cache is --decode --impls fa4,fa4-fp8cache")  # fmt: skip
+        return 2
     if args.decode:
         return bench_decode.main(args, argv)
     if args.sustained is not None:
@@ -459,8 +588,10 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print("\n".join(bi.environment()))
     print("command:", " ".join(sys.argv))
-    impls = bi.make_impls(impl_names)
     st = State(args, out)
+    if st.fp8:
+        fp8_setup(bi, torch, args, st)
+    impls = bi.make_fp8_impls(impl_names) if st.fp8 else bi.make_impls(impl_names)
     signal.signal(signal.SIGTERM, _interrupt)  # a timeout's SIGTERM still gets the report
     try:
         for i, p in enumerate(points):
@@ -469,9 +600,15 @@ def main(argv=None) -> int:
                 break
             need_grad = any(d != "fwd" for d in dirs)
             seed = args.seed + bu.point_seed(p)  # same inputs for a point whatever the filters
-            inputs = bi.make_inputs(p.batch, p.seqlen, p.heads, p.hdim, seed, need_grad)
+            if st.fp8:
+                inputs = bi.make_fp8_inputs(p.batch, p.seqlen, p.heads, p.hdim, seed)
+                st.v_max = bi.fp8_v_max(inputs)
+            else:
+                inputs = bi.make_inputs(p.batch, p.seqlen, p.heads, p.hdim, seed, need_grad)
             try:
-                ref = reference(bi, torch, p, inputs, need_grad)
+                ref_in = bi.dequantize_inputs(inputs) if st.fp8 else inputs
+                ref = reference(bi, torch, p, ref_in, need_grad)
+                del ref_in
             except Exception as e:  # noqa: BLE001
                 print(f"reference (sdpa-flash) failed at {p}: {type(e).__name__}: {e}")
                 ref = None
@@ -489,15 +626,15 @@ def main(argv=None) -> int:
                             if t.impl is impl:
                                 retime(bi, torch, t, p, args)
             finally:
-                for t in timed:
-                    st.emit(t.row(p))
+                st.emit_point([t.row(p, st.dtype_of(t.impl.name)) for t in timed])
             del inputs, ref, timed
             st.profile = None  # kernel listing at the first point only
     except KeyboardInterrupt:
         print("interrupted: reporting the rows measured so far")
     finally:
         st.csv.close()
-        report(st.rows, dirs, out, f"H×d=2048, 16k tokens, {torch.cuda.get_device_name()}")
+        title = f"H×d=2048, 16k tokens, {torch.cuda.get_device_name()}"
+        report(st.rows, dirs, out, title)  # the FP8 lines were printed once, at the start
         print(f"\n{len(st.rows)} rows in {out / 'results.csv'} after {st.elapsed():.0f} s")
     return 0
 

@@ -3,6 +3,7 @@
   python3 bench/bench.py --decode --out /tmp/decode                 # the whole sweep, < 4 min
   python3 bench/bench.py --decode --decode-cases paged --impls fa4,flash-attn-4
   python3 bench/bench.py --decode --impls fa4 --decode-splits 0,1,2,4,8,16   # split tuning
+  python3 bench/bench.py --decode --impls fa4,fa4-fp8cache --hdims 128         # FP8 KV cache
   python3 bench/bench.py --replot /tmp/decode/results.csv            # table + plot, no GPU
 
 Cases (bf16, 32 q heads, cache_seqlens = the whole cache for every sequence):
@@ -16,6 +17,13 @@ Cases (bf16, 32 q heads, cache_seqlens = the whole cache for every sequence):
 GB/s counts the K and V bytes the case must read: batch · seqlen_k · kv_heads · (d + d_v) · 2,
 whatever an implementation does internally (an SDPA that needs its kv heads expanded is still
 credited with the nominal bytes, and says so in the note column).
+
+FP8 KV cache (fa4-fp8cache, only when named in --impls): fa4.attention_with_kvcache on the same
+cache quantized to e4m3 per (batch, kv head) by fa4.reference_fp8.quantize (k_descale /
+v_descale), the same bf16 q. Its kv_bytes and GB/s count the bytes it reads, 1 per element
+(kv_dtype e4m3); vs_bf16_cache is its tokens/s over fa4's (the bf16 cache, heuristic splits) at
+the same case, i.e. fa4's ms over its ms, and its target is >= 1.8x there (the same GB/s on half
+the bytes would be 2x). It is checked against the float32 reference on the dequantized cache.
 
 Every implementation's output is first compared with a float32 reference (GQA and bottom-right
 causal written out, chunked over the batch): beyond DECODE_TOLERANCE · max|ref| it is marked
@@ -46,6 +54,7 @@ from pathlib import Path
 
 HEADS_Q = 32
 DTYPE_BYTES = 2  # bf16
+FP8_BYTES = 1  # e4m3: the FP8 cache's bytes per element
 DECODE_SHAPES = ((16, 8192), (64, 32768), (4, 131072))  # (batch, seqlen_k)
 HDIMS = (128, 64)
 KV_HEADS = (8, 4)  # GQA 4:1 and 8:1 with 32 q heads
@@ -56,6 +65,11 @@ PAGED_SHAPES = ((16, 8192), (64, 32768))
 KINDS = ("decode", "spec", "paged")
 IMPLS = ("fa4", "flash-attn-4", "sdpa-cudnn", "sdpa-flash")
 OURS = "fa4"
+# Only when named in --impls (the standard decode sweep's time budget stays as it was): fa4 on an
+# e4m3 cache, compared with OURS on the bf16 cache; target TARGET_FP8_CACHE x its tokens/s.
+FP8_CACHE = "fa4-fp8cache"
+EXTRA_IMPLS = (FP8_CACHE,)
+TARGET_FP8_CACHE = 1.8
 # The check before timing: max |out - ref| <= DECODE_TOLERANCE · max |ref|. Decode outputs are
 # averages over thousands of keys (|out| ~ 0.02-0.1 for unit-normal inputs), so the standard
 # sweep's absolute 2e-2 would pass anything; 2 % of the largest entry is ~5 bf16 half-ulps.
@@ -83,9 +97,10 @@ CSV_FIELDS = (
     "impl case kind batch seqlen_q seqlen_k heads_q heads_kv hdim page_size causal num_splits "
     "kv_bytes ms gbps peak_frac best_peer best_peer_gbps ratio_best_peer vs_unpaged target "
     "max_abs_diff rel_diff status note gpu hbm_peak_gbps peak_extra_mib host_us sm_mhz "
-    "clock_reasons ms_rounds"
+    "clock_reasons ms_rounds kv_dtype vs_bf16_cache"
 ).split()
-DERIVED = ("best_peer", "best_peer_gbps", "ratio_best_peer", "vs_unpaged", "target")
+DERIVED = ("best_peer", "best_peer_gbps", "ratio_best_peer", "vs_unpaged", "target",
+           "vs_bf16_cache")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -142,19 +157,41 @@ class Case:
         b, s, h, d = self.kv_key
         return base + (b * 1_000_003 + s) * 1009 + h * 31 + d
 
-    def memory_bytes(self) -> int:
+    def memory_bytes(self, fp8_cache: bool = False) -> int:
         """An upper estimate of the device memory the case needs at once: the dense cache, a
         paged pool of the same size, q / out / fp32 partial outputs for up to 128 splits, the
-        reference's fp32 chunk and the L2 flush buffer."""
+        reference's fp32 chunk and the L2 flush buffer; with fp8_cache also the e4m3 cache (and
+        its pool), half the size, and the quantization's fp32 chunk."""
         q_bytes = self.batch * self.seqlen_q * self.heads_q * self.hdim * DTYPE_BYTES
         splits = 128 * self.batch * self.seqlen_q * self.heads_q * (self.hdim_v + 1) * 4
         pool = self.kv_bytes if self.page_size else 0
-        return self.kv_bytes + pool + 4 * q_bytes + splits + 2 * REF_CHUNK_BYTES + FLUSH_BYTES
+        fp8 = (self.kv_bytes + pool) // 2 + 2 * REF_CHUNK_BYTES if fp8_cache else 0
+        return (self.kv_bytes + pool + 4 * q_bytes + splits + 2 * REF_CHUNK_BYTES + FLUSH_BYTES
+                + fp8)  # fmt: skip
 
 
-def kv_bytes(batch: int, seqlen_k: int, heads_kv: int, hdim: int, hdim_v: int | None = None):
-    """The K and V bytes a decode call must read: batch · seqlen_k · kv_heads · (d + d_v) · 2."""
-    return batch * seqlen_k * heads_kv * (hdim + (hdim if hdim_v is None else hdim_v)) * DTYPE_BYTES
+def kv_bytes(
+    batch: int,
+    seqlen_k: int,
+    heads_kv: int,
+    hdim: int,
+    hdim_v: int | None = None,
+    elem_bytes: int = DTYPE_BYTES,
+):
+    """The K and V bytes a decode call must read: batch · seqlen_k · kv_heads · (d + d_v) ·
+    elem_bytes (2: bf16; 1: the FP8 cache)."""
+    return batch * seqlen_k * heads_kv * (hdim + (hdim if hdim_v is None else hdim_v)) * elem_bytes
+
+
+def is_fp8_cache(impl: str) -> bool:
+    return impl in EXTRA_IMPLS
+
+
+def impl_kv_bytes(impl: str, case: Case) -> int:
+    """The K and V bytes impl reads at case: 1 byte per element for the FP8 cache."""
+    if not is_fp8_cache(impl):
+        return case.kv_bytes
+    return kv_bytes(case.batch, case.seqlen_k, case.heads_kv, case.hdim, case.hdim_v, FP8_BYTES)
 
 
 def cases(kinds=KINDS, hdims=None) -> list[Case]:
@@ -237,23 +274,31 @@ def make_row(
     clock_reasons="",
     ms_rounds=(),
 ) -> dict:
-    """A CSV row; the columns that compare rows (DERIVED) are filled by finalize()."""
-    gbps = case.kv_bytes / (ms * 1e-3) / 1e9 if ms else None
+    """A CSV row; the columns that compare rows (DERIVED) are filled by finalize(). kv_bytes
+    and GB/s are the bytes impl reads (impl_kv_bytes)."""
+    nbytes = impl_kv_bytes(impl, case)
+    gbps = nbytes / (ms * 1e-3) / 1e9 if ms else None
     rel = max_abs_diff / ref_max if max_abs_diff is not None and ref_max else None
     row = dict.fromkeys(CSV_FIELDS, "")
     row.update(
         impl=impl, case=case.name, kind=case.kind, batch=case.batch, seqlen_q=case.seqlen_q,
         seqlen_k=case.seqlen_k, heads_q=case.heads_q, heads_kv=case.heads_kv, hdim=case.hdim,
         page_size=case.page_size, causal=int(case.causal),
-        num_splits="" if num_splits is None else num_splits, kv_bytes=case.kv_bytes,
+        num_splits="" if num_splits is None else num_splits, kv_bytes=nbytes,
         ms=_fmt(ms, ".4f"), gbps=_fmt(gbps, ".1f"),
         peak_frac=_fmt(gbps / hbm_peak if gbps and hbm_peak else None, ".3f"),
         max_abs_diff=_fmt(max_abs_diff, ".2e"), rel_diff=_fmt(rel, ".2e"), status=status,
         note=note, gpu=gpu, hbm_peak_gbps=_fmt(hbm_peak, ".0f"),
         peak_extra_mib=_fmt(peak_extra_mib, ".1f"), host_us=_fmt(host_us, ".1f"), sm_mhz=sm_mhz,
         clock_reasons=clock_reasons, ms_rounds=" ".join(format(x, ".4f") for x in ms_rounds),
+        kv_dtype="e4m3" if is_fp8_cache(impl) else "bf16",
     )  # fmt: skip
     return row
+
+
+def _ms(row) -> float | None:
+    ok = row.get("status", "").startswith("ok") and row.get("ms")
+    return float(row["ms"]) if ok else None
 
 
 def agrees(max_abs_diff: float, ref_max: float) -> bool:
@@ -306,7 +351,25 @@ def finalize(rows: list[dict]) -> list[dict]:
                         r["target"] = _verdict(g / g0 >= TARGET_PAGED)
                 elif g is not None and is_ours(impl):
                     r["target"] = "n/a (no unpaged row)"
+        _fp8_cache_columns(by)
     return rows
+
+
+def _fp8_cache_columns(by: dict[str, dict]) -> None:
+    """The FP8 cache's row of one case: tokens/s over fa4's on the bf16 cache (the same tokens:
+    fa4's ms over its ms) and its target, >= TARGET_FP8_CACHE x (replacing the decode target:
+    its GB/s counts half the bytes of its peers')."""
+    for impl, r in by.items():
+        ms = _ms(r)
+        if not is_fp8_cache(impl) or ms is None:
+            continue
+        base = _ms(by[OURS]) if OURS in by else None
+        if base is None:
+            r["target"] = f"n/a (no ok {OURS} bf16-cache row)"
+            continue
+        ratio = base / ms
+        r["vs_bf16_cache"] = f"{ratio:.3f}"
+        r["target"] = _verdict(ratio >= TARGET_FP8_CACHE) + f" ({TARGET_FP8_CACHE}x {OURS})"
 
 
 def _verdict(ok: bool) -> str:
@@ -339,7 +402,9 @@ def table(rows: list[dict]) -> str:
         by_case.setdefault(r["case"], {})[r["impl"]] = r
     head = ["case", *impls, "best peer"]
     for o in ours:
-        head += [f"{o} / best", f"{o} % peak", f"{o} paged / unpaged", f"{o} target"]
+        head += [f"{o} / best", f"{o} % peak", f"{o} paged / unpaged"]
+        head += [f"{o} tokens/s / {OURS}"] if is_fp8_cache(o) else []
+        head += [f"{o} target"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, by in by_case.items():
         vals = []
@@ -355,8 +420,9 @@ def table(rows: list[dict]) -> str:
         for o in ours:
             r = by.get(o, {})
             frac = f"{100 * float(r['peak_frac']):.1f}" if r.get("peak_frac") else "n/a"
-            vals += [r.get("ratio_best_peer") or "n/a", frac, r.get("vs_unpaged") or "",
-                     r.get("target") or ""]  # fmt: skip
+            vals += [r.get("ratio_best_peer") or "n/a", frac, r.get("vs_unpaged") or ""]
+            vals += [r.get("vs_bf16_cache") or "n/a"] if is_fp8_cache(o) else []
+            vals += [r.get("target") or ""]
         lines.append("| " + " | ".join([name, *vals]) + " |")
     return "\n".join(lines)
 
@@ -392,6 +458,12 @@ def report(rows: list[dict], out: Path | None, title: str = "") -> None:
         f"spec-decode >= {TARGET_RATIO}x {SPEC_PEER}; paged >= {TARGET_PAGED}x the same case "
         "unpaged (fa4 / best in the table is against the best peer of every kind)"
     )
+    if any(is_fp8_cache(r["impl"]) for r in rows):
+        print(
+            f"{FP8_CACHE}: e4m3 cache, GB/s of the bytes it reads (1 per element); tokens/s / "
+            f"{OURS} = {OURS}'s ms (bf16 cache) over its ms at the same case; target >= "
+            f"{TARGET_FP8_CACHE}x"
+        )
     bad: dict[tuple, list] = {}
     for r in rows:
         if not _gbps(r):
@@ -455,14 +527,16 @@ def config(args) -> dict:
     bad = [h for h in hdims if h not in HDIMS]
     if bad:
         raise ValueError(f"--hdims {bad}: the decode sweep has hd {HDIMS}")
-    impls = parse_names(args.impls, IMPLS)
+    impls = parse_names(args.impls, IMPLS + EXTRA_IMPLS) if args.impls else IMPLS
     splits = parse_splits(args.decode_splits)
     todo = cases(kinds, hdims)
     if not todo:
         raise ValueError("no decode case selected")
+    fp8 = any(is_fp8_cache(i) for i in impls)
     for c in todo:
-        if c.memory_bytes() > MEMORY_CAP:
-            raise ValueError(f"{c.name} needs ~{c.memory_bytes() / 1e9:.1f} GB > 40 GB")
+        need = c.memory_bytes(fp8)
+        if need > MEMORY_CAP:
+            raise ValueError(f"{c.name} needs ~{need / 1e9:.1f} GB > 40 GB")
     return dict(cases=todo, impls=impls, splits=splits)
 
 

@@ -7,6 +7,10 @@ The implementations, each called as a serving engine would call it on a full KV 
   page_table, num_splits, backend="sm90"); one row per --decode-splits value (0 = heuristic).
   Its value checks (one host sync a call) run in the checked first call and are skipped while
   timed, as under CUDA-graph capture (--decode-value-checks times them too).
+- fa4-fp8cache (only when named in --impls): the same call on the cache quantized to e4m3 per
+  (batch, kv head) (quantize_cache: fa4.reference_fp8.quantize, chunked over the batch; the paged
+  pools hold the e4m3 cache under the same page table), k_descale / v_descale, heuristic splits;
+  checked against the float32 reference on the dequantized cache.
 - flash-attn-4 (flash_attn.cute 4.0.0b36): dense flash_attn_func(q, k, v, causal) on the whole
   cache; paged flash_attn_varlen_func(q (b, s_q, h, d), k_pages, v_pages, seqused_k=...,
   page_table=..., causal). num_splits stays 1: its SM90 forward asserts "SplitKV not
@@ -81,8 +85,9 @@ class Impl:
 
 
 class Fa4(Impl):
-    def __init__(self, name="fa4", num_splits=0, value_checks=False):
+    def __init__(self, name="fa4", num_splits=0, value_checks=False, fp8_cache=False):
         self.name, self.num_splits, self.value_checks = name, num_splits, value_checks
+        self.fp8_cache = fp8_cache  # the e4m3 cache (t.k8, t.v8 and their descales)
         self.reason = None
         try:
             import fa4
@@ -111,15 +116,22 @@ class Fa4(Impl):
 
     def variants(self, case, t):
         f, n = self._fa4.attention_with_kvcache, self.num_splits
-        kc, vc = (t.k_pool, t.v_pool) if case.page_size else (t.k, t.v)
+        kw = {}
+        if self.fp8_cache:
+            kc, vc = (t.k8_pool, t.v8_pool) if case.page_size else (t.k8, t.v8)
+            kw = dict(k_descale=t.k_descale, v_descale=t.v_descale)
+        else:
+            kc, vc = (t.k_pool, t.v_pool) if case.page_size else (t.k, t.v)
         pt = t.page_table if case.page_size else None
 
         def checked():
             return _first(f(t.q, kc, vc, t.cache_seqlens, causal=case.causal, page_table=pt,
-                            num_splits=n, backend="sm90"))  # fmt: skip
+                            num_splits=n, backend="sm90", **kw))  # fmt: skip
 
         splits = "heuristic" if n == 0 else str(n)
         note = f"attention_with_kvcache(cache_seqlens int32 tensor, num_splits={n} ({splits}))"
+        if self.fp8_cache:
+            note += "; e4m3 cache, k_descale / v_descale (b, h_kv)"
         skip = getattr(getattr(self._fa4, "dispatch", None), "values_checked", None)
         if self.value_checks or skip is None:
             yield Variant(checked, note + "; value checks on while timed (a host sync a call)")
@@ -224,6 +236,8 @@ def make_impls(names, splits, value_checks=False) -> list[Impl]:
     for n in names:
         if n == "fa4":
             out += [Fa4(name, s, value_checks) for name, s in bd.splits_names(splits)]
+        elif n == bd.FP8_CACHE:
+            out.append(Fa4(n, 0, value_checks, fp8_cache=True))
         elif n == "flash-attn-4":
             out.append(FlashAttn4())
         elif n == "sdpa-cudnn":
@@ -264,7 +278,8 @@ def case_inputs(case, k, v, seed: int, device="cuda"):
 
 def paged(k, v, page_size: int, seed: int):
     """(page_table int32 (b, pages), k_pool, v_pool (b · pages, page_size, h_kv, d)) holding
-    the dense cache k, v in shuffled pages."""
+    the dense cache k, v in shuffled pages; the table depends on (b, pages, seed) only, so an
+    e4m3 cache paged with the same seed gets the bf16 cache's table (copied as bytes)."""
     b, s = k.shape[:2]
     if s % page_size:
         raise ValueError(f"seqlen_k {s} is not a multiple of page size {page_size}")
@@ -274,16 +289,44 @@ def paged(k, v, page_size: int, seed: int):
     idx = table.flatten().long()
     pools = []
     for x in (k, v):
-        pool = torch.empty((b * pages, page_size, *x.shape[2:]), dtype=x.dtype, device=x.device)
-        pool.index_copy_(0, idx, x.reshape(b * pages, page_size, *x.shape[2:]))
-        pools.append(pool)
+        raw = x.view(torch.uint8) if x.element_size() == 1 else x  # e4m3: copy the bytes
+        pool = torch.empty((b * pages, page_size, *x.shape[2:]), dtype=raw.dtype, device=x.device)
+        pool.index_copy_(0, idx, raw.reshape(b * pages, page_size, *x.shape[2:]))
+        pools.append(pool.view(x.dtype))
     return table, pools[0], pools[1]
 
 
-def reference(q, k, v, causal: bool, chunk_bytes: int = bd.REF_CHUNK_BYTES):
+def quantize_cache(x, heads_kv: int, chunk_bytes: int = bd.REF_CHUNK_BYTES):
+    """(e4m3 cache, descale float32 (b, heads_kv)) of x (b, s, h_kv, d): fa4.reference_fp8's
+    quantize, a batch chunk at a time (its fp32 copies of a whole 64 x 32k cache would take
+    ~17 GB; per (batch, kv head) scaling makes the chunks' results those of one call)."""
+    from fa4.reference_fp8 import quantize
+
+    b = x.shape[0]
+    per = max(1, chunk_bytes // max(1, x[0].numel() * 4))
+    x8 = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    descale = torch.empty((b, heads_kv), dtype=torch.float32, device=x.device)
+    for i in range(0, b, per):
+        x8[i : i + per], descale[i : i + per] = quantize(x[i : i + per], heads_kv)
+    return x8, descale
+
+
+def add_fp8_cache(case, t, fp8, seed: int) -> None:
+    """Puts the e4m3 cache fp8 = (k8, v8, k_descale, v_descale) into t (t.k8, t.v8,
+    t.k_descale, t.v_descale), and for a paged case its pools under t's page table."""
+    t.k8, t.v8, t.k_descale, t.v_descale = fp8
+    t.k8_pool = t.v8_pool = None
+    if case.page_size:
+        table, t.k8_pool, t.v8_pool = paged(t.k8, t.v8, case.page_size, seed + case.page_size)
+        assert torch.equal(table, t.page_table), "the e4m3 pools' table is the bf16 pools'"
+
+
+def reference(q, k, v, causal: bool, chunk_bytes: int = bd.REF_CHUNK_BYTES, k_descale=None,
+              v_descale=None):  # fmt: skip
     """out (b, s_q, h, d_v) float32: softmax(q k^T / sqrt(d)) v in float32, q head i reading kv
     head i // (h / h_kv), causal bottom-right aligned (query i sees keys j <= i + s_k - s_q);
-    chunked over the batch so the fp32 copies of K and V stay near chunk_bytes."""
+    chunked over the batch so the fp32 copies of K and V stay near chunk_bytes. k_descale /
+    v_descale (b, h_kv): an e4m3 cache's true values, stored x descale."""
     b, s_q, h, d = q.shape
     s_k, h_kv, dv = k.shape[1], k.shape[2], v.shape[-1]
     g = h // h_kv
@@ -293,6 +336,10 @@ def reference(q, k, v, causal: bool, chunk_bytes: int = bd.REF_CHUNK_BYTES):
         n = min(per, b - i)
         qf = q[i : i + n].float().view(n, s_q, h_kv, g, d)
         kf, vf = k[i : i + n].float(), v[i : i + n].float()
+        if k_descale is not None:
+            kf *= k_descale[i : i + n, None, :, None]
+        if v_descale is not None:
+            vf *= v_descale[i : i + n, None, :, None]
         s = torch.einsum("bqhgd,bkhd->bhgqk", qf, kf) * d**-0.5
         if causal:
             rows = torch.arange(s_q, device=q.device)[:, None]
@@ -470,6 +517,8 @@ def worker(args, cfg: dict, state_path: Path, bi=None) -> int:
     compiled: set[tuple] = set()
     signal.signal(signal.SIGTERM, _interrupt)
     kv_key, k, v, res = None, None, None, None
+    want_fp8 = any(getattr(i, "fp8_cache", False) for i in impls)
+    fp8, fp8_err = None, None  # the e4m3 cache of the current kv_key, or why there is none
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference stays fp32
 
     def sync():
@@ -484,13 +533,20 @@ def worker(args, cfg: dict, state_path: Path, bi=None) -> int:
                 break
             _write_progress(progress, case=idx, impl=None)
             if case.kv_key != kv_key:
-                k = v = None
+                k = v = fp8 = None
                 _free()
                 torch.cuda.reset_peak_memory_stats()
                 k, v = dense_kv(case, case.seed(args.seed))
                 kv_key = case.kv_key
+                if want_fp8:
+                    fp8, fp8_err = _fp8_cache(case, k, v)
             t = case_inputs(case, k, v, case.seed(args.seed))
             ref = reference(t.q, k, v, case.causal)
+            ref8 = None
+            if fp8 is not None:
+                add_fp8_cache(case, t, fp8, case.seed(args.seed))
+                ref8 = reference(t.q, t.k8, t.v8, case.causal, k_descale=t.k_descale,
+                                 v_descale=t.v_descale)  # fmt: skip
             sync()
             print(f"[{elapsed():6.1f}s] {case.name}: {case.kv_bytes / 1e9:.2f} GB of K+V",
                   flush=True)  # fmt: skip
@@ -506,6 +562,9 @@ def worker(args, cfg: dict, state_path: Path, bi=None) -> int:
                             rows.append(bd.make_row(impl.name, case, status=why))
                         continue
                     why = impl.skip_reason(case)
+                    is_fp8 = getattr(impl, "fp8_cache", False)
+                    if why is None and is_fp8 and fp8 is None:
+                        why = f"no e4m3 cache: {fp8_err}"
                     key = impl.jit_key(case)
                     if (why is None and impl.jit and key not in compiled
                             and elapsed() > args.budget_s):  # fmt: skip
@@ -514,7 +573,7 @@ def worker(args, cfg: dict, state_path: Path, bi=None) -> int:
                         rows.append(bd.make_row(impl.name, case, status=f"skipped: {why}"))
                         continue
                     _write_progress(progress, case=idx, impl=impl.name)
-                    res = measure(bi, impl, case, t, ref, args, sync)
+                    res = measure(bi, impl, case, t, ref8 if is_fp8 else ref, args, sync)
                     compiled.add(key)
                     if isinstance(res, dict):
                         rows.append(res)
@@ -532,7 +591,7 @@ def worker(args, cfg: dict, state_path: Path, bi=None) -> int:
             finally:
                 if rows is not None:
                     _write_rows(csv_path, rows, timed, impls, case, gpu, peak, elapsed())
-            del t, ref, timed, rows
+            del t, ref, ref8, timed, rows
             res = None  # the last Timed holds this case's tensors
             last = idx + 1 == len(cfg["cases"]) or cfg["cases"][idx + 1].kv_key != kv_key
             if last:
@@ -549,6 +608,19 @@ def worker(args, cfg: dict, state_path: Path, bi=None) -> int:
     except KeyboardInterrupt:
         print("interrupted: the rows measured so far are in results.csv", flush=True)
     return 0
+
+
+def _fp8_cache(case, k, v):
+    """((k8, v8, k_descale, v_descale), None), or (None, why) when it cannot be made."""
+    try:
+        k8, kd = quantize_cache(k, case.heads_kv)
+        v8, vd = quantize_cache(v, case.heads_kv)
+    except Exception as e:  # noqa: BLE001 - e.g. fa4 not importable: the row says why
+        if _is_sticky(e):
+            raise StickyCudaError(_err(e)) from e
+        _free()
+        return None, _err(e)
+    return (k8, v8, kd, vd), None
 
 
 def _write_rows(path, rows, timed, impls, case, gpu, peak, elapsed) -> None:

@@ -8,6 +8,7 @@ bf16 tensors; prepare() makes the views it wants outside anything timed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import statistics
 import time
@@ -132,6 +133,200 @@ class Fa4Deterministic(Fa4):
 
     def fwd(self, q, k, v, causal):
         return self._fa4.attention(q, k, v, causal=causal, deterministic=True, backend="sm90")
+
+
+# ---- the FP8 forward mode (bench.py --dtype e4m3) ---------------------------------------------
+#
+# Inputs: q, k, v drawn as make_inputs' (standard normal bf16) and quantized with
+# fa4.reference_fp8.quantize (e4m3, descale float32 (b, h_kv): each (batch, kv head)'s largest
+# |value| maps to 448); the fourth input is the descales (Fp8Scales) instead of dout. The
+# reference every row is checked against is SDPA-flash on the dequantized values (bf16), and
+# fa4-bf16 runs on those same dequantized values: the three compute on one set of true values.
+
+
+class Fp8Scales:
+    """The descales of one point's e4m3 q, k, v: float32 (b, h_kv) each."""
+
+    def __init__(self, q, k, v):
+        self.q, self.k, self.v = q, k, v
+
+
+def quantize_fn():
+    from fa4.reference_fp8 import quantize
+
+    return quantize
+
+
+def make_fp8_inputs(batch, seqlen, heads, hdim, seed, heads_kv=None):
+    """(q8, k8, v8, Fp8Scales): make_inputs' values (same seed: the bf16 sweep's inputs of the
+    point) quantized to e4m3 per (batch, kv head)."""
+    quantize = quantize_fn()
+    q, k, v, _ = make_inputs(batch, seqlen, heads, hdim, seed, False)
+    h_kv = heads_kv or heads
+    (q8, qd), (k8, kd), (v8, vd) = (quantize(t, h_kv) for t in (q, k, v))
+    del q, k, v
+    return q8, k8, v8, Fp8Scales(qd, kd, vd)
+
+
+def dequantize(x8, descale):
+    """e4m3 (b, s, h, d) and descale (b, h_kv) -> bf16 x8 · descale[b, head // group]."""
+    group = x8.shape[2] // descale.shape[1]
+    per_head = descale.repeat_interleave(group, dim=1)[:, None, :, None]
+    return (x8.float() * per_head).to(torch.bfloat16)
+
+
+def dequantize_inputs(inputs):
+    """FP8 inputs -> (q, k, v, q) bf16: what the reference and fa4-bf16 compute on (the fourth,
+    dout's place, is unused: the FP8 mode is forward only)."""
+    q8, k8, v8, sc = inputs
+    q, k, v = dequantize(q8, sc.q), dequantize(k8, sc.k), dequantize(v8, sc.v)
+    return q, k, v, q
+
+
+def fp8_v_max(inputs) -> float:
+    """max |v| of FP8 inputs' true values: quantize maps each (batch, kv head)'s largest |v| to
+    448 (exact in e4m3), so it is 448 x the largest v descale."""
+    return 448.0 * inputs[3].v.max().item()
+
+
+class Fa4Fp8(Fa4):
+    """Ours, the FP8 forward: fa4.attention on e4m3 q, k, v with their descales, bf16 out."""
+
+    name = "fa4"
+
+    def skip_reason(self, direction, hdim):
+        if self.reason:
+            return self.reason
+        if direction != "fwd":
+            return "the FP8 forward is forward only"
+        if torch.cuda.get_device_capability() != (9, 0):
+            return "not an SM90 device"
+        missing = getattr(self._info, "missing_instance", None)
+        if missing is None:
+            return "this fa4 has no FP8 forward (build_info.missing_instance)"
+        why = missing("sm90", "fwd", (hdim, hdim), "e4m3")
+        return f"no sm90 e4m3 fwd kernel: {why}" if why else None
+
+    def prepare(self, q8, k8, v8, scales):
+        self.scales = scales  # the point's descales; fwd is called with the tensors only
+        return q8, k8, v8, None
+
+    def fwd(self, q, k, v, causal):
+        sc = self.scales
+        return self._fa4.attention(q, k, v, causal=causal, backend="sm90", q_descale=sc.q,
+                                   k_descale=sc.k, v_descale=sc.v)  # fmt: skip
+
+
+class Fa4Bf16(Fa4):
+    """Ours, the bf16 forward, on the FP8 inputs' dequantized values (the same-run baseline)."""
+
+    name = "fa4-bf16"
+
+    def prepare(self, q8, k8, v8, scales):
+        return dequantize_inputs((q8, k8, v8, scales))
+
+
+CUDNN_FP8_API = "torch.nn.attention.experimental._scaled_dot_product_attention_quantized"
+
+
+@functools.cache
+def cudnn_fp8_sdpa():
+    """(the call, None) when this torch exposes an FP8 SDPA on cuDNN that runs on this device,
+    else (None, "cuDNN FP8 SDPA: not exposed by torch <version> (why)"). The probe: torch's
+    experimental _scaled_dot_product_attention_quantized with a per-tensor DescaleType (the
+    cuDNN route; torch 2.11-2.13 have it with PER_HEAD only, which runs FA3's kernel), called
+    on a small e4m3 problem under SDPBackend.CUDNN_ATTENTION."""
+    why = None
+    try:
+        from torch.nn.attention.experimental import _scaled_dot_product_attention_quantized as m
+
+        fn, kind = m._scaled_dot_product_attention_quantized, m.DescaleType
+        per_tensor = getattr(kind, "PER_TENSOR", None)
+        if per_tensor is None:
+            why = f"{CUDNN_FP8_API} has no DescaleType.PER_TENSOR (the cuDNN route)"
+    except Exception as e:  # noqa: BLE001
+        why = f"no {CUDNN_FP8_API} ({type(e).__name__})"
+    if why is None:
+
+        def call(q8, k8, v8, causal, qd, kd, vd):
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return fn(q8, k8, v8, is_causal=causal, q_descale=qd, k_descale=kd,
+                          v_descale=vd, q_descale_type=per_tensor, k_descale_type=per_tensor,
+                          v_descale_type=per_tensor)  # fmt: skip
+
+        try:
+            x = torch.randn(1, 2, 128, 64, device="cuda").to(torch.float8_e4m3fn)
+            one = torch.ones(1, device="cuda")
+            out = call(x, x, x, False, one, one, one)
+            torch.cuda.synchronize()
+            if not torch.isfinite(out.float()).all():
+                why = "the probe call returned non-finite values"
+        except Exception as e:  # noqa: BLE001
+            why = f"the probe call failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    if why is not None:
+        return None, f"cuDNN FP8 SDPA: not exposed by torch {torch.__version__} ({why})"
+    return call, None
+
+
+class SdpaCudnnFp8(Impl):
+    """cuDNN's FP8 SDPA where torch exposes one (cudnn_fp8_sdpa). It takes per-tensor descales,
+    so prepare() requantizes the point's true values per tensor (untimed; one more e4m3
+    rounding, within the check): (b, h, s, d) views of e4m3 tensors, the largest descale."""
+
+    name = "sdpa-cudnn-fp8"
+
+    def __init__(self):
+        self._call, self.reason = cudnn_fp8_sdpa()
+
+    def skip_reason(self, direction, hdim):
+        if self.reason:  # the whole line is printed once at the start and in fp8_meta.json
+            return "cuDNN FP8 SDPA not exposed by this torch (see fp8_meta.json)"
+        return None if direction == "fwd" else "forward only"
+
+    def prepare(self, q8, k8, v8, scales):
+        views, ds = [], []
+        for x, d in zip(
+            dequantize_inputs((q8, k8, v8, scales))[:3], (scales.q, scales.k, scales.v), strict=True
+        ):
+            s = d.max().reshape(1)
+            views.append((x.float() / s).to(torch.float8_e4m3fn).transpose(1, 2))
+            ds.append(s)
+        self.descales = ds
+        return (*views, None)
+
+    def fwd(self, q, k, v, causal):
+        return self._call(q, k, v, causal, *self.descales)
+
+    def to_bshd(self, t):
+        return t.transpose(1, 2)
+
+
+def make_fp8_impls(names) -> list[Impl]:
+    """bench.py --dtype e4m3's implementations (bench_util.FP8_IMPLS)."""
+    every = {"fa4": Fa4Fp8, "fa4-bf16": Fa4Bf16, "sdpa-cudnn-fp8": SdpaCudnnFp8}
+    return [every[n]() for n in names]
+
+
+def fp8_gemm_ceiling(rounds=1, warmup_ms=25, rep_ms=100, mnk=(8192, 8192, 8192)):
+    """(median ms over rounds, each round's ms, the call) of one m × n × k e4m3 matmul,
+    torch._scaled_mm(a, b.t(), scale_a=1, scale_b=1, out_dtype=bf16): a row-major (m, k), b
+    row-major (n, k), so b.t() is the column-major operand cuBLASLt's FP8 GEMM wants. Timed by
+    time_ms, as the attention calls are (L2 flushed before each call)."""
+    m, n, k = mnk
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn((m, k), generator=g, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn((n, k), generator=g, device="cuda").to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda", dtype=torch.float32)
+
+    def fn():
+        return torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+    fn()
+    torch.cuda.synchronize()
+    times = [time_ms(fn, warmup_ms=warmup_ms, rep_ms=rep_ms) for _ in range(rounds)]
+    call = (f"torch._scaled_mm(a, b.t(), scale_a=1, scale_b=1, out_dtype=torch.bfloat16), "
+            f"e4m3 {m}x{n}x{k}, use_fast_accum=False")  # fmt: skip
+    return statistics.median(times), times, call
 
 
 def make_impls(names) -> list[Impl]:

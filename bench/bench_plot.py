@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def plot(rows: list[dict], direction: str, path: Path, title: str = "") -> Path | None:
+def plot(
+    rows: list[dict], direction: str, path: Path, title: str = "", dtype: str = "bf16"
+) -> Path | None:
     """Writes a PNG of the ok rows of `direction`; None when there is nothing to plot."""
     import matplotlib
 
@@ -41,7 +43,7 @@ def plot(rows: list[dict], direction: str, path: Path, title: str = "") -> Path 
                 ax.set_ylabel("TFLOP/s")
             if ax.lines:
                 ax.legend(fontsize=8)
-    fig.suptitle(f"{direction}, bf16 {title}".strip(), fontsize=11)
+    fig.suptitle(f"{direction}, {dtype} {title}".strip(), fontsize=11)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=72)

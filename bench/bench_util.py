@@ -35,10 +35,24 @@ OURS = "fa4"
 # approaches ms, the host paces the timed loop and the reading is the host's, not the GPU's.
 # ms_rounds: with bench.py --rounds N, each round's median ms (ms is their median); sm_mhz then
 # holds each round's before / after, space-separated, and clock_reasons their union.
+# The FP8 forward mode (bench.py --dtype e4m3) appends four columns, blank in a bf16 run's rows
+# (dtype says bf16 there): dtype, the inputs' dtype of the row (e4m3, or bf16 for fa4-bf16);
+# ratio_fa4_bf16, the row's TFLOP/s over fa4-bf16's at the same point and direction;
+# fp8_gemm_ceiling_tflops, the run's FP8 GEMM ceiling (fp8_gemm_tflops); frac_fp8_ceiling, the
+# row's TFLOP/s over it. Columns are only ever appended: older CSVs read back without them.
 CSV_FIELDS = (
     "impl direction hdim causal seqlen batch heads ms tflops peak_extra_mib max_abs_diff status "
-    "sm_mhz clock_reasons host_us ms_rounds"
+    "sm_mhz clock_reasons host_us ms_rounds dtype ratio_fa4_bf16 fp8_gemm_ceiling_tflops "
+    "frac_fp8_ceiling"
 ).split()
+FP8_COLUMNS = ("ratio_fa4_bf16", "fp8_gemm_ceiling_tflops", "frac_fp8_ceiling")
+# bench.py --dtype e4m3: fa4 is the FP8 forward, fa4-bf16 its bf16 forward on the same (dequantized)
+# values, sdpa-cudnn-fp8 cuDNN's FP8 SDPA where torch exposes one (else its rows are skipped).
+DTYPES = ("bf16", "e4m3")
+FP8_IMPLS = ("fa4", "fa4-bf16", "sdpa-cudnn-fp8")
+FP8_BASELINE = "fa4-bf16"
+# The FP8 GEMM ceiling: an m × n × k e4m3 matmul (torch._scaled_mm, bf16 out), 2·m·n·k FLOPs.
+CEILING_MNK = (8192, 8192, 8192)
 
 
 @dataclass(frozen=True)
@@ -115,9 +129,82 @@ def tflops(direction: str, p: Point, ms: float) -> float:
     return point_flops(direction, p) / (ms * 1e-3) / 1e12
 
 
+def gemm_tflops(
+    ms: float, m: int = CEILING_MNK[0], n: int = CEILING_MNK[1], k: int = CEILING_MNK[2]
+) -> float:
+    """TFLOP/s of one m × n × k matmul taking ms: 2·m·n·k / t (the FP8 GEMM ceiling)."""
+    return 2.0 * m * n * k / (ms * 1e-3) / 1e12
+
+
+def fill_fp8_columns(rows: list[dict], ceiling_tflops: float | None) -> list[dict]:
+    """The FP8 mode's derived columns of one point's rows (in place; also returns rows): each
+    ok row's TFLOP/s over fa4-bf16's in its direction, and over the FP8 GEMM ceiling."""
+    base = {r["direction"]: _tf(r) for r in rows if r["impl"] == FP8_BASELINE}
+    for r in rows:
+        for k in FP8_COLUMNS:
+            r[k] = ""
+        if ceiling_tflops:
+            r["fp8_gemm_ceiling_tflops"] = f"{ceiling_tflops:.1f}"
+        tf = _tf(r)
+        if tf is None:
+            continue
+        b = base.get(r["direction"])
+        if b:
+            r["ratio_fa4_bf16"] = f"{tf / b:.3f}"
+        if ceiling_tflops:
+            r["frac_fp8_ceiling"] = f"{tf / ceiling_tflops:.3f}"
+    return rows
+
+
+def is_fp8_rows(rows: list[dict]) -> bool:
+    """Whether rows come from an FP8 run (bench.py --dtype e4m3)."""
+    return any(r.get("dtype") == "e4m3" for r in rows)
+
+
+def fp8_table(rows: list[dict], direction: str) -> str:
+    """Markdown: an FP8 run's TFLOP/s per impl per point, fa4 (FP8) over fa4-bf16, and the
+    fraction of the FP8 GEMM ceiling fa4 reaches."""
+    rows = [r for r in rows if r["direction"] == direction]
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    cell: dict[tuple, dict] = {}
+    for r in rows:
+        cell.setdefault((int(r["hdim"]), int(r["causal"]), int(r["seqlen"])), {})[r["impl"]] = r
+    head = ["hd", "causal", "seqlen", *impls, f"{OURS} / {FP8_BASELINE}",
+            f"{OURS} % of FP8 GEMM ceiling"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (hd, c, s), by in sorted(cell.items()):
+        vals = []
+        for i in impls:
+            r = by.get(i)
+            tf = _tf(r) if r else None
+            vals.append(f"{tf:.0f}" if tf is not None else ("-" if r is None else _short(r)))
+        ours = by.get(OURS, {})
+        frac = ours.get("frac_fp8_ceiling")
+        vals += [ours.get("ratio_fa4_bf16") or "n/a", f"{100 * float(frac):.1f}" if frac else "n/a"]
+        lines.append("| " + " | ".join([str(hd), "yes" if c else "no", _k(s), *vals]) + " |")
+    return "\n".join(lines)
+
+
 def agrees(max_abs_diff: float, ref_max_abs: float) -> bool:
     """The correctness guard; NaN never agrees."""
     return max_abs_diff <= TOLERANCE * max(1.0, ref_max_abs)
+
+
+# The FP8 rows' guard adds docs/numerics.md "FP8"'s bound on rounding P to e4m3 to the bf16 one:
+# (u + n · 2^-10 / 256) · max|v| for n keys, u = 2^-4 (e4m3's unit roundoff). The bf16 guard
+# alone fails a correct FP8 forward at causal points (rows of a few keys: ~0.07 at |ref| ~ 3.7).
+FP8_P_ROUNDING = 2.0**-4
+
+
+def fp8_bound(ref_max_abs: float, v_max_abs: float, seqlen_k: int) -> float:
+    """The largest max |out - ref| an FP8 row may have (agrees_fp8)."""
+    p_rounding = (FP8_P_ROUNDING + seqlen_k * 2.0**-10 / 256) * v_max_abs
+    return TOLERANCE * max(1.0, ref_max_abs) + p_rounding
+
+
+def agrees_fp8(max_abs_diff: float, ref_max_abs: float, v_max_abs: float, seqlen_k: int) -> bool:
+    """The correctness guard of an FP8 (e4m3) row; NaN never agrees."""
+    return max_abs_diff <= fp8_bound(ref_max_abs, v_max_abs, seqlen_k)
 
 
 def point_seed(p: Point) -> int:
@@ -180,8 +267,10 @@ def make_row(
     clock_reasons="",
     host_us=None,
     ms_rounds=(),
+    dtype="bf16",
 ) -> dict:
-    """A CSV row; ms / tflops / memory / diff are blank when not measured."""
+    """A CSV row; ms / tflops / memory / diff are blank when not measured; the FP8 mode's
+    derived columns (FP8_COLUMNS) blank until fill_fp8_columns."""
 
     def fmt(x, spec):
         return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
@@ -204,6 +293,8 @@ def make_row(
         clock_reasons=clock_reasons,
         host_us=fmt(host_us, ".1f"),
         ms_rounds=" ".join(format(x, ".4f") for x in ms_rounds),
+        dtype=dtype,
+        **dict.fromkeys(FP8_COLUMNS, ""),
     )
 
 
