@@ -10,9 +10,10 @@
 namespace fa4 {
 
 Status run_fwd_sm100(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
-  constexpr HeadDims kCompiled[] = {FA4_INSTANCES_SM100_FWD(FA4_HEAD_DIMS_ENTRY)};
-  // Note [padded head dims]: the compiled instance that covers the problem's head dims.
-  const HeadDims k = cover(kCompiled, p.head_dim, p.head_dim_v);
+  // Note [padded head dims]: the compiled instance of the problem's dtype that covers its head
+  // dims (the FP8 forward has fewer head dims than the 16-bit ones).
+  constexpr TypedHeadDims kCompiled[] = {FA4_INSTANCES_SM100_FWD(FA4_TYPED_HEAD_DIMS_ENTRY)};
+  const HeadDims k = cover_of_dtype(kCompiled, int(p.dtype), p.head_dim, p.head_dim_v);
 #define FA4_CASE(D, DV, E)                                       \
   if (k.d == D && k.dv == DV && p.dtype == DType::E) {           \
     return sm100::fwd_instance<D, DV, DType::E>(p, dev, stream); \
@@ -21,9 +22,9 @@ Status run_fwd_sm100(const FwdParams& p, const DeviceInfo& dev, cudaStream_t str
 #undef FA4_CASE
   return kernel_fail(
       Status::kUnsupported,
-      "fa4: head dims (%d, %d) are covered by no instance of this build's SM100 forward "
-      "(FA4_HDIMS)",
-      p.head_dim, p.head_dim_v);
+      "fa4: head dims (%d, %d) are covered by no %s instance of this build's SM100 forward "
+      "(FA4_HDIMS; the FP8 forward has hd 64, 128, 256)",
+      p.head_dim, p.head_dim_v, p.dtype == DType::kE4M3 ? "e4m3" : "16-bit");
 }
 
 }  // namespace fa4

@@ -9,20 +9,8 @@ namespace fa4 {
 Status run_fwd_sm90(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   // Note [padded head dims]: the compiled instance of the problem's dtype that covers its head
   // dims (the FP8 forward has fewer head dims than the 16-bit ones).
-  struct Entry {
-    int d, dv;
-    DType e;
-  };
-#define FA4_ENTRY(D, DV, E) Entry{D, DV, DType::E},
-  constexpr Entry kCompiled[] = {FA4_INSTANCES_SM90_FWD(FA4_ENTRY)};
-#undef FA4_ENTRY
-  constexpr int kN = int(sizeof(kCompiled) / sizeof(kCompiled[0]));
-  HeadDims mine[kN];
-  int n = 0;
-  for (const Entry& e : kCompiled) {
-    if (e.e == p.dtype) mine[n++] = HeadDims{e.d, e.dv};
-  }
-  const HeadDims k = cover(mine, n, p.head_dim, p.head_dim_v);
+  constexpr TypedHeadDims kCompiled[] = {FA4_INSTANCES_SM90_FWD(FA4_TYPED_HEAD_DIMS_ENTRY)};
+  const HeadDims k = cover_of_dtype(kCompiled, int(p.dtype), p.head_dim, p.head_dim_v);
 #define FA4_CASE(D, DV, E)                                      \
   if (k.d == D && k.dv == DV && p.dtype == DType::E) {          \
     return sm90::fwd_instance<D, DV, DType::E>(p, dev, stream); \

@@ -219,6 +219,13 @@ __device__ __forceinline__ void tmem_load_32(uint32_t taddr, uint32_t (&r)[32]) 
       : "r"(taddr));
 }
 
+// 8 consecutive columns (x8): an e4m3 P row of 32 elements, packed four per column.
+__device__ __forceinline__ void tmem_store_8(uint32_t taddr, const uint32_t (&r)[8]) {
+  asm volatile(
+      "tcgen05.st.sync.aligned.32x32b.x8.b32 [%0], {%1, %2, %3, %4, %5, %6, %7, %8};" ::"r"(taddr),
+      "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]), "r"(r[4]), "r"(r[5]), "r"(r[6]), "r"(r[7]));
+}
+
 // 16 consecutive columns (x16): a 16-bit P row of 32 elements, packed two per column.
 __device__ __forceinline__ void tmem_store_16(uint32_t taddr, const uint32_t (&r)[16]) {
   asm volatile(

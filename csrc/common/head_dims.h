@@ -36,6 +36,23 @@ constexpr HeadDims cover(const HeadDims (&list)[N], int d, int dv) {
   return cover(list, N, d, dv);
 }
 
+// The forwards' lists, whose dtypes have different head dims (the FP8 forward's e4m3 instances):
+// an entry with its dtype (a DType enumerator as an int), and the cover among one dtype's.
+struct TypedHeadDims {
+  int d = 0, dv = 0, dtype = 0;
+};
+template <int N>
+constexpr HeadDims cover_of_dtype(const TypedHeadDims (&list)[N], int dtype, int d, int dv) {
+  HeadDims mine[N] = {};
+  int n = 0;
+  for (const TypedHeadDims& e : list) {
+    if (e.dtype == dtype) mine[n++] = HeadDims{e.d, e.dv};
+  }
+  return cover(mine, n, d, dv);
+}
+// {FA4_INSTANCES_SM90_FWD(FA4_TYPED_HEAD_DIMS_ENTRY)}: needs api/fa4.h's DType.
+#define FA4_TYPED_HEAD_DIMS_ENTRY(D, DV, E) ::fa4::TypedHeadDims{D, DV, int(::fa4::DType::E)},
+
 // One entry of an FA4_INSTANCES_* X-macro list (fa4_instances.h) as a HeadDims, for the lists
 // cover() picks from: {FA4_INSTANCES_SM90_FWD(FA4_HEAD_DIMS_ENTRY)}.
 #define FA4_HEAD_DIMS_ENTRY(D, DV, E) ::fa4::HeadDims{D, DV},

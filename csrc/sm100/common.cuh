@@ -83,11 +83,18 @@ __device__ __forceinline__ void umma_commit(uint64_t* bar) {
 // elected_ versions below serve roles run by the whole warp (the backward's).
 // idesc as make_runtime_instr_desc returns it (the 32-bit descriptor in the upper half);
 // kCtaGroup 2: the pair of CTAs of a cluster (the even CTA issues; M = 256 or 128 over both).
-template <int kCtaGroup = 1>
+// kF8: kind::f8f6f4 (e4m3 operands, the FP8 forward), else kind::f16.
+template <int kCtaGroup = 1, bool kF8 = false>
 __device__ __forceinline__ void umma_ss(uint64_t desc_a, uint64_t desc_b, uint32_t tmem_d,
                                         uint32_t accumulate, uint64_t idesc) {
   static_assert(kCtaGroup == 1 || kCtaGroup == 2, "cta_group::1 or ::2");
-  if constexpr (kCtaGroup == 1) {
+  static_assert(!kF8 || kCtaGroup == 1, "FP8: the 1-CTA kernel's");
+  if constexpr (kF8) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
+        "tcgen05.mma.cta_group::1.kind::f8f6f4 [%0], %1, %2, %3, p;\n\t}" ::"r"(tmem_d),
+        "l"(desc_a), "l"(desc_b), "r"(uint32_t(idesc >> 32)), "r"(accumulate));
+  } else if constexpr (kCtaGroup == 1) {
     asm volatile(
         "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
         "tcgen05.mma.cta_group::1.kind::f16 [%0], %1, %2, %3, p;\n\t}" ::"r"(tmem_d),
@@ -100,11 +107,17 @@ __device__ __forceinline__ void umma_ss(uint64_t desc_a, uint64_t desc_b, uint32
   }
 }
 // A from tensor memory (the TS form).
-template <int kCtaGroup = 1>
+template <int kCtaGroup = 1, bool kF8 = false>
 __device__ __forceinline__ void umma_ts(uint32_t tmem_a, uint64_t desc_b, uint32_t tmem_d,
                                         uint32_t accumulate, uint64_t idesc) {
   static_assert(kCtaGroup == 1 || kCtaGroup == 2, "cta_group::1 or ::2");
-  if constexpr (kCtaGroup == 1) {
+  static_assert(!kF8 || kCtaGroup == 1, "FP8: the 1-CTA kernel's");
+  if constexpr (kF8) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
+        "tcgen05.mma.cta_group::1.kind::f8f6f4 [%0], [%1], %2, %3, p;\n\t}" ::"r"(tmem_d),
+        "r"(tmem_a), "l"(desc_b), "r"(uint32_t(idesc >> 32)), "r"(accumulate));
+  } else if constexpr (kCtaGroup == 1) {
     asm volatile(
         "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
         "tcgen05.mma.cta_group::1.kind::f16 [%0], [%1], %2, %3, p;\n\t}" ::"r"(tmem_d),

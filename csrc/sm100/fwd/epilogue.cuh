@@ -13,7 +13,7 @@ namespace fa4::sm100 {
 template <class T>
 __device__ __forceinline__ void stage_o(typename T::SharedStorage& ss, uint32_t o_addr, bool has_o,
                                         float inv_l, int row, Ring& staged) {
-  using Element = typename T::Element;
+  using Element = typename T::OutElement;
   if constexpr (T::kTmaStoreO) {  // the traits without a staging buffer have no kOStage barriers
     bar_wait(bar_ptr<T, Bar::kOStageEmpty>(ss, 0), staged.parity(1) ^ 1u);
     ++staged.count;
@@ -72,7 +72,7 @@ __device__ void epilogue_role(const KernelParams<T>& kp, typename T::SharedStora
 template <class T>
 __device__ void correction_role(const KernelParams<T>& kp, typename T::SharedStorage& ss,
                                 uint32_t tmem, int row_in_tile) {
-  using Element = typename T::Element;
+  using Element = typename T::OutElement;  // bf16 for the FP8 forward
   using Plan = typename T::Plan;
   const FwdParams& p = kp.p;
   const bool varlen = p.cu_seqlens_q != nullptr;
@@ -132,6 +132,8 @@ __device__ void correction_role(const KernelParams<T>& kp, typename T::SharedSto
       if (nblk > 0) {
         take_stats(q, inv_l, lse);
         wait_o(q);
+        // Note [fp8 forward] (common/fp8.cuh): v's descale and P's 2^-8.
+        if constexpr (T::kFp8) inv_l *= fp8_scales(p, t.tile.batch, t.tile.head / kp.group).out;
       }
       const int row = q_tile_of<T>(t.tile, q) * T::kBlockM + row_in_tile;
       const bool in_seq = row < t.seq.seqlen_q;  // rows past the sequence are not written

@@ -39,6 +39,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "common/barrier_table.cuh"
+#include "common/fp8.cuh"
 #include "common/mask.cuh"
 #include "common/params.h"
 #include "sm100/common.cuh"
@@ -169,6 +170,10 @@ struct FwdBarCopies {
 template <int kHeadDim_, int kHeadDimV_, class Element_>
 struct FwdTraits {
   using Element = Element_;
+  // Note [fp8 forward] (common/fp8.cuh): e4m3 q, k, v, kind::f8f6f4 MMAs (V MN-major as in
+  // 16-bit: tcgen05 takes MN-major e4m3), P e4m3 in TMEM (four per column), bf16 out.
+  static constexpr bool kFp8 = sizeof_bits_v<Element> == 8;
+  using OutElement = std::conditional_t<kFp8, cutlass::bfloat16_t, Element>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockM = 128;  // one Q tile = one warpgroup's 128 TMEM lanes
@@ -185,16 +190,32 @@ struct FwdTraits {
   // Note [exp2 column split], SM100 defaults (fa4/perfmodel/model.py EMU_SIXTEENTHS, chosen by
   // the cycle model, not measured): 4/16 of each row through exp2_poly for hd 64-192, where
   // MUFU's 16 ex2/clk/SM would otherwise outlast the tile's MMAs; 0 for hd 256.
-  static constexpr int kEmuSixteenths = kHeadDim <= 192 ? 4 : 0;
-  static constexpr float kTau = 8.0f;  // Note [conditional rescale]
+  // FP8: every exponential on MUFU for now: with 4/16 emulated the softmax loop at hd 128 kept
+  // 16 STL + 16 LDL (the 2^8 scaling and e4m3 packing next to the polynomial's temporaries).
+  static constexpr int kEmuSixteenths = kHeadDim <= 192 && !kFp8 ? 4 : 0;
+  // Note [conditional rescale]; FP8 0: each row's P·2^8 peaks at exactly 256 (common/fp8.cuh).
+  static constexpr float kTau = kFp8 ? 0.0f : 8.0f;
 
-  using AtomS = SM100_MMA_F16BF16_SS<Element, Element, float, kBlockM, kBlockN, UMMA::Major::K,
-                                     UMMA::Major::K>;
+  // kind::f8f6f4's SS operation is one type for every 8-bit format: its traits carry them.
+  using AtomS = std::conditional_t<
+      kFp8,
+      MMA_Atom<MMA_Traits<SM100_MMA_F8F6F4_SS, Element, Element, float, Int<kBlockM>, Int<kBlockN>,
+                          integral_constant<UMMA::Major, UMMA::Major::K>,
+                          integral_constant<UMMA::Major, UMMA::Major::K>,
+                          integral_constant<UMMA::ScaleIn, UMMA::ScaleIn::One>,
+                          integral_constant<UMMA::ScaleIn, UMMA::ScaleIn::One>>>,
+      SM100_MMA_F16BF16_SS<Element, Element, float, kBlockM, kBlockN, UMMA::Major::K,
+                           UMMA::Major::K>>;
   // V is (kBlockN, d_v) with d_v contiguous: as the B operand (N = d_v, K = kBlockN) it is
   // MN-major.
-  using AtomO = SM100_MMA_F16BF16_TS<Element, Element, float, kBlockM, kHeadDimV, UMMA::Major::K,
-                                     UMMA::Major::MN>;
-  static constexpr int kMmaK = 16;  // 256 bits of 16-bit elements per tcgen05.mma
+  using AtomO = std::conditional_t<kFp8,
+                                   SM100_MMA_F8F6F4_TS<Element, Element, float, kBlockM, kHeadDimV,
+                                                       UMMA::Major::K, UMMA::Major::MN>,
+                                   SM100_MMA_F16BF16_TS<Element, Element, float, kBlockM, kHeadDimV,
+                                                        UMMA::Major::K, UMMA::Major::MN>>;
+  static constexpr int kMmaK = 256 / sizeof_bits_v<Element>;  // 256 bits per tcgen05.mma
+  // TMEM columns of P per K slice: 16 16-bit or 32 e4m3 elements, 8 columns either way.
+  static constexpr int kPSliceColumns = kMmaK * sizeof_bits_v<Element> / 32;
 
   using SmemLayoutQ = decltype(tile_to_shape(smem_atom_k<Element, kHeadDim>(),
                                              Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQTiles>>{}));
@@ -216,18 +237,18 @@ struct FwdTraits {
   // staging buffer fits next to Q, K and V (hd 64, 96, 128, (192, 128)) and the problem is
   // dense (a varlen TMA tensor packs the sequences: a clipped tile would write the next
   // sequence's rows); otherwise the correction warpgroup stores O itself.
-  using SmemLayoutO = decltype(tile_to_shape(smem_atom_k<Element, kHeadDimV>(),
+  using SmemLayoutO = decltype(tile_to_shape(smem_atom_k<OutElement, kHeadDimV>(),
                                              Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
   static constexpr int kQKVBytes =
       int(cosize_v<SmemLayoutQ> + cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV>) *
       int(sizeof(Element));
   static constexpr bool kTmaStoreO =
-      kQKVBytes + kBlockM * kHeadDimV * int(sizeof(Element)) + 3 * 1024 <= 227 * 1024;
+      kQKVBytes + kBlockM * kHeadDimV * int(sizeof(OutElement)) + 3 * 1024 <= 227 * 1024;
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
-    alignas(1024) cute::array_aligned<Element, kTmaStoreO ? cosize_v<SmemLayoutO> : 8> o;
+    alignas(1024) cute::array_aligned<OutElement, kTmaStoreO ? cosize_v<SmemLayoutO> : 8> o;
     // Row statistics, softmax_t -> correction (Bar::kStatsFull): per block the O factor of
     // each row (stat_a); after the last block 1/l (stat_a) and the LSE (stat_b).
     alignas(16) float stat_a[kQTiles][kBlockM];
@@ -250,7 +271,8 @@ struct KernelParams {
   using TmaQ = TmaTile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>;
   using TmaK = TmaTile<Element, typename T::SmemLayoutK, T::kKRows, T::kHeadDim>;
   using TmaV = TmaCols<Element, typename T::SmemLayoutV, T::kBlockN, T::kVCols, T::kHeadDimV>;
-  using TmaO = TmaStoreTile<Element, typename T::SmemLayoutO, T::kBlockM, T::kHeadDimV>;
+  using TmaO =
+      TmaStoreTile<typename T::OutElement, typename T::SmemLayoutO, T::kBlockM, T::kHeadDimV>;
   TmaQ tma_q;
   TmaK tma_k;
   TmaV tma_v;
@@ -480,8 +502,8 @@ __device__ void mma_role(const KernelParams<T>& kp, typename T::SharedStorage& s
   auto issue_s = [&](int q, int ks) {
     FA4_UNROLL
     for (int k = 0; k < kKQk; ++k) {
-      umma_ss(dQ(_0{}, _0{}, k, q), dK(_0{}, _0{}, k, ks), tmem + s_col[q], k > 0 ? 1u : 0u,
-              idesc_s);
+      umma_ss<1, T::kFp8>(dQ(_0{}, _0{}, k, q), dK(_0{}, _0{}, k, ks), tmem + s_col[q],
+                          k > 0 ? 1u : 0u, idesc_s);
     }
     umma_commit(bar_ptr<T, Bar::kSFull>(ss, q));
   };
@@ -522,9 +544,9 @@ __device__ void mma_role(const KernelParams<T>& kp, typename T::SharedStorage& s
         tmem_fence_after_sync();
         FA4_UNROLL
         for (int k = 0; k < kKPv; ++k) {
-          // P_t: 16-bit, two per column, so K slice k starts 8 columns further on.
-          umma_ts(tmem + s_col[q] + k * (T::kMmaK / 2), dV(_0{}, _0{}, k, vs), tmem + o_col[q],
-                  (i > 0 || k > 0) ? 1u : 0u, idesc_o);
+          // P_t: 16-bit two per column (e4m3 four), so K slice k starts 8 columns further on.
+          umma_ts<1, T::kFp8>(tmem + s_col[q] + k * T::kPSliceColumns, dV(_0{}, _0{}, k, vs),
+                              tmem + o_col[q], (i > 0 || k > 0) ? 1u : 0u, idesc_o);
         }
         umma_commit(bar_ptr<T, Bar::kOFull>(ss, q));
         if (next) {
@@ -604,6 +626,14 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
     // instructions in the loop with apply_mask, 11 with this).
     const RowBounds rb = t.mask.row_bounds(row);
     const int full_begin = br.full_begin, full_end = br.full_end;
+    // Note [fp8 forward] (common/fp8.cuh): this (batch, kv head)'s q and k descales scale the
+    // scores, before the softcap.
+    ScoreScale fp8_score;
+    if constexpr (T::kFp8) {
+      const Fp8Scales f = fp8_scales(kp.p, t.tile.batch, t.tile.head / kp.group);
+      fp8_score = ScoreScale::make(kp.p.softmax_scale * f.qk, kp.p.softcap);
+    }
+    const ScoreScale& score = T::kFp8 ? fp8_score : kp.score;
     OnlineSoftmax<SFrag> softmax;
     softmax.init();
     for (int n = t.n_end - 1; n >= t.n_begin; --n) {
@@ -615,7 +645,7 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
                   T::kQTiles == 2 ? s_ready.parity(1) : s_ready.parity(kSBuffers));
       ++s_ready.count;
       const uint32_t s_addr = tmem + lane_base + Plan::kS0 + uint32_t(b) * T::kBlockN;
-      const uint32_t p_addr = s_addr;  // 16-bit P over its S
+      const uint32_t p_addr = s_addr;  // 16-bit (or e4m3) P over its S
       tmem_fence_after_sync();
       float s[T::kBlockN];
       FA4_UNROLL
@@ -623,7 +653,7 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
         tmem_load_32(s_addr + 32 * c, *reinterpret_cast<uint32_t (*)[32]>(&s[32 * c]));
       }
       tmem_wait_ld();
-      if (kp.score.softcap) apply_softcap<SFrag>(s, kp.score.pre);
+      if (score.softcap) apply_softcap<SFrag>(s, score.pre);
       // Blocks outside this tile's own range are in the union of both tiles' ranges only:
       // needs_mask is true there and the mask hides the whole block.
       // br.empty() || br.needs_mask(n): an empty range has full_begin == full_end == 0.
@@ -634,7 +664,7 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
         }
       }
       float o_scale[1];
-      softmax.update_max(s, kp.score.scale_log2, T::kTau, o_scale);
+      softmax.update_max(s, score.scale_log2, T::kTau, o_scale);
       publish(o_scale[0], 0.0f);  // early: correction rescales O while we exponentiate
       // Note [chunked exp2]: each 32 columns of P packed and stored as soon as they are
       // exponentiated, the finished columns' fp32 registers free for the next ones (with the
@@ -642,12 +672,23 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
       auto sums = softmax.exp2_sums_begin();
       FA4_UNROLL
       for (int c = 0; c < T::kBlockN / 32; ++c) {
-        softmax.template exp2_chunk<T::kEmuSixteenths, 32>(s, kp.score.scale_log2, c, sums);
-        uint32_t p[16];
-        FA4_UNROLL
-        for (int j = 0; j < 16; ++j)
-          p[j] = pack2<Element>(s[32 * c + 2 * j], s[32 * c + 2 * j + 1]);
-        tmem_store_16(p_addr + 16 * c, p);
+        softmax.template exp2_chunk<T::kEmuSixteenths, 32>(s, score.scale_log2, c, sums);
+        if constexpr (T::kFp8) {  // e4m3 P, four per column, scaled by 2^8 (common/fp8.cuh)
+          uint32_t p[8];
+          FA4_UNROLL
+          for (int j = 0; j < 8; ++j) {
+            const float* e = s + 32 * c + 4 * j;
+            p[j] = pack4_e4m3(e[0] * kFp8PScale, e[1] * kFp8PScale, e[2] * kFp8PScale,
+                              e[3] * kFp8PScale);
+          }
+          tmem_store_8(p_addr + 8 * c, p);
+        } else {
+          uint32_t p[16];
+          FA4_UNROLL
+          for (int j = 0; j < 16; ++j)
+            p[j] = pack2<Element>(s[32 * c + 2 * j], s[32 * c + 2 * j + 1]);
+          tmem_store_16(p_addr + 16 * c, p);
+        }
       }
       softmax.exp2_sums_end(sums);
       tmem_wait_st();
@@ -753,7 +794,8 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
     const GmemView o = gmem_view(p, p.out, false, p.head_dim_v, p.out_row_stride, p.out_head_stride,
                                  p.out_batch_stride);
     kp.shape_o = o.shape();
-    kp.tma_o = make_tma_store_tile<Element, typename T::SmemLayoutO, T::kBlockM, T::kHeadDimV>(o);
+    kp.tma_o = make_tma_store_tile<typename T::OutElement, typename T::SmemLayoutO, T::kBlockM,
+                                   T::kHeadDimV>(o);
   }
   kp.sched =
       TileScheduler::for_forward(p, T::kCtaRows, int(sizeof(Element)), dev.num_sms, dev.tile_order);

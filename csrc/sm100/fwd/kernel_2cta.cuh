@@ -66,6 +66,8 @@ static_assert(rows_follow_enum(kBarriersPair), "kBarriersPair: one row per barri
 template <int kHeadDim_, int kHeadDimV_, class Element_>
 struct FwdTraits2 {
   using Element = Element_;
+  using OutElement = Element;
+  static constexpr bool kFp8 = false;  // the FP8 forward is the 1-CTA kernel's
   static constexpr bool kPair = true;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;

@@ -43,8 +43,8 @@ __device__ void mma_role_one_tile(const KernelParams<T>& kp, typename T::SharedS
     tmem_fence_after_sync();
     FA4_UNROLL
     for (int k = 0; k < kKQk; ++k) {
-      umma_ss(dQ(_0{}, _0{}, k, 0), dK(_0{}, _0{}, k, ks),
-              tmem + Plan::kS0 + uint32_t(b) * T::kBlockN, k > 0 ? 1u : 0u, idesc_s);
+      umma_ss<1, T::kFp8>(dQ(_0{}, _0{}, k, 0), dK(_0{}, _0{}, k, ks),
+                          tmem + Plan::kS0 + uint32_t(b) * T::kBlockN, k > 0 ? 1u : 0u, idesc_s);
     }
     umma_commit(bar_ptr<T, Bar::kSFull>(ss, b));
     umma_commit(bar_ptr<T, Bar::kKEmpty>(ss, ks));
@@ -77,8 +77,9 @@ __device__ void mma_role_one_tile(const KernelParams<T>& kp, typename T::SharedS
       tmem_fence_after_sync();
       FA4_UNROLL
       for (int k = 0; k < kKPv; ++k) {
-        umma_ts(tmem + Plan::kS0 + uint32_t(b) * T::kBlockN + k * (T::kMmaK / 2),
-                dV(_0{}, _0{}, k, vs), tmem + Plan::kO0, (i > 0 || k > 0) ? 1u : 0u, idesc_o);
+        umma_ts<1, T::kFp8>(tmem + Plan::kS0 + uint32_t(b) * T::kBlockN + k * T::kPSliceColumns,
+                            dV(_0{}, _0{}, k, vs), tmem + Plan::kO0, (i > 0 || k > 0) ? 1u : 0u,
+                            idesc_o);
       }
       umma_commit(bar_ptr<T, Bar::kOFull>(ss, 0));
       umma_commit(bar_ptr<T, Bar::kVEmpty>(ss, vs));

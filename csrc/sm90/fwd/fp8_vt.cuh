@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "api/fa4.h"
+#include "common/fp8.cuh"
 #include "common/host_device.cuh"
 
 namespace fa4::sm90 {
@@ -37,24 +38,6 @@ __host__ __device__ constexpr int fp8_key_of(int k) {
 // (0..15) takes: a = a0 + 4 a1 + 8 a2 (a0: key within 4, a1: row + 8, a2: key + 16).
 __host__ __device__ constexpr int fp8_a_source(int a) {
   return (a % 4) % 2 + 2 * ((a / 4) % 2) + 4 * (2 * (a / 8) + (a % 4) / 2);
-}
-
-// Note [fp8 forward]: P = exp2(s - m) with the row's exact max (kTau 0) is at most 1; scaled by
-// 2^8 its largest entry is exactly 256 <= 448 (e4m3's largest), and entries down to 2^-14 stay
-// normal. A power of two: the scaling and its inverse in 1/l are exact.
-constexpr float kFp8PScale = 256.0f;
-constexpr float kFp8PInverse = 1.0f / 256.0f;
-
-// Four floats as e4m3 (round to nearest, saturating at +-448) in one register, a in byte 0.
-__device__ __forceinline__ uint32_t pack4_e4m3(float a, float b, float c, float d) {
-  uint32_t r;
-  asm("{\n\t.reg .b16 lo, hi;\n\t"
-      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n\t"
-      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n\t"
-      "mov.b32 %0, {lo, hi};\n\t}"
-      : "=r"(r)
-      : "f"(a), "f"(b), "f"(c), "f"(d));
-  return r;
 }
 
 struct VtLayout {

@@ -264,13 +264,9 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
     ScoreScale fp8_score;
     float fp8_out = 1.0f;
     if constexpr (T::kFp8) {
-      const FwdParams& p = kp.p;
-      const int64_t at = int64_t(t.tile.batch) * p.descale_batch_stride +
-                         int64_t(t.tile.head / kp.group) * p.descale_head_stride;
-      const float qd = p.q_descale != nullptr ? p.q_descale[at] : 1.0f;
-      const float kd = p.k_descale != nullptr ? p.k_descale[at] : 1.0f;
-      fp8_score = ScoreScale::make(p.softmax_scale * qd * kd, p.softcap);
-      fp8_out = (p.v_descale != nullptr ? p.v_descale[at] : 1.0f) * kFp8PInverse;
+      const Fp8Scales f = fp8_scales(kp.p, t.tile.batch, t.tile.head / kp.group);
+      fp8_score = ScoreScale::make(kp.p.softmax_scale * f.qk, kp.p.softcap);
+      fp8_out = f.out;
     }
     const ScoreScale& score = T::kFp8 ? fp8_score : kp.score;
     if (!br.empty()) {
