@@ -1136,7 +1136,7 @@ def fwd_env(cfg: FwdConfig, text: str, stages: int, tile_slots: int) -> Env:
         "T::kQTiles": cfg.q_tiles, "T::kStages": stages, "kSBuffers": 2,
         "kTileSlots": tile_slots, "T::kBlockN": block_n, "T::kHeadDimV": dv,
         "T::kHeadDim": dv, "T::kMmaK": 16, "T::kTmaStoreO": store,
-        "T::kPair": False, "T::kItemTiles": cfg.q_tiles, "T::kFp8": False,
+        "T::kPair": False, "T::kItemTiles": cfg.q_tiles,
         # the 16-bit instances (FP8's kind::f8f6f4 MMAs have the same barriers and buffers;
         # P's K slice is 8 columns either way)
         "T::kFp8": False, "T::kPSliceColumns": 8,
@@ -1558,7 +1558,8 @@ def fwd2_env(cfg: Fwd2Config, text: str) -> Env:
     env.tmem = {"S0": (s0, block_n), "S1": (s1, block_n), "O0": (o0, dv)}
     blocks = cfg.blocks
     env.consts.update({
-        "T::kPair": True, "T::kItemTiles": 2, "T::kFp8": False, "T::kBlockN": block_n, "T::kBlockM": 128,
+        "T::kPair": True, "T::kItemTiles": 2, "T::kFp8": False, "T::kBlockN": block_n,
+        "T::kBlockM": 128,
         "T::kKRows": block_n // 2, "T::kVCols": dv // 2, "T::kHeadDim": dv,
         "T::kHeadDimV": dv, "T::kTmaStoreO": False, "T::kQTiles": 1, "T::kStages": 2,
         "Plan::kS0": s0, "Plan::kS1": s1, "Plan::kO0": o0, "Plan::kO1": o0 + dv,
