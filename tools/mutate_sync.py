@@ -4,6 +4,7 @@ tools/sync_extract_sm90.py, tools/sync_extract_sm90_bwd.py).
 
 Enumerates every sync operation of the covered sources (the functions a kernel's extraction
 runs; --kernel fwd: the SM100 forward, csrc/sm100/fwd/*.cuh and csrc/common/tile_ring.cuh;
+--kernel fwd2: the SM100 2-CTA forward, csrc/sm100/fwd/kernel_2cta.cuh with the shared roles;
 --kernel bwd: the SM100 1-CTA backward with its head-dim split, csrc/sm100/bwd/kernel.cuh,
 roles.cuh, compute.cuh; --kernel bwd2: the 2-CTA backward, kernel_2cta.cuh, roles_2cta.cuh;
 --kernel sm90fwd / sm90bwd: the SM90 forward and the d <= 128 backward, csrc/sm90/fwd/*.cuh,
@@ -16,7 +17,7 @@ memory (the real files are only read):
   flip-parity     parity P of a wait -> (P) ^ 1u
   move-wait       the wait's statement moved after the next statement of its block that
                   performs an operation (the operation it guards)
-  arrivals+1/-1   one kBarriers row's arrival count changed
+  arrivals+1/-1   one kBarriers row's arrival count changed (not a kNone row: no copy)
 The SM90 and decode kernels' ops (enumerate_mutants90): ClusterBarrier waits and arrivals,
 CUTLASS pipeline calls (consumer_wait, producer_acquire, producer_tail count as waits,
 consumer_release as an arrival), expect_tx, cp.async arrivals, named barriers (sync: a wait,
@@ -24,7 +25,7 @@ arrive: an arrival; asm bar.sync and the decode's group_sync too); flip-parity o
 state is its start phase (producer <-> consumer state); arrivals+-1 change a barrier init's
 count, and a pipeline's num_consumers changes by +-128 (CUTLASS counts warpgroups).
 Each mutant is extracted and explored in CONFIGS (stop at the first violation):
-  killed          a violation (deadlock, overwrite, stale read, phase, arrivals), or the
+  killed          a violation (deadlock, overwrite, stale read, phase, arrivals, exit), or the
                   extractor refuses the mutant (a TMA copy without its expect_tx)
   equivalent      no violation, and every configuration reaches exactly the data states
                   (buffer contents and unread counts) of the unmutated kernel: the op is
@@ -35,7 +36,7 @@ Each mutant is extracted and explored in CONFIGS (stop at the first violation):
 A wait keeps the completion it meant in the unmutated source (its site and occurrence), so a
 deleted or moved wait does not shift the meaning of the others.
 
-Usage: python tools/mutate_sync.py --all [--kernel fwd|bwd|bwd2|sm90fwd|sm90bwd|decode|all]
+Usage: python tools/mutate_sync.py --all [--kernel fwd|fwd2|bwd|bwd2|sm90fwd|sm90bwd|decode|all]
        python tools/mutate_sync.py --sample N [--seed S] [--kernel ...]
        python tools/mutate_sync.py --list [--kernel ...]
 """
