@@ -40,7 +40,19 @@ def test_sm100_instances_compile_host_code(tmp_path, direction, hdim):
     _host_pass(nvcc, unit, tmp_path / "out.ii", unit.parent)
 
 
-@pytest.mark.parametrize("source", ["csrc/fwd_sm100.cu", "csrc/bwd_sm100.cu"])
+# ids not "sm100": that keyword is the hardware marker of tests/conftest.py
+@pytest.mark.parametrize("family", ["sm90", "sm100"], ids=["sm90_e4m3", "sm100_e4m3"])
+def test_fp8_forward_instances_compile_host_code(tmp_path, family):
+    """The e4m3 forward instances (Note [fp8 forward]) through both archs' passes of the default
+    build: each compiles the other family's kernel as an empty body, and the Vᵀ kernel and
+    the e4m3 packing for both."""
+    nvcc = need_tool("nvcc", "compile the FP8 instances' host code")
+    inst = instance(family, "fwd", "128", "e4m3")
+    (unit,) = manifest.generate(tmp_path / "generated", [inst])
+    _host_pass(nvcc, unit, tmp_path / "out.ii", unit.parent)
+
+
+@pytest.mark.parametrize("source", ["csrc/fwd_sm90.cu", "csrc/fwd_sm100.cu", "csrc/bwd_sm100.cu"])
 def test_sm100_entry_points_compile_host_code(tmp_path, source):
     """The dispatch entry points expand fa4_instances.h's X-macro over every SM100 instance of
     the default build."""
