@@ -32,6 +32,7 @@ def test_fp8_p_layout_matches_cute(tmp_path):
         "ok kBlockN=128 d_v=128",
         "ok kBlockN=128 d_v=64",
         "ok kBlockN=64 d_v=256",
+        "ok varlen Vt layout",
     ]
 
 

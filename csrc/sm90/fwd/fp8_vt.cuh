@@ -12,9 +12,11 @@
 // of Vᵀ holds key fp8_key_of(k). P·V sums over the keys, so the product is unchanged.
 //
 // Layout of Vᵀ (e4m3): dense (batch, heads_kv, d_v, cols), cols = seqlen_k rounded up to 32;
-// varlen (heads_kv, d_v, cols), sequence b's keys from column cu_seqlens_k[b] + 32 b (its chunks
-// start at its first key; the 32 columns per sequence hold its last chunk's overhang), cols =
-// total_k + 32 batch. Keys past a sequence's end in its last chunk are zeros.
+// varlen (heads_kv, d_v, cols), sequence b's keys from column start(b) = round_up(cu_seqlens_k[b],
+// 32) + 64 b: 32-aligned, so that the transpose's 16-byte stores are aligned, and apart by at
+// least round_up(length, 32) + 1 columns (its chunks start at its first key, the last one
+// overhangs); cols = round_up(total_k, 32) + 64 batch. Keys past a sequence's end in its last
+// chunk are zeros.
 #pragma once
 
 #include <stdint.h>
@@ -49,7 +51,9 @@ struct VtLayout {
   }
   // First column of sequence b (0 for dense).
   __host__ __device__ int64_t start(const int* cu_seqlens_k, int b) const {
-    return varlen ? int64_t(cu_seqlens_k[b]) + int64_t(kFp8Chunk) * b : 0;
+    if (!varlen) return 0;
+    const int64_t first = (int64_t(cu_seqlens_k[b]) + kFp8Chunk - 1) / kFp8Chunk * kFp8Chunk;
+    return first + 2 * int64_t(kFp8Chunk) * b;
   }
   size_t bytes(const FwdParams& p) const {
     return size_t(varlen ? 1 : p.batch) * size_t(p.heads_kv) * size_t(head_stride(p.head_dim_v));
@@ -58,7 +62,7 @@ struct VtLayout {
     VtLayout l;
     l.varlen = p.cu_seqlens_k != nullptr;
     const int64_t keys =
-        l.varlen ? int64_t(p.total_k) + int64_t(kFp8Chunk) * p.batch : int64_t(p.seqlen_k);
+        l.varlen ? int64_t(p.total_k) + 2 * int64_t(kFp8Chunk) * p.batch : int64_t(p.seqlen_k);
     l.cols = (keys + kFp8Chunk - 1) / kFp8Chunk * kFp8Chunk;
     return l;
   }
