@@ -148,6 +148,9 @@ EVIDENCE: tuple[Evidence, ...] = (
     Evidence("fp8_cache", "sm90", "fwd", "decode",
              ("tests/gpu/test_decode_fp8.py::test_dense_fp8_cache",
               "tests/gpu/test_decode_fp8.py::test_paged_fp8_cache")),
+    Evidence("fp8_fwd", "sm90", "fwd", "sm90",
+             ("tests/gpu/test_fp8_fwd_gpu.py::test_dense",
+              "tests/gpu/test_fp8_fwd_gpu.py::test_varlen")),
     Evidence("kv_append", "sm90", "fwd", KV_APPEND,
              (_APPEND + "test_matches_torch_path", _APPEND + "test_paged"), KV_APPEND_RUN),
     _sm100("dense", "fwd", _F100 + "test_dense"),
@@ -273,6 +276,17 @@ def _fp8_cache(device, dtype, d, d_v, grad):
     )
 
 
+def _fp8_fwd(device, dtype, d, d_v, grad):
+    """The FP8 forward: e4m3 q, k, v with per-(batch, kv head) descales (the column's dtype is
+    not used: the inputs are e4m3 and out is bf16); no backward (it raises)."""
+    e4m3 = torch.float8_e4m3fn
+    q, k, v = (t.to(e4m3) for t in _dense_qkv(device, torch.float32, d, d_v, False))
+    q.requires_grad_(grad)
+    kw = {f"{n}_descale": _rand((B, H), torch.float32, device, False, 7 + i).abs()
+          for i, n in enumerate("qkv")}  # fmt: skip
+    return fa4.attention(q, k, v, return_lse=True, backend="reference", **kw)
+
+
 FEATURES: tuple[Feature, ...] = (
     Feature("dense", "dense (batch, seqlen, heads, d)", _dense()),
     Feature("varlen", "varlen (cu_seqlens)", _varlen()),
@@ -290,6 +304,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature("kvcache", "KV cache (cache_batch_idx, cache_leftpad)", _kvcache(append=False)),
     Feature("kv_append", "KV append + rotary (attention_with_kvcache)", _kvcache(append=True)),
     Feature("fp8_cache", "FP8 (e4m3) KV cache + descales (attention_with_kvcache)", _fp8_cache),
+    Feature("fp8_fwd", "FP8 (e4m3) q, k, v + descales, bf16 out (attention)", _fp8_fwd),
     # torch.compile traces the same ops (their fake kernels) and runs the same CUDA kernels; the
     # probe is the dense one, so only EVIDENCE can tell it apart (no GPU test compiles yet).
     Feature("compile", "torch.compile", _dense()),
@@ -330,18 +345,22 @@ def simulated_build(arch: str, config: dict | None = None):
     (default_build()); its one-time warnings are silenced and forgotten afterwards. Changes
     module state: for this module's generator and the tests, not for concurrent calls."""
     config = default_build() if config is None else config
-    saved = (dispatch._capability, build_info.CONFIG, build_info.KERNELS, set(dispatch._warned))
+    saved = (dispatch._capability, build_info.CONFIG, build_info.KERNELS, build_info.INSTANCES,
+             set(dispatch._warned))  # fmt: skip
     cc = dispatch._ARCH_OF_BACKEND[arch]
     dispatch._capability = lambda index: cc
     build_info.CONFIG, build_info.KERNELS = config, config.get("kernels", {})
+    # the instances by dtype (the FP8 forward's e4m3 ones): those of the manifest's default archs
+    build_info.INSTANCES = manifest.instances() if config.get("built") else []
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
         dispatch._capability, build_info.CONFIG, build_info.KERNELS = saved[:3]
+        build_info.INSTANCES = saved[3]
         dispatch._warned.clear()
-        dispatch._warned.update(saved[3])
+        dispatch._warned.update(saved[4])
 
 
 def fwd_family(call: dict) -> str | None:
