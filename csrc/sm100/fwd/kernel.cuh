@@ -775,8 +775,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 }
 
 // ---- Launch --------------------------------------------------------------------------------
+// The parameters both forwards (1-CTA and 2-CTA) fill alike: the problem, the score scale and
+// the TMA loads of a stage's Q tile, kKRows rows of K and kVCols columns of V.
 template <class T>
-Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+KernelParams<T> load_params(const FwdParams& p) {
   using Element = typename T::Element;
   KernelParams<T> kp;
   kp.p = p;
@@ -787,8 +789,17 @@ Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   kp.shape_k = k.shape();
   kp.shape_v = v.shape();
   kp.tma_q = make_tma_tile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>(q);
-  kp.tma_k = make_tma_tile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>(k);
-  kp.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(v);
+  kp.tma_k = make_tma_tile<Element, typename T::SmemLayoutK, T::kKRows, T::kHeadDim>(k);
+  kp.tma_v =
+      make_tma_cols<Element, typename T::SmemLayoutV, T::kBlockN, T::kVCols, T::kHeadDimV>(v);
+  kp.tma_store_o = false;
+  return kp;
+}
+
+template <class T>
+Status launch(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+  using Element = typename T::Element;
+  KernelParams<T> kp = load_params<T>(p);
   kp.tma_store_o = T::kTmaStoreO && p.cu_seqlens_q == nullptr;
   if (kp.tma_store_o) {
     const GmemView o = gmem_view(p, p.out, false, p.head_dim_v, p.out_row_stride, p.out_head_stride,

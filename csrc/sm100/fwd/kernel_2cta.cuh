@@ -362,19 +362,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(T::kThreads, 1)
 template <class T>
 Status launch_pair(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   using Element = typename T::Element;
-  KernelParams<T> kp;
-  kp.p = p;
-  kp.group = p.heads_q / p.heads_kv;
-  kp.score = ScoreScale::make(p.softmax_scale, p.softcap);
-  const auto [q, k, v] = fwd_views(p);
-  kp.shape_q = q.shape();
-  kp.shape_k = k.shape();
-  kp.shape_v = v.shape();
-  kp.tma_q = make_tma_tile<Element, typename T::SmemLayoutQ, T::kBlockM, T::kHeadDim>(q);
-  kp.tma_k = make_tma_tile<Element, typename T::SmemLayoutK, T::kKRows, T::kHeadDim>(k);
-  kp.tma_v =
-      make_tma_cols<Element, typename T::SmemLayoutV, T::kBlockN, T::kVCols, T::kHeadDimV>(v);
-  kp.tma_store_o = false;
+  KernelParams<T> kp = load_params<T>(p);  // no TMA-store epilogue here
   kp.sched =
       TileScheduler::for_forward(p, T::kCtaRows, int(sizeof(Element)), dev.num_sms, dev.tile_order);
   const int64_t blocks = 2 * kp.sched.total();
