@@ -716,7 +716,11 @@ def kernel_for(
     cc = _capability(q.device.index)
     wanted = [backend] if backend != "auto" else [b for b, a in _ARCH_OF_BACKEND.items() if a == cc]
     for arch in wanted:
-        why = _missing(arch, direction, hdims, fp8)
+        why = (
+            build_info.missing_instance(arch, direction, hdims, "e4m3")
+            if fp8
+            else build_info.missing_kernel(arch, direction, hdims)
+        )
         if why is None and _ARCH_OF_BACKEND[arch] != cc:
             why = f"the device has compute capability {cc[0]}.{cc[1]}"
         if why is None and q.dtype not in KERNEL_DTYPES and not fp8:
@@ -743,29 +747,16 @@ def kernel_for(
     return None
 
 
-def _missing(arch: str, direction: str, hdims, fp8: bool) -> str | None:
-    """Why no compiled instance serves the problem (None: one does). The FP8 forward needs an
-    instance of dtype e4m3 with exactly these head dims (no padded FP8 head dims yet)."""
-    if fp8:
-        return build_info.missing_instance(arch, direction, hdims, "e4m3")
-    return build_info.missing_kernel(arch, direction, hdims)
-
-
 def _warn_unverified(arch: str, kind: str) -> None:
     if (arch, kind) not in UNVERIFIED:
         return
-    if kind.endswith("e4m3"):
-        warn_once(
-            f"fa4: the {arch} FP8 (e4m3) forward kernel is compiled but has not run on a GPU yet; "
-            f"verify it on this machine with `pytest tests/gpu/test_fp8_fwd_gpu.py` before "
-            f"trusting results"
-        )
-        return
-    warn_once(
-        f"fa4: the {arch} {kind} kernel is compiled but was never executed by its authors (no "
-        f"such GPU available to them); verify it on this machine with `pytest -m {arch} tests` "
-        f"before trusting results"
-    )
+    fp8 = kind.endswith("e4m3")
+    what = "FP8 (e4m3) forward kernel is compiled but has not run on a GPU yet" if fp8 else (
+        f"{kind} kernel is compiled but was never executed by its authors (no such GPU "
+        "available to them)")  # fmt: skip
+    test = "tests/gpu/test_fp8_fwd_gpu.py" if fp8 else f"-m {arch} tests"
+    warn_once(f"fa4: the {arch} {what}; verify it on this machine with `pytest {test}` before "
+              "trusting results")  # fmt: skip
 
 
 # The knobs' lookups: os.environ.get of an unset variable raises and catches a KeyError inside

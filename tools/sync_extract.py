@@ -62,6 +62,7 @@ FWD_FILES = (
     "csrc/sm100/fwd/epilogue.cuh",
     "csrc/sm100/fwd/one_tile.cuh",
     "csrc/common/tile_ring.cuh",
+    "csrc/sm100/fwd/softmax.cuh",
 )
 FWD_ENTRY = "fwd_kernel"
 
@@ -1520,6 +1521,7 @@ FWD2_FILES = (
     "csrc/sm100/fwd/kernel_2cta.cuh",
     "csrc/sm100/fwd/kernel.cuh",
     "csrc/sm100/fwd/epilogue.cuh",
+    "csrc/sm100/fwd/softmax.cuh",
 )
 FWD2_ENTRY = "fwd_kernel_2cta"
 

@@ -76,7 +76,7 @@ def test_tail_bounded_by_the_blocks_exits_with_a_commit_in_flight():
     assert any("kVEmpty" in msg for _, msg in res.violations)
 
 
-PAIR, ROLES, EPI = se.FWD2_FILES
+PAIR, SOFTMAX = se.FWD2_FILES[0], se.FWD2_FILES[3]
 
 
 def _mutate(file, old, new):
@@ -92,7 +92,7 @@ PLANTED = {
         {"deadlock"}, "",
     ),
     "softmax-kPFull-arrival": (
-        ROLES, "arrive_mma<T>(bar_ptr<T, Bar::kPFull>(ss, b));", "", 1, {"deadlock"}, "",
+        SOFTMAX, "arrive_mma<T>(bar_ptr<T, Bar::kPFull>(ss, b));", "", 1, {"deadlock"}, "",
     ),
     "kPFull-128-arrivals": (
         PAIR, "{Bar::kPFull,       BarCopies::kPerSBuffer, 256},",
