@@ -165,6 +165,38 @@ __device__ __forceinline__ void copy_row_half(uint32_t dst, const void* base, in
   }
 }
 
+// One K (which = 0) or V (which = 1) block of kBlockN rows into dst (row pitch kPitch): copy i of
+// a lane is chunk c % kChunks of row c / kChunks, c = lane + 32 i, so each warp instruction
+// copies 512 contiguous bytes of 512 / (16 kChunks) rows (2 at hd128). Offsets from row_off
+// (-1: a row past the sequence); chunks past the row's first `bytes` bytes are zero-filled. The
+// offsets of kBatch copies are loaded into registers before any of them is issued: ptxas keeps a
+// shared-memory load behind an earlier cp.async (both touch shared memory), so a load per copy
+// costs one dependent round trip per 512 bytes (the SASS of 7136377), a batch of 8 one per 4 KB.
+template <int kChunks, int kPitch>
+__device__ __forceinline__ void copy_block(uint32_t dst, const void* base, const int64_t* row_off,
+                                           int which, int lane, int bytes) {
+  constexpr int kIters = kBlockN * kChunks / 32;
+  constexpr int kBatch = kIters % 8 == 0 ? 8 : kIters % 4 == 0 ? 4 : kIters % 2 == 0 ? 2 : 1;
+  static_assert(kBlockN * kChunks % 32 == 0, "whole warp instructions");
+  const char* src = static_cast<const char*>(base);
+#pragma unroll 1
+  for (int i0 = 0; i0 < kIters; i0 += kBatch) {
+    int64_t off[kBatch];
+    FA4_UNROLL
+    for (int j = 0; j < kBatch; ++j) {
+      const int c = lane + 32 * (i0 + j);
+      off[j] = (c % kChunks) * 16 < bytes ? row_off[2 * (c / kChunks) + which] : -1;
+    }
+    FA4_UNROLL
+    for (int j = 0; j < kBatch; ++j) {
+      const int c = lane + 32 * (i0 + j);
+      const int r = c / kChunks, x = c % kChunks;
+      cp_async_16_free(dst + r * kPitch + x * 16, src + (off[j] < 0 ? 0 : off[j] + x * 16),
+                       off[j] < 0 ? 0 : 16);
+    }
+  }
+}
+
 // Four e4m3 values (one 32-bit word, element 0 in the low byte) as two fp16x2 words, exactly
 // (every e4m3 value, subnormals included, is an fp16 value).
 __device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
@@ -313,7 +345,7 @@ template <int D, int DV, class Element, int kWarpsN, bool kKvFp8, int kVariant>
 __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::kMinBlocks)
     decode_kernel(const __grid_constant__ Args args) {
   using T = Traits<D, DV, Element, kWarpsN, kKvFp8>;
-  static_assert(!kKvFp8 || kVariant == 1, "the FP8 cache is copied by the paired-lanes producer");
+  static_assert(!kKvFp8 || kVariant != 0, "the FP8 cache is copied by variant 1 or 2");
   extern __shared__ __align__(128) char smem[];
   const FwdParams& p = args.p;
   const int b = blockIdx.z;
@@ -390,7 +422,6 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
     constexpr int kChunksK = D * T::kKvBytes / 16, kChunksV = DV * T::kKvBytes / 16;
     for (int it = 0; it < n_blocks; ++it) {
       const int stage = it % T::kStages;
-      if (it >= T::kStages) detail::wait_barrier(&empty[stage], (it / T::kStages - 1) & 1);
       const int n = n_begin + it;
       FA4_UNROLL
       for (int h = 0; h < 2; ++h) {
@@ -404,6 +435,8 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
                                 : -1;
       }
       __syncwarp();
+      // The offsets (a page-table read when paged) are resolved before the stage is free.
+      if (it >= T::kStages) detail::wait_barrier(&empty[stage], (it / T::kStages - 1) & 1);
       const uint32_t k_smem = detail::smem_addr(smem + stage * T::kStageBytes);
       const uint32_t v_smem = k_smem + kBlockN * T::kPitchK;
       if constexpr (kVariant == 0) {
@@ -422,6 +455,11 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
           detail::cp_async_16(v_smem + r * T::kPitchV + x * 16,
                               off < 0 ? v_base : v_base + off + x * 16, off < 0 ? 0 : 16);
         }
+      } else if constexpr (kVariant == 2) {
+        detail::copy_block<kChunksK, T::kPitchK>(k_smem, p.k, row_off, 0, lane,
+                                                 p.head_dim * T::kKvBytes);
+        detail::copy_block<kChunksV, T::kPitchV>(v_smem, p.v, row_off, 1, lane,
+                                                 p.head_dim_v * T::kKvBytes);
       } else {
         // Note [paired lanes]: lanes 2p and 2p + 1 copy rows p, p + 16, p + 32, p + 48, each
         // lane every other 16-byte chunk of a row, so one shared-memory load of a row's K and V
