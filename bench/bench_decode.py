@@ -74,9 +74,9 @@ TARGET_FP8_CACHE = 1.8
 # averages over thousands of keys (|out| ~ 0.02-0.1 for unit-normal inputs), so the standard
 # sweep's absolute 2e-2 would pass anything; 2 % of the largest entry is ~5 bf16 half-ulps.
 DECODE_TOLERANCE = 2e-2
-# the decode targets (docs/perf.md, Decode): decode >= 1.05x the best peer, or >= 93 % of the datasheet HBM bandwidth
-# where 1.05x the best peer is past it; spec-decode >= 1.05x flash-attn-4; paged >= 0.90x of the
-# same case unpaged.
+# The decode targets (docs/perf.md, Decode): decode >= 1.05x the best peer, or >= 93 % of the
+# datasheet HBM bandwidth where 1.05x the best peer is past it; spec-decode >= 1.05x
+# flash-attn-4; paged >= 0.90x of the same case unpaged.
 TARGET_RATIO = 1.05
 TARGET_PEAK_FRAC = 0.93
 TARGET_PAGED = 0.90
