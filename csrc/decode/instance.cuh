@@ -8,20 +8,43 @@
 
 namespace fa4::decode {
 
-// The producer (Note [row gather]): the FP8 cache takes the paired-lanes copy loop (kVariant 1);
-// the 16-bit caches keep the one-chunk-per-lane loop (kVariant 0) that ran on the H100 until
-// the A/B of branch exp/decode-paired-ab has measured both (docs/decisions.md).
+// One tile shape's kernel with producer variant kVariant (Note [row gather], [tma blocks]):
+// variant 3 where the cache admits its descriptors (tma_eligible), else the batched gather
+// (variant 2) that it falls back to per block anyway.
+template <int kVariant, int D, int DV, class Element, int kWarpsN, bool kKvFp8>
+Status launch_variant(const Args& args, const Plan& pl, cudaStream_t stream) {
+  using T = Traits<D, DV, Element, kWarpsN, kKvFp8>;
+  const dim3 grid(pl.m_blocks * pl.num_splits, args.p.heads_kv, args.p.batch);
+  if constexpr (kVariant == 3) {
+    if (!tma_eligible(args.p)) {
+      return launch_variant<2, D, DV, Element, kWarpsN, kKvFp8>(args, pl, stream);
+    }
+    const FwdParams& p = args.p;
+    TmaArgs<T> a;
+    static_cast<Args&>(a) = args;
+    const GmemView k =
+        decode_kv_view(p, p.k, p.head_dim, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+    const GmemView v =
+        decode_kv_view(p, p.v, p.head_dim_v, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+    a.tma_k = make_tma_tile<Element, typename T::SmemLayoutK, kBlockN, D>(k);
+    a.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, kBlockN, DV>(v);
+    a.shape_k = k.shape();
+    a.shape_v = v.shape();
+    return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, kKvFp8, 3>, grid,
+                         T::kThreads, T::kSmemBytes, stream, a);
+  } else {
+    return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, kKvFp8, kVariant>,
+                         grid, T::kThreads, T::kSmemBytes, stream, args);
+  }
+}
+
+// The producer: the FP8 cache takes the paired-lanes copy loop (variant 1); the 16-bit caches
+// keep the one-chunk-per-lane loop (variant 0) that ran on the H100, until an A/B on the GPU
+// has measured variants 1-3 (docs/decisions.md).
 template <int D, int DV, class Element, int kWarpsN>
 Status launch_tile(const Args& args, const Plan& pl, cudaStream_t stream) {
-  const dim3 grid(pl.m_blocks * pl.num_splits, args.p.heads_kv, args.p.batch);
-  if (args.p.kv_fp8) {
-    using T = Traits<D, DV, Element, kWarpsN, true>;
-    return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, true, 1>, grid,
-                         T::kThreads, T::kSmemBytes, stream, args);
-  }
-  using T = Traits<D, DV, Element, kWarpsN>;
-  return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, false, 0>, grid,
-                       T::kThreads, T::kSmemBytes, stream, args);
+  if (args.p.kv_fp8) return launch_variant<1, D, DV, Element, kWarpsN, true>(args, pl, stream);
+  return launch_variant<0, D, DV, Element, kWarpsN, false>(args, pl, stream);
 }
 
 template <int D, int DV, DType E>

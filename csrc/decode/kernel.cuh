@@ -37,6 +37,7 @@
 
 #include "common/mask.cuh"
 #include "common/params.h"
+#include "common/tma.cuh"
 #include "common/softmax.cuh"
 #include "decode/plan.h"
 
@@ -86,7 +87,69 @@ struct Traits {
   static_assert(kBarOffset % 16 == 0 && kStagingOffset % 16 == 0 && kSmemBytes <= 227 * 1024,
                 "shared memory");
   static_assert(epi_bytes(DV) <= kRingBytes, "the epilogue reuses the ring");
+  // Variant 3 (Note [tma blocks]): a stage holds K's and V's blocks as TMA writes them, each
+  // in GMMA's K-major swizzled layout (16-byte chunks of a row permuted by the row's index, so
+  // that ldmatrix's 8 rows of a matrix meet 8 different bank groups without padding), V at byte
+  // kTmaVOffset of the stage; both fit the padded stage, whose base is 1024-byte aligned.
+  using SmemLayoutK =
+      decltype(tile_to_shape(smem_atom_k<Element, D>(), Shape<Int<kBlockN>, Int<D>>{}));
+  using SmemLayoutV =
+      decltype(tile_to_shape(smem_atom_k<Element, DV>(), Shape<Int<kBlockN>, Int<DV>>{}));
+  using TmaK = TmaTile<Element, SmemLayoutK, kBlockN, D>;
+  using TmaV = TmaTile<Element, SmemLayoutV, kBlockN, DV>;
+  static constexpr int kTmaVOffset = kBlockN * D * 2;
+  static constexpr int kTmaBytes = kBlockN * (D + DV) * 2;
+  static_assert(kKvFp8 || (kTmaVOffset % 1024 == 0 && kStageBytes % 1024 == 0 &&
+                           kTmaBytes <= kStageBytes),
+                "swizzled tiles start 1024-byte aligned");
 };
+
+// The kernel's parameters with TMA loads (variant 3): the descriptors of K and V over the cache
+// as decode_kv_view describes it, and their shapes.
+template <class T>
+struct TmaArgs : Args {
+  typename T::TmaK tma_k;
+  typename T::TmaV tma_v;
+  decltype(GmemView{}.shape()) shape_k, shape_v;
+};
+
+template <int D, int DV, class Element, int kWarpsN, bool kKvFp8, int kVariant>
+using KernelArgs =
+    std::conditional_t<kVariant == 3, TmaArgs<Traits<D, DV, Element, kWarpsN, kKvFp8>>, Args>;
+
+// The K or V cache as the TMA variant's descriptors see it (GmemView: rows, d, heads, batch):
+// a page pool (page_size rows, num_pages entries), the packed varlen keys (one entry), or the
+// dense cache (seqlen_k rows per batch entry).
+inline GmemView decode_kv_view(const FwdParams& p, const void* ptr, int cols, int64_t row_stride,
+                               int64_t head_stride, int64_t batch_stride) {
+  if (p.page_table != nullptr) {
+    return {ptr, p.page_size, cols, p.heads_kv, p.num_pages, row_stride, head_stride, batch_stride};
+  }
+  if (p.cu_seqlens_k != nullptr) {
+    return {ptr, p.total_k > 0 ? p.total_k : 1, cols, p.heads_kv, 1, row_stride, head_stride, 0};
+  }
+  return {ptr,         p.seqlen_k > 0 ? p.seqlen_k : 1,
+          cols,        p.heads_kv,
+          p.batch,     row_stride,
+          head_stride, batch_stride};
+}
+
+// Whether the TMA variant can describe the cache (Note [tma blocks]): a 16-bit cache, 16-byte
+// aligned base and strides (TMA's rule), pages of whole blocks, and no kv_batch_idx on a dense
+// cache (whose batch count FwdParams does not carry, so no descriptor could bound it).
+inline bool tma_eligible(const FwdParams& p) {
+  if (p.kv_fp8) return false;
+  if (p.page_table != nullptr ? p.page_size % kBlockN != 0 : p.kv_batch_idx != nullptr) {
+    return false;
+  }
+  const auto aligned = [](const void* ptr, int64_t a, int64_t b, int64_t c) {
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (a * 2) % 16 == 0 && (b * 2) % 16 == 0 &&
+           (c * 2) % 16 == 0;
+  };
+  const bool varlen = p.cu_seqlens_k != nullptr && p.page_table == nullptr;
+  return aligned(p.k, p.k_row_stride, p.k_head_stride, varlen ? 0 : p.k_batch_stride) &&
+         aligned(p.v, p.v_row_stride, p.v_head_stride, varlen ? 0 : p.v_batch_stride);
+}
 
 namespace detail {
 
@@ -165,15 +228,16 @@ __device__ __forceinline__ void copy_row_half(uint32_t dst, const void* base, in
   }
 }
 
-// One K (which = 0) or V (which = 1) block of kBlockN rows into dst (row pitch kPitch): copy i of
+// One K (which = 0) or V (which = 1) block of kBlockN rows to dst(row, chunk) (shared-memory
+// addresses of 16-byte chunks: padded rows, or the TMA variant's swizzled tile): copy i of
 // a lane is chunk c % kChunks of row c / kChunks, c = lane + 32 i, so each warp instruction
 // copies 512 contiguous bytes of 512 / (16 kChunks) rows (2 at hd128). Offsets from row_off
 // (-1: a row past the sequence); chunks past the row's first `bytes` bytes are zero-filled. The
 // offsets of kBatch copies are loaded into registers before any of them is issued: ptxas keeps a
 // shared-memory load behind an earlier cp.async (both touch shared memory), so a load per copy
 // costs one dependent round trip per 512 bytes (the SASS of 7136377), a batch of 8 one per 4 KB.
-template <int kChunks, int kPitch>
-__device__ __forceinline__ void copy_block(uint32_t dst, const void* base, const int64_t* row_off,
+template <int kChunks, class Dst>
+__device__ __forceinline__ void copy_block(Dst dst, const void* base, const int64_t* row_off,
                                            int which, int lane, int bytes) {
   constexpr int kIters = kBlockN * kChunks / 32;
   constexpr int kBatch = kIters % 8 == 0 ? 8 : kIters % 4 == 0 ? 4 : kIters % 2 == 0 ? 2 : 1;
@@ -191,8 +255,7 @@ __device__ __forceinline__ void copy_block(uint32_t dst, const void* base, const
     for (int j = 0; j < kBatch; ++j) {
       const int c = lane + 32 * (i0 + j);
       const int r = c / kChunks, x = c % kChunks;
-      cp_async_16_free(dst + r * kPitch + x * 16, src + (off[j] < 0 ? 0 : off[j] + x * 16),
-                       off[j] < 0 ? 0 : 16);
+      cp_async_16_free(dst(r, x), src + (off[j] < 0 ? 0 : off[j] + x * 16), off[j] < 0 ? 0 : 16);
     }
   }
 }
@@ -246,6 +309,20 @@ __device__ __forceinline__ void dequant_rows(uint32_t src, uint32_t dst, int row
                  "r"(h[6]), "r"(h[7])
                  : "memory");
   }
+}
+
+// One TMA tile (kRows x kCols) of the tensor behind tma, at tb's row and batch coordinates and
+// head `head`, into dst (layout Layout), completing on bar.
+template <int kRows, int kCols, class Tma, class Shape, class TB, class Element, class Layout>
+__device__ __forceinline__ void tma_load_block(const Tma& tma, const Shape& shape, const TB& tb,
+                                               int head, uint64_t& bar, Element* dst, Layout) {
+  Tensor m = tma.get_tma_tensor(shape);
+  Tensor g = local_tile(domain_offset(make_coord(tb.row, _0{}), m(_, _, head, tb.batch)),
+                        cute::Shape<Int<kRows>, Int<kCols>>{}, make_coord(_0{}, _0{}));
+  Tensor sm = make_tensor(make_smem_ptr(dst), Layout{});
+  auto [tg, ts] =
+      tma_partition(tma, _0{}, cute::Layout<_1>{}, group_modes<0, 2>(sm), group_modes<0, 2>(g));
+  copy(tma.with(bar, 0), tg, ts);
 }
 
 // One arrival on bar once all of this thread's earlier cp.async have landed (.noinc: the
@@ -341,12 +418,51 @@ __device__ __forceinline__ int64_t key_offset(const FwdParams& p, const SeqRows&
   return (off + int64_t{kv_head} * head_stride) * kBytes;
 }
 
+// Element offset of (row, col) in a swizzled TMA tile (col a multiple of 8: a 16-byte chunk,
+// which every swizzle keeps whole).
+template <class Layout>
+__device__ __forceinline__ int swizzled(int row, int col) {
+  return get_swizzle_portion(Layout{})(get_nonswizzle_portion(Layout{})(row, col));
+}
+
+// Note [tma blocks]: variant 3 loads key block n with one TMA tile per K and V (two boxes each
+// at hd128: the 128-byte swizzle's box is 64 columns wide) when all of its kBlockN rows are keys
+// of the sequence and lie in one page; otherwise (the sequence's last, partial block; a block
+// across a page boundary, as leftpad can make) the producer gathers it row by row into the same
+// swizzled layout, zero-filling past the sequence. TMA would read rows past the sequence's end
+// as they are, and a NaN there times P = 0 is NaN. The full barrier takes 32 arrivals either
+// way: lane 0's arrive.expect_tx of the tile bytes and 31 plain ones, or the 32 lanes' cp.async
+// arrivals. row / batch: the tile's coordinates in decode_kv_view's tensor.
+struct TmaBlock {
+  bool ok = false;
+  int row = 0, batch = 0;
+};
+__device__ __forceinline__ TmaBlock tma_block(const FwdParams& p, const SeqRows& s, int n) {
+  TmaBlock t;
+  const int j0 = n * kBlockN;
+  if (j0 + kBlockN > s.len_k) return t;
+  const int row = s.offset_k + j0;
+  if (p.page_table != nullptr) {
+    t.row = row % p.page_size;
+    if (t.row + kBlockN > p.page_size) return t;
+    t.batch = p.page_table[s.kv_batch * p.page_table_batch_stride + row / p.page_size];
+  } else {
+    t.row = row;
+    t.batch = p.cu_seqlens_k != nullptr ? 0 : s.kv_batch;
+  }
+  t.ok = true;
+  return t;
+}
+
 template <int D, int DV, class Element, int kWarpsN, bool kKvFp8, int kVariant>
 __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::kMinBlocks)
-    decode_kernel(const __grid_constant__ Args args) {
+    decode_kernel(
+        const __grid_constant__ KernelArgs<D, DV, Element, kWarpsN, kKvFp8, kVariant> args) {
   using T = Traits<D, DV, Element, kWarpsN, kKvFp8>;
-  static_assert(!kKvFp8 || kVariant != 0, "the FP8 cache is copied by variant 1 or 2");
-  extern __shared__ __align__(128) char smem[];
+  static_assert(!kKvFp8 || kVariant == 1 || kVariant == 2,
+                "the FP8 cache is copied by variant 1 or 2");
+  constexpr bool kTma = kVariant == 3;
+  extern __shared__ __align__(1024) char smem[];
   const FwdParams& p = args.p;
   const int b = blockIdx.z;
   const int kv_head = blockIdx.y;
@@ -423,6 +539,26 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
     for (int it = 0; it < n_blocks; ++it) {
       const int stage = it % T::kStages;
       const int n = n_begin + it;
+      if constexpr (kTma) {
+        const TmaBlock tb = tma_block(p, seq, n);
+        if (tb.ok) {
+          if (it >= T::kStages) detail::wait_barrier(&empty[stage], (it / T::kStages - 1) & 1);
+          if (lane == 0) {
+            cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage],
+                                                                           T::kTmaBytes);
+            char* base = smem + stage * T::kStageBytes;
+            detail::tma_load_block<kBlockN, D>(args.tma_k, args.shape_k, tb, kv_head, full[stage],
+                                               reinterpret_cast<Element*>(base),
+                                               typename T::SmemLayoutK{});
+            detail::tma_load_block<kBlockN, DV>(args.tma_v, args.shape_v, tb, kv_head, full[stage],
+                                                reinterpret_cast<Element*>(base + T::kTmaVOffset),
+                                                typename T::SmemLayoutV{});
+          } else {
+            cutlass::arch::ClusterBarrier::arrive(&full[stage]);
+          }
+          continue;
+        }
+      }
       FA4_UNROLL
       for (int h = 0; h < 2; ++h) {
         const int r = lane + 32 * h, j = n * kBlockN + r;
@@ -455,11 +591,19 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
           detail::cp_async_16(v_smem + r * T::kPitchV + x * 16,
                               off < 0 ? v_base : v_base + off + x * 16, off < 0 ? 0 : 16);
         }
+      } else if constexpr (kTma) {
+        const uint32_t v_tile = k_smem + T::kTmaVOffset;
+        detail::copy_block<kChunksK>(
+            [&](int r, int x) { return k_smem + 2 * swizzled<typename T::SmemLayoutK>(r, 8 * x); },
+            p.k, row_off, 0, lane, p.head_dim * 2);
+        detail::copy_block<kChunksV>(
+            [&](int r, int x) { return v_tile + 2 * swizzled<typename T::SmemLayoutV>(r, 8 * x); },
+            p.v, row_off, 1, lane, p.head_dim_v * 2);
       } else if constexpr (kVariant == 2) {
-        detail::copy_block<kChunksK, T::kPitchK>(k_smem, p.k, row_off, 0, lane,
-                                                 p.head_dim * T::kKvBytes);
-        detail::copy_block<kChunksV, T::kPitchV>(v_smem, p.v, row_off, 1, lane,
-                                                 p.head_dim_v * T::kKvBytes);
+        detail::copy_block<kChunksK>([&](int r, int x) { return k_smem + r * T::kPitchK + x * 16; },
+                                     p.k, row_off, 0, lane, p.head_dim * T::kKvBytes);
+        detail::copy_block<kChunksV>([&](int r, int x) { return v_smem + r * T::kPitchV + x * 16; },
+                                     p.v, row_off, 1, lane, p.head_dim_v * T::kKvBytes);
       } else {
         // Note [paired lanes]: lanes 2p and 2p + 1 copy rows p, p + 16, p + 32, p + 48, each
         // lane every other 16-byte chunk of a row, so one shared-memory load of a row's K and V
@@ -515,12 +659,26 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
     score = ScoreScale::make(p.softmax_scale * k_scale, p.softcap);
   }
   using MmaElement = typename T::MmaElement;
+  // Byte offsets of (row, col) in the K and V blocks the MMAs read: padded rows, or the swizzled
+  // TMA tiles (Note [tma blocks]).
+  const auto k_at = [](int row, int col) {
+    if constexpr (kTma)
+      return 2 * swizzled<typename T::SmemLayoutK>(row, col);
+    else
+      return row * T::kMmaPitchK + col * 2;
+  };
+  const auto v_at = [](int row, int col) {
+    if constexpr (kTma)
+      return 2 * swizzled<typename T::SmemLayoutV>(row, col);
+    else
+      return row * T::kMmaPitchV + col * 2;
+  };
 
   for (int it = 0; it < n_blocks; ++it) {
     const int stage = it % T::kStages;
     detail::wait_barrier(&full[stage], (it / T::kStages) & 1);
     uint32_t k_base = detail::smem_addr(smem + stage * T::kStageBytes);
-    uint32_t v_base = k_base + kBlockN * T::kPitchK;
+    uint32_t v_base = k_base + (kTma ? T::kTmaVOffset : kBlockN * T::kPitchK);
     if constexpr (kKvFp8) {
       // Note [fp8 cache]: the kWarpsM warps that read keys [wn kWarpN, (wn + 1) kWarpN) of every
       // block dequantize those rows into the staging block, after all of them have finished
@@ -549,8 +707,7 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
       FA4_UNROLL
       for (int np = 0; np < T::kWarpN / 16; ++np) {
         uint32_t bk[4];
-        detail::ldmatrix_x4(k_base + (kb_row + np * 16) * T::kMmaPitchK + (kk * 16 + kb_col) * 2,
-                            bk);
+        detail::ldmatrix_x4(k_base + k_at(kb_row + np * 16, kk * 16 + kb_col), bk);
         detail::mma_16816<MmaElement>(&s[(2 * np) * 4], a, bk[0], bk[1]);
         detail::mma_16816<MmaElement>(&s[(2 * np + 1) * 4], a, bk[2], bk[3]);
       }
@@ -576,8 +733,7 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
       FA4_UNROLL
       for (int dp = 0; dp < DV / 16; ++dp) {
         uint32_t bv[4];
-        detail::ldmatrix_x4_trans(
-            v_base + (vb_row + kc * 16) * T::kMmaPitchV + (dp * 16 + vb_col) * 2, bv);
+        detail::ldmatrix_x4_trans(v_base + v_at(vb_row + kc * 16, dp * 16 + vb_col), bv);
         detail::mma_16816<MmaElement>(&o[(2 * dp) * 4], a, bv[0], bv[1]);
         detail::mma_16816<MmaElement>(&o[(2 * dp + 1) * 4], a, bv[2], bv[3]);
       }
