@@ -134,23 +134,6 @@ inline GmemView decode_kv_view(const FwdParams& p, const void* ptr, int cols, in
           head_stride, batch_stride};
 }
 
-// Whether the TMA variant can describe the cache (Note [tma blocks]): a 16-bit cache, 16-byte
-// aligned base and strides (TMA's rule), pages of whole blocks, and no kv_batch_idx on a dense
-// cache (whose batch count FwdParams does not carry, so no descriptor could bound it).
-inline bool tma_eligible(const FwdParams& p) {
-  if (p.kv_fp8) return false;
-  if (p.page_table != nullptr ? p.page_size % kBlockN != 0 : p.kv_batch_idx != nullptr) {
-    return false;
-  }
-  const auto aligned = [](const void* ptr, int64_t a, int64_t b, int64_t c) {
-    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (a * 2) % 16 == 0 && (b * 2) % 16 == 0 &&
-           (c * 2) % 16 == 0;
-  };
-  const bool varlen = p.cu_seqlens_k != nullptr && p.page_table == nullptr;
-  return aligned(p.k, p.k_row_stride, p.k_head_stride, varlen ? 0 : p.k_batch_stride) &&
-         aligned(p.v, p.v_row_stride, p.v_head_stride, varlen ? 0 : p.v_batch_stride);
-}
-
 namespace detail {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -311,13 +294,14 @@ __device__ __forceinline__ void dequant_rows(uint32_t src, uint32_t dst, int row
   }
 }
 
-// One TMA tile (kRows x kCols) of the tensor behind tma, at tb's row and batch coordinates and
+// One TMA tile (kRows x kCols) of the tensor behind tma, at row `row` of batch entry `batch` and
 // head `head`, into dst (layout Layout), completing on bar.
-template <int kRows, int kCols, class Tma, class Shape, class TB, class Element, class Layout>
-__device__ __forceinline__ void tma_load_block(const Tma& tma, const Shape& shape, const TB& tb,
-                                               int head, uint64_t& bar, Element* dst, Layout) {
+template <int kRows, int kCols, class Tma, class Shape, class Element, class Layout>
+__device__ __forceinline__ void tma_load_block(const Tma& tma, const Shape& shape, int row,
+                                               int batch, int head, uint64_t& bar, Element* dst,
+                                               Layout) {
   Tensor m = tma.get_tma_tensor(shape);
-  Tensor g = local_tile(domain_offset(make_coord(tb.row, _0{}), m(_, _, head, tb.batch)),
+  Tensor g = local_tile(domain_offset(make_coord(row, _0{}), m(_, _, head, batch)),
                         cute::Shape<Int<kRows>, Int<kCols>>{}, make_coord(_0{}, _0{}));
   Tensor sm = make_tensor(make_smem_ptr(dst), Layout{});
   auto [tg, ts] =
@@ -425,35 +409,6 @@ __device__ __forceinline__ int swizzled(int row, int col) {
   return get_swizzle_portion(Layout{})(get_nonswizzle_portion(Layout{})(row, col));
 }
 
-// Note [tma blocks]: variant 3 loads key block n with one TMA tile per K and V (two boxes each
-// at hd128: the 128-byte swizzle's box is 64 columns wide) when all of its kBlockN rows are keys
-// of the sequence and lie in one page; otherwise (the sequence's last, partial block; a block
-// across a page boundary, as leftpad can make) the producer gathers it row by row into the same
-// swizzled layout, zero-filling past the sequence. TMA would read rows past the sequence's end
-// as they are, and a NaN there times P = 0 is NaN. The full barrier takes 32 arrivals either
-// way: lane 0's arrive.expect_tx of the tile bytes and 31 plain ones, or the 32 lanes' cp.async
-// arrivals. row / batch: the tile's coordinates in decode_kv_view's tensor.
-struct TmaBlock {
-  bool ok = false;
-  int row = 0, batch = 0;
-};
-__device__ __forceinline__ TmaBlock tma_block(const FwdParams& p, const SeqRows& s, int n) {
-  TmaBlock t;
-  const int j0 = n * kBlockN;
-  if (j0 + kBlockN > s.len_k) return t;
-  const int row = s.offset_k + j0;
-  if (p.page_table != nullptr) {
-    t.row = row % p.page_size;
-    if (t.row + kBlockN > p.page_size) return t;
-    t.batch = p.page_table[s.kv_batch * p.page_table_batch_stride + row / p.page_size];
-  } else {
-    t.row = row;
-    t.batch = p.cu_seqlens_k != nullptr ? 0 : s.kv_batch;
-  }
-  t.ok = true;
-  return t;
-}
-
 template <int D, int DV, class Element, int kWarpsN, bool kKvFp8, int kVariant>
 __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::kMinBlocks)
     decode_kernel(
@@ -540,19 +495,25 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
       const int stage = it % T::kStages;
       const int n = n_begin + it;
       if constexpr (kTma) {
-        const TmaBlock tb = tma_block(p, seq, n);
+        // Note [tma blocks] (decode/plan.h): whole blocks of one page by TMA.
+        const TmaBlock tb = tma_block(n, seq.offset_k, seq.len_k, p.page_table ? p.page_size : 0);
         if (tb.ok) {
+          const int batch =
+              p.page_table != nullptr
+                  ? p.page_table[seq.kv_batch * p.page_table_batch_stride + tb.page_slot]
+              : p.cu_seqlens_k != nullptr ? 0
+                                          : seq.kv_batch;
           if (it >= T::kStages) detail::wait_barrier(&empty[stage], (it / T::kStages - 1) & 1);
           if (lane == 0) {
             cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage],
                                                                            T::kTmaBytes);
             char* base = smem + stage * T::kStageBytes;
-            detail::tma_load_block<kBlockN, D>(args.tma_k, args.shape_k, tb, kv_head, full[stage],
-                                               reinterpret_cast<Element*>(base),
+            detail::tma_load_block<kBlockN, D>(args.tma_k, args.shape_k, tb.row, batch, kv_head,
+                                               full[stage], reinterpret_cast<Element*>(base),
                                                typename T::SmemLayoutK{});
-            detail::tma_load_block<kBlockN, DV>(args.tma_v, args.shape_v, tb, kv_head, full[stage],
-                                                reinterpret_cast<Element*>(base + T::kTmaVOffset),
-                                                typename T::SmemLayoutV{});
+            detail::tma_load_block<kBlockN, DV>(
+                args.tma_v, args.shape_v, tb.row, batch, kv_head, full[stage],
+                reinterpret_cast<Element*>(base + T::kTmaVOffset), typename T::SmemLayoutV{});
           } else {
             cutlass::arch::ClusterBarrier::arrive(&full[stage]);
           }

@@ -19,6 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/host_device.cuh"
+
 namespace fa4::decode {
 
 constexpr int kBlockN = 64;      // keys per pipeline stage
@@ -91,6 +93,54 @@ bool uses_inference_features(const Params& p) {
 template <class Params>
 bool takes_decode(const Params& p, int cc_major) {
   return uses_inference_features(p) || (p.learnable_sink != nullptr && cc_major != 9);
+}
+
+// Note [tma blocks]: the TMA producer (decode/kernel.cuh, variant 3) loads key block n with one
+// TMA tile per K and V (two boxes each at hd128: the 128-byte swizzle's box is 64 columns wide)
+// when all of its kBlockN rows are keys of the sequence and lie in one page; otherwise (the
+// sequence's last, partial block; a block across a page boundary, as leftpad can make) the
+// producer gathers it row by row into the same swizzled layout, zero-filling past the
+// sequence: TMA would read rows past the sequence's end as they are, and a NaN there times
+// P = 0 is NaN. offset_k: the sequence's first key row (varlen offset plus leftpad, or leftpad);
+// len_k: its keys. row: the tile's first row in decode_kv_view's tensor (in its page when
+// paged); page_slot: which entry of the sequence's page-table row holds that page.
+struct TmaBlock {
+  bool ok = false;
+  int row = 0, page_slot = 0;
+};
+__host__ __device__ inline TmaBlock tma_block(int n, int offset_k, int len_k, int page_size) {
+  TmaBlock t;
+  const int j0 = n * kBlockN;
+  if (j0 + kBlockN > len_k) return t;
+  const int row = offset_k + j0;
+  if (page_size > 0) {
+    t.row = row % page_size;
+    t.page_slot = row / page_size;
+    if (t.row + kBlockN > page_size) return t;
+  } else {
+    t.row = row;
+  }
+  t.ok = true;
+  return t;
+}
+
+// Whether TMA descriptors can describe the cache (Note [tma blocks]): a 16-bit cache, 16-byte
+// aligned base and strides (TMA's rule; varlen keys have no batch stride), pages of whole blocks,
+// and no kv_batch_idx on a dense cache (whose batch count FwdParams does not carry, so no
+// descriptor could bound it).
+template <class Params>
+bool tma_eligible(const Params& p) {
+  if (p.kv_fp8) return false;
+  if (p.page_table != nullptr ? p.page_size % kBlockN != 0 : p.kv_batch_idx != nullptr) {
+    return false;
+  }
+  const bool varlen = p.cu_seqlens_k != nullptr && p.page_table == nullptr;
+  const auto aligned = [varlen](const void* ptr, int64_t row, int64_t head, int64_t batch) {
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (row * 2) % 16 == 0 &&
+           (head * 2) % 16 == 0 && (varlen || (batch * 2) % 16 == 0);
+  };
+  return aligned(p.k, p.k_row_stride, p.k_head_stride, p.k_batch_stride) &&
+         aligned(p.v, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
 }
 
 struct Plan {

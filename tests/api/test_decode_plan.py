@@ -94,3 +94,54 @@ def test_forced_splits_and_workspace(plan):
 
     assert out[0][6] == ws(16, 3 * 2)
     assert out[3][6] == ws(4, 9)  # varlen: total_q rows
+
+
+@pytest.fixture(scope="module")
+def tma(tmp_path_factory):
+    exe = build_gxx(ROOT / "tests/cpp/decode_tma_harness.cpp", tmp_path_factory.mktemp("tma") / "t")
+
+    def run(lines):
+        text = "\n".join(lines) + "\n"
+        res = subprocess.run([str(exe)], input=text, capture_output=True, text=True, check=True)
+        return [tuple(int(x) for x in line.split()) for line in res.stdout.splitlines()]
+
+    return run
+
+
+def test_tma_blocks_whole_blocks_of_one_page(tma):
+    """Note [tma blocks]: a block goes by TMA only when its 64 rows are keys of the sequence and
+    lie in one page; its tile row is the row in the page and its page slot the table entry."""
+    cases = {
+        (0, 0, 64, 0): (1, 0, 0),  # dense, one whole block
+        (1, 0, 100, 0): (0, 0, 0),  # the partial last block is gathered
+        (1, 5, 128, 0): (1, 69, 0),  # leftpad 5: dense rows need no alignment
+        (3, 0, 1024, 256): (1, 192, 0),  # paged: 4 blocks per page
+        (4, 0, 1024, 256): (1, 0, 1),  # the next page's first block
+        (0, 32, 1024, 64): (0, 32, 0),  # leftpad 32 puts every block across two pages
+        (2, 0, 190, 64): (0, 0, 0),  # keys end inside block 2
+        (15, 0, 1024, 64): (1, 0, 15),  # the last block, whole
+    }
+    got = tma([f"b {n} {o} {k} {p}" for n, o, k, p in cases])
+    for (key, want), out in zip(cases.items(), got, strict=True):
+        assert out[0] == want[0], key
+        if want[0]:
+            assert out[1:] == want[1:], key
+
+
+def test_tma_eligible_caches(tma):
+    """Descriptors only for 16-bit caches with 16-byte aligned bases and strides, pages of whole
+    blocks, and no kv_batch_idx on a dense cache (its batch count is unknown)."""
+    cases = {
+        ("-", 0, 16): 1,
+        ("-", 0, 8): 0,  # 8-byte alignment: no descriptor
+        ("8", 0, 16): 0,  # e4m3 cache: the gather
+        ("i", 0, 16): 0,  # dense with kv_batch_idx
+        ("pi", 64, 16): 1,  # paged: kv_batch_idx picks a table row, the pool is bounded
+        ("p", 256, 16): 1,
+        ("p", 16, 16): 0,  # pages smaller than a block
+        ("p", 96, 16): 0,  # not a multiple of the block
+        ("c", 0, 16): 1,  # varlen keys
+    }
+    got = tma([f"e {f} {p} {a}" for f, p, a in cases])
+    for (key, want), out in zip(cases.items(), got, strict=True):
+        assert out[0] == want, key
