@@ -2,8 +2,8 @@
 // at memory speed. SM90 and SM100 (one source; SM100: compiled, not executed).
 //
 // Grid (m_blocks * num_splits, heads_kv, batch); 5 warps. Warp 4 streams key blocks of 64 rows
-// into a ring of shared-memory stages with one bulk copy per K or V row (cp.async.bulk, 16-byte
-// granular: any page size, the page table read per row; Note [row gather]); warps 0-3 compute.
+// into a ring of shared-memory stages (the producer variants: Note [row gather], [tma blocks]);
+// warps 0-3 compute.
 // The consumer warps are warps_m x warps_n (decode/plan.h): warp (wm, wn) owns packed rows
 // [16 wm, 16 wm + 16) of the tile (Note [packed GQA]) and keys [wn * 64 / warps_n, ...) of
 // every block. They run S = Q Kᵀ and O += P V with mma.sync m16n8k16 (decode reads each K/V
@@ -19,9 +19,15 @@
 // rows in 16-byte cp.async chunks (LDGSTS, 1024 per hd128 block) and signals the stage's full
 // barrier with cp.async.mbarrier.arrive (32 arrivals). Rows past the sequence's end are
 // zero-filled by the copy itself (source size 0), and the mask sets their scores to -inf, so
-// P = 0 meets zeros, never stale shared memory. The first version issued one cp.async.bulk per
-// row (a 256-byte TMA request at hd128) and measured 1.85-1.95 TB/s on the H100 at every
-// decode size, as if the TMA unit took ~30 cycles per request (2026-12-06, docs/decisions.md).
+// P = 0 meets zeros, never stale shared memory. Producer variants (kVariant), one source: 0
+// copies chunk c = lane + 32 i of the block (a warp instruction: two hd128 rows), loading each
+// copy's row offset from shared memory after the previous copy was issued; 1 (Note [paired
+// lanes]) gives two lanes a row, one offset load per 8 copies; 2 (copy_block) is 0's mapping with
+// the offsets of 8 copies loaded before any of them is issued; 3 (Note [tma blocks]) loads whole
+// blocks by TMA tiles and gathers the rest as 2 does. Both gathers measured 1.9-2.0 TB/s on an
+// H100 (the per-row cp.async.bulk version before them too), and the rate grew with resident CTAs
+// (1.09 TB/s at one CTA per SM): a per-CTA limit, by hypothesis the producer's issue rate
+// (docs/perf.md, Decode).
 //
 // Note [fp8 cache]: with an e4m3 cache (FwdParams::kv_fp8) the ring holds the cache's bytes (half
 // the traffic and half the stage: 4 stages of 18 KB at hd128) and the consumer warps that read a
