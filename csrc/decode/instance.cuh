@@ -26,8 +26,9 @@ Status launch_variant(const Args& args, const Plan& pl, cudaStream_t stream) {
         decode_kv_view(p, p.k, p.head_dim, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
     const GmemView v =
         decode_kv_view(p, p.v, p.head_dim_v, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
-    a.tma_k = make_tma_tile<Element, typename T::SmemLayoutK, kBlockN, D>(k);
-    a.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, kBlockN, DV>(v);
+    using KvElement = typename T::KvElement;
+    a.tma_k = make_tma_tile<KvElement, typename T::SmemLayoutK, kBlockN, D>(k);
+    a.tma_v = make_tma_tile<KvElement, typename T::SmemLayoutV, kBlockN, DV>(v);
     a.shape_k = k.shape();
     a.shape_v = v.shape();
     return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, kKvFp8, 3>, grid,

@@ -97,16 +97,18 @@ struct Traits {
   // in GMMA's K-major swizzled layout (16-byte chunks of a row permuted by the row's index, so
   // that ldmatrix's 8 rows of a matrix meet 8 different bank groups without padding), V at byte
   // kTmaVOffset of the stage; both fit the padded stage, whose base is 1024-byte aligned.
+  // The cache's element: Element, or e4m3 with an FP8 cache (whose swizzled rows the consumers
+  // dequantize into the padded fp16 staging block, which the MMAs read).
+  using KvElement = std::conditional_t<kKvFp8, cutlass::float_e4m3_t, Element>;
   using SmemLayoutK =
-      decltype(tile_to_shape(smem_atom_k<Element, D>(), Shape<Int<kBlockN>, Int<D>>{}));
+      decltype(tile_to_shape(smem_atom_k<KvElement, D>(), Shape<Int<kBlockN>, Int<D>>{}));
   using SmemLayoutV =
-      decltype(tile_to_shape(smem_atom_k<Element, DV>(), Shape<Int<kBlockN>, Int<DV>>{}));
-  using TmaK = TmaTile<Element, SmemLayoutK, kBlockN, D>;
-  using TmaV = TmaTile<Element, SmemLayoutV, kBlockN, DV>;
-  static constexpr int kTmaVOffset = kBlockN * D * 2;
-  static constexpr int kTmaBytes = kBlockN * (D + DV) * 2;
-  static_assert(kKvFp8 || (kTmaVOffset % 1024 == 0 && kStageBytes % 1024 == 0 &&
-                           kTmaBytes <= kStageBytes),
+      decltype(tile_to_shape(smem_atom_k<KvElement, DV>(), Shape<Int<kBlockN>, Int<DV>>{}));
+  using TmaK = TmaTile<KvElement, SmemLayoutK, kBlockN, D>;
+  using TmaV = TmaTile<KvElement, SmemLayoutV, kBlockN, DV>;
+  static constexpr int kTmaVOffset = kBlockN * D * kKvBytes;
+  static constexpr int kTmaBytes = kBlockN * (D + DV) * kKvBytes;
+  static_assert(kTmaVOffset % 1024 == 0 && kStageBytes % 1024 == 0 && kTmaBytes <= kStageBytes,
                 "swizzled tiles start 1024-byte aligned");
 };
 
@@ -277,17 +279,18 @@ __device__ __forceinline__ uint4 to_f16x8(uint4 v) {
   }
 }
 
-// Dequantizes rows [row0, row0 + rows) of one ring buffer (e4m3, pitch kPitch8) into fp16 rows
-// (pitch kPitch16), `kChunks` 16-byte chunks per ring row, spread over `threads` threads.
-template <int kChunks, int kPitch8, int kPitch16>
-__device__ __forceinline__ void dequant_rows(uint32_t src, uint32_t dst, int row0, int rows,
-                                             int thread, int threads) {
+// Dequantizes rows [row0, row0 + rows) of one ring buffer (e4m3; src(r, x): the shared-memory
+// address of 16-byte chunk x of row r, padded or swizzled) into fp16 rows (pitch kPitch16),
+// `kChunks` 16-byte chunks per ring row, spread over `threads` threads.
+template <int kChunks, int kPitch16, class Src>
+__device__ __forceinline__ void dequant_rows(Src src, uint32_t dst, int row0, int rows, int thread,
+                                             int threads) {
   for (int i = thread; i < rows * kChunks; i += threads) {
     const int r = row0 + i / kChunks, x = i % kChunks;
     uint32_t w[4], h[8];
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                 : "r"(src + r * kPitch8 + x * 16));
+                 : "r"(src(r, x)));
     FA4_UNROLL
     for (int j = 0; j < 4; ++j) e4m3x4_to_f16x4(w[j], h[2 * j], h[2 * j + 1]);
     const uint32_t d = dst + r * kPitch16 + x * 32;
@@ -420,9 +423,18 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
     decode_kernel(
         const __grid_constant__ KernelArgs<D, DV, Element, kWarpsN, kKvFp8, kVariant> args) {
   using T = Traits<D, DV, Element, kWarpsN, kKvFp8>;
-  static_assert(!kKvFp8 || kVariant == 1 || kVariant == 2,
-                "the FP8 cache is copied by variant 1 or 2");
+  static_assert(!kKvFp8 || kVariant != 0, "the FP8 cache is copied by variant 1, 2 or 3");
   constexpr bool kTma = kVariant == 3;
+  // The MMAs read the swizzled TMA tiles themselves (16-bit cache) or padded rows.
+  constexpr bool kSwizzledMma = kTma && !kKvFp8;
+  using KvElement = typename T::KvElement;
+  // Byte offsets of (row, col) in the swizzled K and V tiles of a stage (col: an element).
+  const auto swz_k = [](int row, int col) {
+    return T::kKvBytes * swizzled<typename T::SmemLayoutK>(row, col);
+  };
+  const auto swz_v = [](int row, int col) {
+    return T::kKvBytes * swizzled<typename T::SmemLayoutV>(row, col);
+  };
   extern __shared__ __align__(1024) char smem[];
   const FwdParams& p = args.p;
   const int b = blockIdx.z;
@@ -515,11 +527,11 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
                                                                            T::kTmaBytes);
             char* base = smem + stage * T::kStageBytes;
             detail::tma_load_block<kBlockN, D>(args.tma_k, args.shape_k, tb.row, batch, kv_head,
-                                               full[stage], reinterpret_cast<Element*>(base),
+                                               full[stage], reinterpret_cast<KvElement*>(base),
                                                typename T::SmemLayoutK{});
             detail::tma_load_block<kBlockN, DV>(
                 args.tma_v, args.shape_v, tb.row, batch, kv_head, full[stage],
-                reinterpret_cast<Element*>(base + T::kTmaVOffset), typename T::SmemLayoutV{});
+                reinterpret_cast<KvElement*>(base + T::kTmaVOffset), typename T::SmemLayoutV{});
           } else {
             cutlass::arch::ClusterBarrier::arrive(&full[stage]);
           }
@@ -561,11 +573,11 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
       } else if constexpr (kTma) {
         const uint32_t v_tile = k_smem + T::kTmaVOffset;
         detail::copy_block<kChunksK>(
-            [&](int r, int x) { return k_smem + 2 * swizzled<typename T::SmemLayoutK>(r, 8 * x); },
-            p.k, row_off, 0, lane, p.head_dim * 2);
+            [&](int r, int x) { return k_smem + swz_k(r, 16 * x / T::kKvBytes); }, p.k, row_off, 0,
+            lane, p.head_dim * T::kKvBytes);
         detail::copy_block<kChunksV>(
-            [&](int r, int x) { return v_tile + 2 * swizzled<typename T::SmemLayoutV>(r, 8 * x); },
-            p.v, row_off, 1, lane, p.head_dim_v * 2);
+            [&](int r, int x) { return v_tile + swz_v(r, 16 * x / T::kKvBytes); }, p.v, row_off, 1,
+            lane, p.head_dim_v * T::kKvBytes);
       } else if constexpr (kVariant == 2) {
         detail::copy_block<kChunksK>([&](int r, int x) { return k_smem + r * T::kPitchK + x * 16; },
                                      p.k, row_off, 0, lane, p.head_dim * T::kKvBytes);
@@ -626,17 +638,17 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
     score = ScoreScale::make(p.softmax_scale * k_scale, p.softcap);
   }
   using MmaElement = typename T::MmaElement;
-  // Byte offsets of (row, col) in the K and V blocks the MMAs read: padded rows, or the swizzled
-  // TMA tiles (Note [tma blocks]).
-  const auto k_at = [](int row, int col) {
-    if constexpr (kTma)
-      return 2 * swizzled<typename T::SmemLayoutK>(row, col);
+  // Byte offsets of (row, col) in the K and V blocks the MMAs read: padded rows (the ring's, or
+  // the FP8 cache's fp16 staging block), or the swizzled TMA tiles (Note [tma blocks]).
+  const auto k_at = [&](int row, int col) {
+    if constexpr (kSwizzledMma)
+      return swz_k(row, col);
     else
       return row * T::kMmaPitchK + col * 2;
   };
-  const auto v_at = [](int row, int col) {
-    if constexpr (kTma)
-      return 2 * swizzled<typename T::SmemLayoutV>(row, col);
+  const auto v_at = [&](int row, int col) {
+    if constexpr (kSwizzledMma)
+      return swz_v(row, col);
     else
       return row * T::kMmaPitchV + col * 2;
   };
@@ -654,10 +666,23 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
       const uint32_t k16 = staging, v16 = staging + kBlockN * T::kMmaPitchK;
       const int group_thread = wm * 32 + lane;
       group_sync<T::kWarpsM>(wn);
-      detail::dequant_rows<D / 16, T::kPitchK, T::kMmaPitchK>(
-          k_base, k16, wn * T::kWarpN, T::kWarpN, group_thread, 32 * T::kWarpsM);
-      detail::dequant_rows<DV / 16, T::kPitchV, T::kMmaPitchV>(
-          v_base, v16, wn * T::kWarpN, T::kWarpN, group_thread, 32 * T::kWarpsM);
+      const uint32_t k8 = k_base, v8 = v_base;
+      const auto k_src = [&](int r, int x) {
+        if constexpr (kTma)
+          return k8 + swz_k(r, 16 * x);
+        else
+          return k8 + r * T::kPitchK + x * 16;
+      };
+      const auto v_src = [&](int r, int x) {
+        if constexpr (kTma)
+          return v8 + swz_v(r, 16 * x);
+        else
+          return v8 + r * T::kPitchV + x * 16;
+      };
+      detail::dequant_rows<D / 16, T::kMmaPitchK>(k_src, k16, wn * T::kWarpN, T::kWarpN,
+                                                  group_thread, 32 * T::kWarpsM);
+      detail::dequant_rows<DV / 16, T::kMmaPitchV>(v_src, v16, wn * T::kWarpN, T::kWarpN,
+                                                   group_thread, 32 * T::kWarpsM);
       cutlass::arch::ClusterBarrier::arrive(&empty[stage]);  // this thread's ring reads are done
       group_sync<T::kWarpsM>(wn);
       k_base = k16;

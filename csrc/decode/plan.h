@@ -124,20 +124,20 @@ __host__ __device__ inline TmaBlock tma_block(int n, int offset_k, int len_k, in
   return t;
 }
 
-// Whether TMA descriptors can describe the cache (Note [tma blocks]): a 16-bit cache, 16-byte
-// aligned base and strides (TMA's rule; varlen keys have no batch stride), pages of whole blocks,
-// and no kv_batch_idx on a dense cache (whose batch count FwdParams does not carry, so no
-// descriptor could bound it).
+// Whether TMA descriptors can describe the cache (Note [tma blocks]): 16-byte aligned base and
+// strides (TMA's rule; varlen keys have no batch stride), pages of whole blocks, and no
+// kv_batch_idx on a dense cache (whose batch count FwdParams does not carry, so no descriptor
+// could bound it).
 template <class Params>
 bool tma_eligible(const Params& p) {
-  if (p.kv_fp8) return false;
   if (p.page_table != nullptr ? p.page_size % kBlockN != 0 : p.kv_batch_idx != nullptr) {
     return false;
   }
   const bool varlen = p.cu_seqlens_k != nullptr && p.page_table == nullptr;
-  const auto aligned = [varlen](const void* ptr, int64_t row, int64_t head, int64_t batch) {
-    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (row * 2) % 16 == 0 &&
-           (head * 2) % 16 == 0 && (varlen || (batch * 2) % 16 == 0);
+  const int64_t bytes = p.kv_fp8 ? 1 : 2;
+  const auto aligned = [varlen, bytes](const void* ptr, int64_t row, int64_t head, int64_t batch) {
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (row * bytes) % 16 == 0 &&
+           (head * bytes) % 16 == 0 && (varlen || (batch * bytes) % 16 == 0);
   };
   return aligned(p.k, p.k_row_stride, p.k_head_stride, p.k_batch_stride) &&
          aligned(p.v, p.v_row_stride, p.v_head_stride, p.v_batch_stride);

@@ -129,12 +129,14 @@ def test_tma_blocks_whole_blocks_of_one_page(tma):
 
 
 def test_tma_eligible_caches(tma):
-    """Descriptors only for 16-bit caches with 16-byte aligned bases and strides, pages of whole
-    blocks, and no kv_batch_idx on a dense cache (its batch count is unknown)."""
+    """Descriptors only for caches with 16-byte aligned bases and strides (in bytes: an e4m3
+    element is one), pages of whole blocks, and no kv_batch_idx on a dense cache (its batch
+    count is unknown). The harness sets every stride to align / 2 elements."""
     cases = {
         ("-", 0, 16): 1,
         ("-", 0, 8): 0,  # 8-byte alignment: no descriptor
-        ("8", 0, 16): 0,  # e4m3 cache: the gather
+        ("8", 0, 16): 0,  # e4m3 cache with 8-byte strides (8 one-byte elements)
+        ("8", 0, 32): 1,  # e4m3 cache, 16-byte strides
         ("i", 0, 16): 0,  # dense with kv_batch_idx
         ("pi", 64, 16): 1,  # paged: kv_batch_idx picks a table row, the pool is bounded
         ("p", 256, 16): 1,

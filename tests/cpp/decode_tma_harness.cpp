@@ -3,8 +3,8 @@
 //   b n offset_k len_k page_size       -> "ok row page_slot" of tma_block
 //   e flags page_size align            -> 1 / 0 of tma_eligible; flags: letters or '-' (p paged,
 //                                         i kv_batch_idx, c cu_seqlens_k, 8 fp8 cache); align:
-//                                         the byte alignment of the base pointers and the
-//                                         strides' element count (all strides = align / 2)
+//                                         the byte alignment of the base pointers; every
+//                                         stride is align / 2 elements
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
