@@ -411,11 +411,14 @@ __device__ __forceinline__ int64_t key_offset(const FwdParams& p, const SeqRows&
   return (off + int64_t{kv_head} * head_stride) * kBytes;
 }
 
-// Element offset of (row, col) in a swizzled TMA tile (col a multiple of 8: a 16-byte chunk,
-// which every swizzle keeps whole).
-template <class Layout>
-__device__ __forceinline__ int swizzled(int row, int col) {
-  return get_swizzle_portion(Layout{})(get_nonswizzle_portion(Layout{})(row, col));
+// Byte offset of (row, col) in a swizzled TMA tile of kBytes-byte elements (col a multiple of
+// 16 / kBytes: a 16-byte chunk, which every swizzle keeps whole). GMMA's swizzle atoms permute
+// byte addresses (Sw<3,4,3> at 128 bytes: chunk bits 4-6 ^= row bits 7-9, whatever the element
+// size), so the swizzle applies to the element offset times kBytes; the tile's base is
+// 1024-byte aligned, as the hardware's address-based swizzle of the TMA writes assumes.
+template <class Layout, int kBytes>
+__host__ __device__ __forceinline__ int swizzled(int row, int col) {
+  return get_swizzle_portion(Layout{})(kBytes * get_nonswizzle_portion(Layout{})(row, col));
 }
 
 template <int D, int DV, class Element, int kWarpsN, bool kKvFp8, int kVariant>
@@ -430,10 +433,10 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
   using KvElement = typename T::KvElement;
   // Byte offsets of (row, col) in the swizzled K and V tiles of a stage (col: an element).
   const auto swz_k = [](int row, int col) {
-    return T::kKvBytes * swizzled<typename T::SmemLayoutK>(row, col);
+    return swizzled<typename T::SmemLayoutK, T::kKvBytes>(row, col);
   };
   const auto swz_v = [](int row, int col) {
-    return T::kKvBytes * swizzled<typename T::SmemLayoutV>(row, col);
+    return swizzled<typename T::SmemLayoutV, T::kKvBytes>(row, col);
   };
   extern __shared__ __align__(1024) char smem[];
   const FwdParams& p = args.p;
