@@ -526,6 +526,9 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
                                           : seq.kv_batch;
           if (it >= T::kStages) detail::wait_barrier(&empty[stage], (it / T::kStages - 1) & 1);
           if (lane == 0) {
+            // The stage's last fill may have been a gather (generic-proxy writes), this one is
+            // the async proxy's: the fence orders them (~tens of cycles per 32 KB block).
+            cutlass::arch::fence_view_async_shared();
             cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage],
                                                                            T::kTmaBytes);
             char* base = smem + stage * T::kStageBytes;
