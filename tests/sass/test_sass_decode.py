@@ -11,7 +11,7 @@ the latter unpacks e4m3 pairs to fp16 (F2FP.F16.E4M3.UNPACK_B) and runs fp16 MMA
 import re
 
 import pytest
-from sass_helpers import compile_ahead, compile_instance, entries, functions
+from sass_helpers import compile_ahead, compile_cubin, compile_instance, entries, functions
 
 pytestmark = pytest.mark.build
 
@@ -58,3 +58,57 @@ def test_decode_sass(tmp_path_factory, hdim, dtype, arch):
         )
         assert re.search(mma, text), f"{name}: no m16n8k16 tensor-core MMA of the expected type"
         assert ("F2FP.F16.E4M3.UNPACK_B" in text) == fp8, f"{name}: e4m3 unpack iff an FP8 cache"
+
+
+VARIANTS_TU = "tests/cpp/decode_variants.cu"
+compile_ahead(__name__, cubins=[(VARIANTS_TU, "90a"), (VARIANTS_TU, "100a")])
+VARIANT_NAME = re.compile(
+    r"decode_kernelILi128ELi128EN7cutlass10bfloat16_tELi([14])ELb([01])ELi([23])E"
+)
+
+
+def _longest_copy_run(text):
+    """The most LDGSTS in a row with no shared-memory load between them (never-taken `@!PT LDS`
+    padding aside): 1-2 when each copy waits for its own row offset, 8 or more for batches."""
+    run = best = 0
+    for line in text.splitlines():
+        if "@!PT" in line:
+            continue
+        if "LDGSTS" in line:
+            run += 1
+            best = max(best, run)
+        elif re.search(r"\bLDS(\.\w+)?\b", line):
+            run = 0
+    return best
+
+
+@pytest.mark.parametrize("arch", ["90a", "100a"])
+def test_decode_producer_variants_sass(tmp_path_factory, arch):
+    """Variants 2 and 3 (not dispatched until the GPU A/B): the gather issues its copies in
+    batches of 8 behind one set of offset loads, and variant 3 loads whole blocks by TMA
+    (UTMALDG) with the gather kept for the blocks TMA cannot take; no spills."""
+    ptxas, sass = compile_cubin(tmp_path_factory, VARIANTS_TU, arch=arch)
+    for name, r in entries(ptxas, arch).items():
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, (name, r)
+    kernels = {n: f for n, f in functions(sass).items() if "decode_kernel" in n}
+    got = set()
+    for name, text in kernels.items():
+        m = VARIANT_NAME.search(name)
+        assert m, name
+        fp8, variant = m.group(2) == "1", int(m.group(3))
+        got.add((fp8, variant))
+        assert ("UTMALDG" in text) == (variant == 3), f"{name}: TMA iff variant 3"
+        assert _longest_copy_run(text) >= 8, f"{name}: copies not batched"
+        assert ("F2FP.F16.E4M3.UNPACK_B" in text) == fp8, name
+    assert got == {(False, 2), (False, 3), (True, 2), (True, 3)}
+
+
+def test_variant_0_waits_per_copy(tmp_path_factory):
+    """The measured producer (variant 0, dispatched today) as the SASS of 7136377 showed it: a
+    shared-memory load of the row offset between every two copies. If this changes, the A/B's
+    baseline changed with it."""
+    _, sass = compile_instance(tmp_path_factory, "decode", "fwd", "128", "bf16", arch="90a")
+    v0 = [f for n, f in functions(sass).items() if "decode_kernel" in n and "ELb0ELi0E" in n]
+    assert len(v0) == 3
+    # 2: where the K loop's last copy meets the V loop's first
+    assert all(_longest_copy_run(f) <= 2 for f in v0)
