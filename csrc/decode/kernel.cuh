@@ -142,6 +142,27 @@ inline GmemView decode_kv_view(const FwdParams& p, const void* ptr, int cols, in
           head_stride, batch_stride};
 }
 
+// Byte offset of (row, col) in a swizzled TMA tile of kBytes-byte elements (col a multiple of
+// 16 / kBytes: a 16-byte chunk, which every swizzle keeps whole). GMMA's swizzle atoms permute
+// byte addresses (Sw<3,4,3> at 128 bytes: chunk bits 4-6 ^= row bits 7-9, whatever the element
+// size), so the swizzle applies to the element offset times kBytes; the tile's base is
+// 1024-byte aligned, as the hardware's address-based swizzle of the TMA writes assumes.
+template <class Layout, int kBytes>
+__host__ __device__ __forceinline__ int swizzled(int row, int col) {
+  return get_swizzle_portion(Layout{})(kBytes * get_nonswizzle_portion(Layout{})(row, col));
+}
+
+// Byte offset of 16-byte chunk x of row r of a ring buffer: rows of kPitch bytes, or the TMA
+// variant's swizzled tile when Swizzled is its layout (of kBytes-byte elements).
+template <int kPitch, class Swizzled, int kBytes = 1>
+__device__ __forceinline__ int chunk_offset(int r, int x) {
+  if constexpr (std::is_void_v<Swizzled>) {
+    return r * kPitch + x * 16;
+  } else {
+    return swizzled<Swizzled, kBytes>(r, 16 * x / kBytes);
+  }
+}
+
 namespace detail {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -279,18 +300,18 @@ __device__ __forceinline__ uint4 to_f16x8(uint4 v) {
   }
 }
 
-// Dequantizes rows [row0, row0 + rows) of one ring buffer (e4m3; src(r, x): the shared-memory
-// address of 16-byte chunk x of row r, padded or swizzled) into fp16 rows (pitch kPitch16),
-// `kChunks` 16-byte chunks per ring row, spread over `threads` threads.
-template <int kChunks, int kPitch16, class Src>
-__device__ __forceinline__ void dequant_rows(Src src, uint32_t dst, int row0, int rows, int thread,
-                                             int threads) {
+// Dequantizes rows [row0, row0 + rows) of one ring buffer at src (e4m3 rows of pitch kPitch8,
+// or the TMA variant's swizzled tile when Swizzled is its layout) into fp16 rows (pitch
+// kPitch16), `kChunks` 16-byte chunks per ring row, spread over `threads` threads.
+template <int kChunks, int kPitch8, int kPitch16, class Swizzled = void>
+__device__ __forceinline__ void dequant_rows(uint32_t src, uint32_t dst, int row0, int rows,
+                                             int thread, int threads) {
   for (int i = thread; i < rows * kChunks; i += threads) {
     const int r = row0 + i / kChunks, x = i % kChunks;
     uint32_t w[4], h[8];
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                 : "r"(src(r, x)));
+                 : "r"(src + chunk_offset<kPitch8, Swizzled>(r, x)));
     FA4_UNROLL
     for (int j = 0; j < 4; ++j) e4m3x4_to_f16x4(w[j], h[2 * j], h[2 * j + 1]);
     const uint32_t d = dst + r * kPitch16 + x * 32;
@@ -411,16 +432,6 @@ __device__ __forceinline__ int64_t key_offset(const FwdParams& p, const SeqRows&
   return (off + int64_t{kv_head} * head_stride) * kBytes;
 }
 
-// Byte offset of (row, col) in a swizzled TMA tile of kBytes-byte elements (col a multiple of
-// 16 / kBytes: a 16-byte chunk, which every swizzle keeps whole). GMMA's swizzle atoms permute
-// byte addresses (Sw<3,4,3> at 128 bytes: chunk bits 4-6 ^= row bits 7-9, whatever the element
-// size), so the swizzle applies to the element offset times kBytes; the tile's base is
-// 1024-byte aligned, as the hardware's address-based swizzle of the TMA writes assumes.
-template <class Layout, int kBytes>
-__host__ __device__ __forceinline__ int swizzled(int row, int col) {
-  return get_swizzle_portion(Layout{})(kBytes * get_nonswizzle_portion(Layout{})(row, col));
-}
-
 template <int D, int DV, class Element, int kWarpsN, bool kKvFp8, int kVariant>
 __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::kMinBlocks)
     decode_kernel(
@@ -515,16 +526,36 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
     for (int it = 0; it < n_blocks; ++it) {
       const int stage = it % T::kStages;
       const int n = n_begin + it;
+      // Note [tma blocks] (decode/plan.h): whole blocks of one page by TMA (variant 3).
+      bool by_tma = false;
+      TmaBlock tb;
       if constexpr (kTma) {
-        // Note [tma blocks] (decode/plan.h): whole blocks of one page by TMA.
-        const TmaBlock tb = tma_block(n, seq.offset_k, seq.len_k, p.page_table ? p.page_size : 0);
-        if (tb.ok) {
+        tb = tma_block(n, seq.offset_k, seq.len_k, p.page_table ? p.page_size : 0);
+        by_tma = tb.ok;
+      }
+      if (!by_tma) {
+        FA4_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const int r = lane + 32 * h, j = n * kBlockN + r;
+          const bool ok = j < seq.len_k;
+          row_off[2 * r] = ok ? key_offset<T::kKvBytes>(p, seq, kv_head, j, p.k_batch_stride,
+                                                        p.k_row_stride, p.k_head_stride)
+                              : -1;
+          row_off[2 * r + 1] = ok ? key_offset<T::kKvBytes>(p, seq, kv_head, j, p.v_batch_stride,
+                                                            p.v_row_stride, p.v_head_stride)
+                                  : -1;
+        }
+        __syncwarp();
+      }
+      // The offsets (a page-table read when paged) are resolved before the stage is free.
+      if (it >= T::kStages) detail::wait_barrier(&empty[stage], (it / T::kStages - 1) & 1);
+      if constexpr (kTma) {
+        if (by_tma) {
           const int batch =
               p.page_table != nullptr
                   ? p.page_table[seq.kv_batch * p.page_table_batch_stride + tb.page_slot]
               : p.cu_seqlens_k != nullptr ? 0
                                           : seq.kv_batch;
-          if (it >= T::kStages) detail::wait_barrier(&empty[stage], (it / T::kStages - 1) & 1);
           if (lane == 0) {
             // The stage's last fill may have been a gather (generic-proxy writes), this one is
             // the async proxy's: the fence orders them (~tens of cycles per 32 KB block).
@@ -544,20 +575,6 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
           continue;
         }
       }
-      FA4_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const int r = lane + 32 * h, j = n * kBlockN + r;
-        const bool ok = j < seq.len_k;
-        row_off[2 * r] = ok ? key_offset<T::kKvBytes>(p, seq, kv_head, j, p.k_batch_stride,
-                                                      p.k_row_stride, p.k_head_stride)
-                            : -1;
-        row_off[2 * r + 1] = ok ? key_offset<T::kKvBytes>(p, seq, kv_head, j, p.v_batch_stride,
-                                                          p.v_row_stride, p.v_head_stride)
-                                : -1;
-      }
-      __syncwarp();
-      // The offsets (a page-table read when paged) are resolved before the stage is free.
-      if (it >= T::kStages) detail::wait_barrier(&empty[stage], (it / T::kStages - 1) & 1);
       const uint32_t k_smem = detail::smem_addr(smem + stage * T::kStageBytes);
       const uint32_t v_smem = k_smem + kBlockN * T::kPitchK;
       if constexpr (kVariant == 0) {
@@ -672,23 +689,12 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
       const uint32_t k16 = staging, v16 = staging + kBlockN * T::kMmaPitchK;
       const int group_thread = wm * 32 + lane;
       group_sync<T::kWarpsM>(wn);
-      const uint32_t k8 = k_base, v8 = v_base;
-      const auto k_src = [&](int r, int x) {
-        if constexpr (kTma)
-          return k8 + swz_k(r, 16 * x);
-        else
-          return k8 + r * T::kPitchK + x * 16;
-      };
-      const auto v_src = [&](int r, int x) {
-        if constexpr (kTma)
-          return v8 + swz_v(r, 16 * x);
-        else
-          return v8 + r * T::kPitchV + x * 16;
-      };
-      detail::dequant_rows<D / 16, T::kMmaPitchK>(k_src, k16, wn * T::kWarpN, T::kWarpN,
-                                                  group_thread, 32 * T::kWarpsM);
-      detail::dequant_rows<DV / 16, T::kMmaPitchV>(v_src, v16, wn * T::kWarpN, T::kWarpN,
-                                                   group_thread, 32 * T::kWarpsM);
+      using SwK = std::conditional_t<kTma, typename T::SmemLayoutK, void>;
+      using SwV = std::conditional_t<kTma, typename T::SmemLayoutV, void>;
+      detail::dequant_rows<D / 16, T::kPitchK, T::kMmaPitchK, SwK>(
+          k_base, k16, wn * T::kWarpN, T::kWarpN, group_thread, 32 * T::kWarpsM);
+      detail::dequant_rows<DV / 16, T::kPitchV, T::kMmaPitchV, SwV>(
+          v_base, v16, wn * T::kWarpN, T::kWarpN, group_thread, 32 * T::kWarpsM);
       cutlass::arch::ClusterBarrier::arrive(&empty[stage]);  // this thread's ring reads are done
       group_sync<T::kWarpsM>(wn);
       k_base = k16;
