@@ -34,7 +34,10 @@ Each mutant is extracted and explored in CONFIGS (stop at the first violation):
                   model's reason why the op is not needed for the checked properties
   survived        no violation, but new data states: a gap of the model (or of its tags)
 A wait keeps the completion it meant in the unmutated source (its site and occurrence), so a
-deleted or moved wait does not shift the meaning of the others.
+deleted or moved wait does not shift the meaning of the others. A configuration whose programs
+the mutant leaves unchanged is skipped (SM90 / decode: their machine is the programs and their
+barrier table; the SM100 machines also read the kernel text). The SM90 / decode runs first list
+the delete mutants whose site no configuration executes (unexecuted): they cannot be killed.
 
 Usage: python tools/mutate_sync.py --all [--kernel fwd|fwd2|bwd|bwd2|sm90fwd|sm90bwd|decode|all]
        python tools/mutate_sync.py --sample N [--seed S] [--kernel ...]
@@ -129,8 +132,11 @@ CONFIGS_SM90 = (
     s9.Fwd90Config(tiles=(1, 3), wgs=3, sliced=((1, 0, 1), (1, 1, 1))),
     s9.Fwd90Config(tiles=(3,), wgs=1),
 )
-# The decode kernel: 1, 3 and 5 KV blocks through 2 and 3 stages, both producer variants, and
-# the FP8 cache (Note [fp8 cache]) with two key groups of two warps and one group of four.
+# The decode kernel: 1, 3 and 5 KV blocks through 2 and 3 stages, the producer variants 0, 1
+# and 2, and the FP8 cache (Note [fp8 cache]) with two key groups of two warps and one group of
+# four; variant 3 (Note [tma blocks]) with a stage filled by TMA after a gather (gtt: the TMA
+# path's empty wait), alternating paths through 3 stages (a gather after a TMA fill, and a
+# gathered last block), and TMA blocks dequantized from the FP8 cache.
 CONFIGS_DECODE = (
     s9.DecodeConfig(blocks=1),
     s9.DecodeConfig(blocks=3),
@@ -138,7 +144,15 @@ CONFIGS_DECODE = (
     s9.DecodeConfig(blocks=5, stages=3),
     s9.DecodeConfig(blocks=2, variant=1, fp8=True, warps_n=2),
     s9.DecodeConfig(blocks=3, variant=1, fp8=True, warps_n=1),
+    s9.DecodeConfig(blocks=3, variant=2),
+    s9.DecodeConfig(blocks=3, variant=3, paths="gtt"),
+    s9.DecodeConfig(blocks=4, stages=3, variant=3, paths="tgtg"),
+    s9.DecodeConfig(blocks=3, variant=3, fp8=True, warps_n=2, paths="ttg"),
 )
+# The full decode run finds no equivalent or redundant op (every site, the variant-3 ones
+# included, is killed in CONFIGS_DECODE; docs/testing.md, "Mutation score").
+REDUNDANT_DECODE: set = set()
+SAFE_ONLY_DECODE: dict = {}
 # The SM90 backward: hd128's order (early dPᵀ; dK / dV staged for the reducer's TMA stores, or
 # stored by rows) and hd64's (dQ and dK / dV from registers; deterministic mode: dQ through the
 # reducer), two and three kv tiles (the tile ring, K/V buffer and dS stages wrap), a tile that
@@ -236,6 +250,9 @@ class Kernel:
     describe: object  # cfg -> str
     mutants: object = None  # (sources, reached) -> [Mutant]; None: the SM100 enumeration
     safe_only: dict = None  # mutant key -> why no violation with new data states is expected
+    # whether machine reads the kernel text (the SM100 tables); if not, a mutant whose programs
+    # (with their barrier table) equal the unmutated ones leaves that configuration unchanged
+    uses_text: bool = True
 
 
 def _fwd_machine(text, cfg, progs):
@@ -270,7 +287,8 @@ KERNELS = {
                       lambda c: f"tiles {c.tiles}, {c.wgs} WGs, {c.q_stages} Q stages"
                                 f"{f', sliced {c.sliced}' if c.sliced else ''}"
                                 f"{f', idle {c.idle}' if c.idle else ''}",
-                      lambda src, reached: enumerate_mutants90(src, reached), SAFE_ONLY_SM90),
+                      lambda src, reached: enumerate_mutants90(src, reached), SAFE_ONLY_SM90,
+                      uses_text=False),
     "sm90bwd": Kernel("sm90bwd", sb.BWD90_FILES, CONFIGS_SM90_BWD, REDUNDANT_SM90_BWD,
                       sb.extract_bwd90,
                       s9.finish, lambda text, cfg, progs: s9.machine(progs),
@@ -279,12 +297,16 @@ KERNELS = {
                                 f"{', deterministic' if c.deterministic else ''}"
                                 f"{', TMA store' if c.tma_store else ''}"
                                 f"{', dQ regs' if c.dq_regs else ''}",
-                      lambda src, reached: enumerate_mutants90(src, reached), SAFE_ONLY_SM90_BWD),
-    "decode": Kernel("decode", s9.DECODE_FILES, CONFIGS_DECODE, set(), s9.extract_decode,
+                      lambda src, reached: enumerate_mutants90(src, reached), SAFE_ONLY_SM90_BWD,
+                      uses_text=False),
+    "decode": Kernel("decode", s9.DECODE_FILES, CONFIGS_DECODE, REDUNDANT_DECODE,
+                     s9.extract_decode,
                      s9.finish, lambda text, cfg, progs: s9.machine(progs),
                      lambda c: f"{c.blocks} blocks, {c.stages} stages, variant {c.variant}"
+                               f"{' ' + c.paths if c.paths else ''}"
                                f"{', fp8, kWarpsN ' + str(c.warps_n) if c.fp8 else ''}",
-                     lambda src, reached: enumerate_mutants90(src, reached)),
+                     lambda src, reached: enumerate_mutants90(src, reached), SAFE_ONLY_DECODE,
+                     uses_text=False),
 }  # fmt: skip
 
 
@@ -619,6 +641,20 @@ def _table_mutants(fname, text):
     return out
 
 
+def unexecuted(sources, mutants, kernel):
+    """The delete mutants whose call (asm statement) no configuration of the kernel executes
+    (sync_extract_sm90's Programs.executed; [] for the SM100 kernels): mutants the
+    configurations cannot kill, which the full run would report equivalent."""
+    sites, known = set(), False
+    for cfg in kernel.configs:
+        progs = kernel.extract(cfg, sources)
+        if hasattr(progs, "executed"):
+            sites |= progs.executed
+            known = True
+    return [m for m in mutants if known and m.op.startswith("delete-")
+            and (m.file, m.edits[0][0]) not in sites]  # fmt: skip
+
+
 # ---- Evaluation --------------------------------------------------------------------------
 def back_map(mutant):
     """Offset in the mutant's file -> offset in the original (the sites of the waits)."""
@@ -670,14 +706,15 @@ def _model(cfg, sources, needs, remap=None, kernel=KERNELS["fwd"]):
                     op.site = (op.site[0], remap[1](op.site[1]))
     progs, own = kernel.finish(raw, needs)
     text = sources[kernel.files[0]]
-    return kernel.machine(text, cfg, progs), own, (progs, text)
+    return kernel.machine(text, cfg, progs), own, (progs, text if kernel.uses_text else None)
 
 
 class Baseline:
     """The unmutated kernel: the waits' meanings and, lazily, its data states per config."""
 
-    def __init__(self, sources, kernel="fwd"):
-        self.sources, self.kernel = sources, KERNELS[kernel]
+    def __init__(self, sources, kernel="fwd"):  # kernel: a KERNELS name, or a Kernel
+        self.sources = sources
+        self.kernel = KERNELS[kernel] if isinstance(kernel, str) else kernel
         self.needs, self.programs = {}, {}
         for cfg in self.kernel.configs:
             _, own, progs = _model(cfg, sources, None, kernel=self.kernel)
@@ -772,6 +809,8 @@ def run_kernel(name, args, seed):
         return False
     if not args.all:
         mutants = random.Random(seed).sample(mutants, min(args.sample or 10, len(mutants)))
+    for mu in unexecuted(sources, mutants, KERNELS[name]):
+        print(f"not executed by any configuration: {mu.describe()}")
     base = Baseline(sources, name)
     results = []
     t0 = time.time()

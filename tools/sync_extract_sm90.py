@@ -41,6 +41,29 @@ its case):
     (kKvFp8): each warp dequantizes its part of its key group's rows into the staging block
     (K16_<wn>_<wm>, V16_<wn>_<wm>), read whole by the group's warps; group_sync's bar.sync
     orders them.
+  - Decode producer variants (kVariant): 0, 1 and 2 (copy_block, its destination a lambda of
+    the row and chunk) are cp.async gathers of the stage and cp_async_arrive. Variant 3 (Note
+    [tma blocks]): whether block `it` of the split goes by TMA (tma_block(...).ok, data
+    dependent) is the Config's `paths[it]` ('t' TMA, 'g' gathered: a partial last block, a
+    block across a page boundary). The gathered blocks are copy_block's cp.async into the
+    swizzled tiles (v_tile: the stage's V). A TMA block: the producer warp stays one process;
+    its branch on `lane == 0` (Env90.lane_split) runs both sides, lane 0's first with its
+    arrivals counting 1, then lanes 1-31's counting 31 (ClusterBarrier::arrive: one Arrive of
+    31). Lane 0's ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], bytes) and the
+    TMA copies naming that barrier before the next sync op (tma_load_block's
+    copy(tma.with(bar), ...) of args.tma_k and args.tma_v: the stage's K and V) are one
+    transaction, a pm.Tma whose one arrival comes when every copy has landed. So full[stage]
+    (32 arrivals) completes only after the 31 plain arrivals and the landing of both tiles.
+    This is exact for the phase: the real expect_tx arrival comes before the copies are
+    issued, and the phase needs the transaction's bytes too, so it completes at the later of
+    the other arrivals and the landing either way. Abstractions: the byte counts are not
+    checked (kTmaBytes against the two tiles' bytes: a transaction is complete when its copies
+    landed); neither side of a lane branch may wait (refused: its lanes would not wait for the
+    other side's), and an expect_tx by more than one thread is refused; the lanes' own program
+    counters are not modelled (the warp is one process; tests/models/test_decode_ring_model.py
+    explores variant 3 at lane granularity with tx counts); proxies are not modelled
+    (fence_view_async_shared before a TMA fill of a stage whose last fill was a generic-proxy
+    gather is not checked).
 Values the kernels read at run time come from the Config (KV blocks per tile, trait
 constants, run-time votes); everything else is opaque, as in sync_extract.
 """
@@ -152,6 +175,11 @@ class Work:  # TileWork: the tile and its mask, as far as the roles read them
     tile: Coord
     blocks: int
     mask: object
+
+
+@dataclass
+class FileClosure(se.Closure):  # a lambda and the file that defines it
+    file: str | None = None
 
 
 class TileRingObj:  # ss.tiles: its methods run with the members in scope
@@ -285,6 +313,8 @@ class Interp90(se.Interp):
     # -- expressions
     def expr(self, n, scope):
         t = n.type
+        if t == "lambda_expression":  # a closure runs in its file (the sites of its ops)
+            return FileClosure(n, scope, self.file)
         if t == "compound_literal_expression" and txt(n.child_by_field_name("type")).endswith(
             "PipelineState"
         ):
@@ -330,6 +360,7 @@ class Interp90(se.Interp):
         name = callee_name(fn)
         args = self.args(n)
         site = (self.file, n.start_byte)
+        self.env.executed.add(site)
         ftext = txt(fn)
         obj = None
         if fn.type == "field_expression":
@@ -399,9 +430,17 @@ class Interp90(se.Interp):
                             raise ExtractError(f"{self.role}: wgmma operand stage unknown")
                         self.data(pm.Read(f"{kind}{idx}", self.tag(kind, "read")))
             return None
-        if name == "arrive_and_expect_tx" or name == "copy":
-            if name == "copy":
-                return self.copy(n, args, scope, site)
+        if name == "arrive_and_expect_tx" and obj is None:
+            # ClusterTransactionBarrier::arrive_and_expect_tx(bar, bytes): as the member call;
+            # its arrival is the Tma step's (one thread's: _load counts 1)
+            if self.threads > 1:
+                raise ExtractError(f"{self.role}: arrive_and_expect_tx by {self.threads} "
+                                   f"threads: {txt(n)[:60]}")  # fmt: skip
+            bar = self.expr(args[0], scope)
+            se._need_known(self.role, bar, 0, n)
+            return self.bar_call(bar, name, args[1:], scope, site, n)
+        if name == "copy":
+            return self.copy(n, args, scope, site)
         if name in self.env.overrides:
             return self.env.overrides[name](self, *[self.expr(a, scope) for a in args])
         if name in ("reinterpret_cast", "static_cast", "uint32_t", "int", "int64_t"):
@@ -424,6 +463,13 @@ class Interp90(se.Interp):
         if PRIM_RE.search(txt(n.child_by_field_name("arguments"))):
             raise ExtractError(f"{self.role}: op inside an unknown call {name}(...)")
         return OPAQUE
+
+    def call_closure(self, clo, args):
+        saved, self.file = self.file, getattr(clo, "file", self.file)
+        try:
+            return super().call_closure(clo, args)
+        finally:
+            self.file = saved
 
     def parts(self, addr):
         """A staging buffer is read whole: every part its key group's warps wrote."""
@@ -514,6 +560,35 @@ class Interp90(se.Interp):
         v = super()._cond(node, scope)
         return v(self) if callable(v) else v
 
+    def if_stmt(self, n, scope):
+        """A warp process's branch on its lane (env.lane_split: `lane == 0`): the branch with
+        the lanes it holds for, then the other with the rest, each arriving with its lanes
+        (module docstring, Decode). Neither may wait: its lanes would not wait for the other
+        branch's."""
+        cond = n.child_by_field_name("condition")
+        c = cond.child_by_field_name("value") or cond.named_children[-1]
+        lanes = self.env.lane_split.get(" ".join(txt(c).split()))
+        if lanes is None:
+            return super().if_stmt(n, scope)
+        if self.threads not in (0, 32):
+            raise ExtractError(f"{self.role}: a branch on the lane in a process of "
+                               f"{self.threads} threads: {txt(c)}")  # fmt: skip
+        then, alt = n.child_by_field_name("consequence"), n.child_by_field_name("alternative")
+        if alt is not None and alt.type == "else_clause":
+            alt = alt.named_children[0]
+        saved, start = self.threads, len(self.ops)
+        try:
+            for part, k in ((then, lanes), (alt, 32 - lanes)):
+                self.threads = k if saved else 0
+                if part is not None:
+                    self.stmt(part, scope)
+        finally:
+            self.threads = saved
+        if any(isinstance(op.step, pm.Wait) for op in self.ops[start:]):
+            raise ExtractError(f"{self.role}: a wait under a branch on the lane ({txt(c)}) "
+                               "is not modelled")  # fmt: skip
+        return None
+
     def _loop(self, n, inner):
         """A loop of barrier inits runs every iteration (it records no op)."""
         body = n.child_by_field_name("body")
@@ -554,6 +629,7 @@ class Interp90(se.Interp):
         if n.type == "while_statement":
             return self.while_stmt(n, scope)
         if "bar.sync" in txt(n) and txt(n).lstrip().startswith("asm"):  # asm("bar.sync a, b")
+            self.env.executed.add((self.file, n.start_byte))
             bid, threads = self.asm_bar(n, scope)
             return self.named_op("sync", bid, threads, (self.file, n.start_byte), n)
         return super().stmt(n, scope)
@@ -582,7 +658,7 @@ class Interp90(se.Interp):
         src = self.expr(args[0], scope)
         if isinstance(src, tuple) and src[0] == "tma":  # copy(tma.with(bar, 0), g, s)
             _, which, bar = src
-            kind = se.TMA_LOADS.get(which)
+            kind = self.env.tma_loads.get(which) or se.TMA_LOADS.get(which)
             if kind is None:
                 raise ExtractError(f"{self.role}: TMA load {which} with no buffer")
             if args[2].type == "call_expression":  # dst(_, stage)
@@ -643,6 +719,13 @@ class Env90(se.Env):
     pure: set = field(default_factory=set)  # parsed functions with no recorded op
     prims: set = field(default_factory=set)  # functions a subclass records (never pure)
     inits: dict = field(default_factory=dict)  # (barrier, copy) -> arrivals
+    tma_loads: dict = field(default_factory=dict)  # TMA descriptor -> buffer kind (beside
+    # sync_extract.TMA_LOADS)
+    # a warp process's branch on its lane: condition text -> the lanes (of 32) it holds for
+    # (Interp90.if_stmt: both branches run, each arriving with its lanes)
+    lane_split: dict = field(default_factory=dict)
+    executed: set = field(default_factory=set)  # (file, byte offset) of the calls and asm
+    # statements the runs executed (Programs.executed: which sync sites a Config reaches)
 
 
 @dataclass
@@ -735,12 +818,32 @@ def _fwd90_tags():
 class DecodeConfig:
     blocks: int = 3  # KV blocks of the CTA's split
     stages: int = 2  # T::kStages (num_stages: 2..4)
-    variant: int = 0  # kVariant: the producer's copy loop (0: one chunk per lane, 1: paired)
+    # kVariant, the producer's copy loop: 0 one chunk per lane, 1 paired lanes, 2 copy_block,
+    # 3 TMA blocks (Note [tma blocks]) with copy_block's gather for the others
+    variant: int = 0
     warps_n: int = 1  # kWarpsN (decode/plan.h)
     fp8: bool = False  # kKvFp8: the ring holds e4m3 rows, dequantized per key group into staging
+    # Variant 3: each block's path, tma_block(n, ...).ok of block n of the split: "t" by TMA,
+    # "g" gathered (a partial last block, a block across a page boundary); "" for 0, 1, 2
+    paths: str = ""
+
+
+@dataclass(frozen=True)
+class TmaBlockVote:  # decode/plan.h TmaBlock, as the producer reads it: ok from the Config
+    ok: bool
+    row: object = OPAQUE
+    page_slot: object = OPAQUE
 
 
 def decode_env(cfg: DecodeConfig) -> Env90:
+    if cfg.variant not in (0, 1, 2, 3):
+        raise ValueError(f"decode variant {cfg.variant}")
+    if cfg.variant == 3 and (len(cfg.paths) != cfg.blocks or set(cfg.paths) - set("tg")):
+        raise ValueError(f"variant 3 needs a path of 't' / 'g' per block, not {cfg.paths!r}")
+    if cfg.variant != 3 and cfg.paths:
+        raise ValueError(f"paths {cfg.paths!r}: variant 3 only")
+    if cfg.fp8 and cfg.variant == 0:
+        raise ValueError("the FP8 cache is copied by variant 1, 2 or 3")
     d = dv = 32  # the head dims set only the trip counts of data loops (collapsed to accesses)
     consts = {
         "D": d, "DV": dv, "kWarpsN": cfg.warps_n, "kVariant": cfg.variant, "kBlockN": 64,
@@ -750,7 +853,7 @@ def decode_env(cfg: DecodeConfig) -> Env90:
         "blockIdx": se.ThreadIdx(0),
     }  # fmt: skip
     kv = lambda v: ("KV", v("it"))  # noqa: E731 (block it of the CTA's split)
-    tags = {(k, a): kv for k in ("K", "V", "K16", "V16") for a in ("write", "read")}
+    tags = {(k, a): kv for k in ("K", "V", "K16", "V16") for a in ("write", "read", "tma")}
     stage = lambda kind: lambda v: BufAddr(f"{kind}{v('stage')}", kind)  # noqa: E731
     decls = {
         "n_blocks": (lambda v: cfg.blocks, None), "n_begin": (lambda v: 0, None),
@@ -758,11 +861,27 @@ def decode_env(cfg: DecodeConfig) -> Env90:
         # stage addresses: only where computed from the ring (k_base is also p.k's base)
         "k_smem": (stage("K"), "smem_addr"), "v_smem": (stage("V"), "k_smem"),
         "k_base": (stage("K"), "smem_addr"), "v_base": (stage("V"), "k_base"),
+        "v_tile": (stage("V"), "k_smem"),  # variant 3's swizzled V tile of the stage
         # Note [fp8 cache]: key group wn's staging rows, one part per warp of the group
         "k16": (lambda v: BufAddr(f"K16_{v('wn')}", "K16"), "staging"),
         "v16": (lambda v: BufAddr(f"V16_{v('wn')}", "V16"), "staging"),
     }  # fmt: skip
-    return Env90((cfg.blocks,), consts, {}, {}, {}, tags, decls=decls)
+
+    def tma_block(interp, n, offset_k, len_k, page_size):  # Note [tma blocks]: the path of
+        k = interp.lookup("it")  # the split's block it (n = n_begin + it: n_begin is opaque)
+        if not isinstance(k, int) or not 0 <= k < len(cfg.paths):
+            raise ExtractError(f"tma_block of block {k} of the split: no path in the Config")
+        return TmaBlockVote(cfg.paths[k] == "t")
+
+    return Env90(
+        (cfg.blocks,), consts, {}, {}, {}, tags, decls=decls,
+        # variant 3: the descriptors' tiles fill the stage's K and V (dst_index: the stage)
+        fields={"args.tma_k": TmaDesc("args.tma_k"), "args.tma_v": TmaDesc("args.tma_v")},
+        tma_loads={"args.tma_k": "K", "args.tma_v": "V"},
+        dst_index={"args.tma_k": "stage", "args.tma_v": "stage"},
+        overrides={"tma_block": tma_block},
+        lane_split={"lane == 0": 1},
+    )  # fmt: skip
 
 
 def extract_decode(cfg: DecodeConfig, sources, called=None) -> dict[str, list[Op]]:
@@ -786,7 +905,7 @@ def _extract90(sources, entry, env, roles, called, cls=None):
     for fname, text in sources.items():
         funcs.update(se.functions(se.parse(text), fname))
     env.pure = _pure(funcs) - env.prims
-    env.inits = {}
+    env.inits, env.executed = {}, set()
     progs = Programs()
     for name, tid in roles:
         ops = _run(funcs, env, name, tid, 0, entry, called, cls)
@@ -798,6 +917,7 @@ def _extract90(sources, entry, env, roles, called, cls=None):
         threads = (32 if tid % 128 or entry == "decode_kernel" else 128) if wide else 1
         progs[name] = _run(funcs, env, name, tid, threads, entry, None, cls)
     progs.bars = bars_of(env.inits, progs)
+    progs.executed = env.executed
     return progs
 
 
@@ -852,6 +972,7 @@ class Programs(dict):
     both are (a mutated init count changes only the table)."""
 
     bars: dict = {}
+    executed: set = frozenset()  # the sites the extraction ran (Env90.executed)
 
     def __eq__(self, other):
         return dict.__eq__(self, other) and self.bars == getattr(other, "bars", None)
@@ -928,11 +1049,15 @@ def main(argv):
               f"{len(res.violations)} violations")  # fmt: skip
         for kind, msg in res.violations[:10]:
             print(f"  {kind}: {msg}")
-    for variant, fp8 in ((0, False), (1, False), (1, True)):
-        cfg = DecodeConfig(blocks=sum(tiles), variant=variant, fp8=fp8)
+    blocks = sum(tiles)
+    paths = ("t" * (blocks - 1) + "g", ("tg" * blocks)[:blocks])  # a gathered last; alternating
+    runs = [(0, False, ""), (1, False, ""), (1, True, ""), (2, False, "")]
+    runs += [(3, fp8, p) for fp8 in (False, True) for p in paths]
+    for variant, fp8, path in runs:
+        cfg = DecodeConfig(blocks=blocks, variant=variant, fp8=fp8, paths=path)
         res, _ = explore(extract_decode, cfg, dec)
-        print(f"decode, variant {variant}{', fp8' if fp8 else ''}, {cfg.blocks} blocks: "
-              f"{res.states} states, "
+        print(f"decode, variant {variant}{' ' + path if path else ''}{', fp8' if fp8 else ''}, "
+              f"{cfg.blocks} blocks: {res.states} states, "
               f"{len(res.violations)} violations")  # fmt: skip
         for kind, msg in res.violations[:10]:
             print(f"  {kind}: {msg}")

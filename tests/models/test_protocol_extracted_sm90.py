@@ -8,6 +8,7 @@ runs are `python tools/mutate_sync.py --all --kernel sm90fwd` (sm90bwd, decode; 
 "Mutation score").
 """
 
+import dataclasses
 import os
 import random
 import re
@@ -115,9 +116,14 @@ def test_sm90_bwd_barrier_table():
         s9.DecodeConfig(blocks=5, stages=2),
         s9.DecodeConfig(blocks=4, stages=4, variant=1),
         s9.DecodeConfig(blocks=2, variant=1, fp8=True, warps_n=2),
+        s9.DecodeConfig(blocks=3, variant=2),
+        s9.DecodeConfig(blocks=3, variant=3, paths="ttg"),
+        s9.DecodeConfig(blocks=5, stages=3, variant=3, paths="tgtgt"),
+        s9.DecodeConfig(blocks=2, variant=3, fp8=True, warps_n=2, paths="tg"),
     ],
-    ids=["1-block", "5-blocks", "4-stages-paired", "fp8"],
-)
+    ids=["1-block", "5-blocks", "4-stages-paired", "fp8", "copy-block", "tma-gathered-last",
+         "tma-alternating", "fp8-tma"],
+)  # fmt: skip
 def test_extracted_decode_is_clean(cfg):
     res, _ = s9.explore(s9.extract_decode, cfg, DECODE)
     print(f"{cfg}: {res.states} states")
@@ -136,17 +142,25 @@ def test_decode_equals_ring_formula(blocks, stages):
     # waits on empty[it % S] with parity (it / S - 1) & 1 once it >= S, then fills the stage
     # (32 lanes' cp.async arrivals on full); each consumer warp waits on full[it % S] with
     # parity (it / S) & 1 and releases empty; then the epilogue's two bar.sync 1.
-    for variant in (0, 1):
-        progs = s9.extract_decode(s9.DecodeConfig(blocks=blocks, stages=stages, variant=variant),
-                                  DECODE)  # fmt: skip
+    # Variant 3 (Note [tma blocks]): a TMA block's fill is lane 0's transaction (one arrival
+    # when K's and V's tiles land) and lanes 1-31's 31 plain arrivals, after the same wait.
+    paths = ("t" * blocks, ("tg" * blocks)[:blocks], "g" * (blocks - 1) + "t")
+    for variant, path in [(0, ""), (1, ""), (2, "")] + [(3, p) for p in paths]:
+        progs = s9.extract_decode(s9.DecodeConfig(blocks=blocks, stages=stages, variant=variant,
+                                                  paths=path), DECODE)  # fmt: skip
         prod = []
         for it in range(blocks):
+            s = it % stages
             if it >= stages:
-                prod.append(pm.Wait("empty", it % stages, (it // stages - 1) & 1))
-            prod.append(("Tma", "full", it % stages, 32))
+                prod.append(pm.Wait("empty", s, (it // stages - 1) & 1))
+            if path and path[it] == "t":
+                prod += [("Tma", "full", s, 1, f"K{s}", f"V{s}"), pm.Arrive("full", s, 31)]
+            else:
+                prod.append(("Tma", "full", s, 32, f"K{s}", f"V{s}"))
         steps = [op.step for op in progs["producer"]]
         got = [(st.bar, st.idx, st.parity) if isinstance(st, pm.Wait) else
-               ("Tma", st.bar, st.idx, st.count) for st in steps]  # fmt: skip
+               ("Tma", st.bar, st.idx, st.count, st.buf, *(b for b, _, _ in st.more))
+               if isinstance(st, pm.Tma) else st for st in steps]  # fmt: skip
         assert got == [(w.bar, w.idx, w.parity) if isinstance(w, pm.Wait) else w for w in prod]
         for w in range(4):
             want = []
@@ -158,11 +172,23 @@ def test_decode_equals_ring_formula(blocks, stages):
 
 
 def test_decode_variants_have_the_same_protocol():
-    # kVariant changes only how the producer's lanes split the copies
-    a = s9.extract_decode(s9.DecodeConfig(blocks=4, variant=0), DECODE)
-    b = s9.extract_decode(s9.DecodeConfig(blocks=4, variant=1), DECODE)
+    # kVariant changes only how the producer's lanes split the copies; variant 3 with every
+    # block gathered is variant 2's gather (into the swizzled tiles); with TMA blocks only the
+    # producer's fill of those blocks differs (test_decode_equals_ring_formula)
     steps = lambda p: {r: [op.step for op in ops] for r, ops in p.items()}  # noqa: E731
-    assert steps(a) == steps(b)
+    for fp8, warps_n in ((False, 1), (True, 2)):
+        cfgs = [s9.DecodeConfig(blocks=4, variant=v, fp8=fp8, warps_n=warps_n) for v in (0, 1, 2)
+                if v or not fp8] + [s9.DecodeConfig(blocks=4, variant=3, fp8=fp8,
+                                                    warps_n=warps_n, paths="gggg")]  # fmt: skip
+        a, *rest = [s9.extract_decode(c, DECODE) for c in cfgs]
+        for c, b in zip(cfgs[1:], rest, strict=True):
+            assert steps(b) == steps(a), c
+            assert b.bars == a.bars, c
+        tma = s9.extract_decode(s9.DecodeConfig(blocks=4, variant=3, fp8=fp8, warps_n=warps_n,
+                                                paths="tgtt"), DECODE)  # fmt: skip
+        consumers = lambda p: {r: s for r, s in steps(p).items() if r != "producer"}  # noqa: E731
+        assert steps(tma)["producer"] != steps(a)["producer"]
+        assert consumers(tma) == consumers(a)
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +217,8 @@ def test_mutants_cover_every_sync_site(kernels):
     lines = {(m.file, m.line) for m in dec if m.op in ("delete-wait", "delete-arrive")}
     kernel = "csrc/decode/kernel.cuh"
     sites = _call_lines(DECODE[kernel], r"wait_barrier\(&|cp_async_arrive\(&|"
-                        r"ClusterBarrier::arrive\(|bar\.sync|group_sync<")  # fmt: skip
+                        r"ClusterBarrier::arrive\(|arrive_and_expect_tx\(&|bar\.sync|"
+                        r"group_sync<")  # fmt: skip
     assert sites and {(kernel, n) for n in sites} <= lines
     bwd, _ = kernels["sm90bwd"]
     lines = {(m.file, m.line) for m in bwd if m.op in ("delete-wait", "delete-arrive")}
@@ -200,6 +227,49 @@ def test_mutants_cover_every_sync_site(kernels):
         sites = _call_lines(BWD[file], r"consumer_wait\(|consumer_release\(|\.wait\(|"
                             r"\.arrive\(|NamedBarrier::(sync|arrive)")  # fmt: skip
         assert sites and {(file, n) for n in sites} <= lines, file
+
+
+def test_decode_sync_sites_executed(kernels):
+    # Every decode wait and arrival (deleted: a mutant) is executed by some configuration of
+    # the mutation run: variant 3's TMA-path expect_tx and plain arrivals by its TMA blocks.
+    # A site none executes would be an "equivalent" mutant the configurations cannot kill.
+    mutants, base = kernels["decode"]
+    assert ms.unexecuted(DECODE, mutants, base.kernel) == []
+    assert any(m.what.startswith("arrive_and_expect_tx(") for m in mutants)
+
+
+V3_CONFIGS = tuple(c for c in ms.CONFIGS_DECODE if c.variant == 3)
+
+
+@pytest.fixture(scope="module")
+def decode_v3():
+    # the decode mutation run restricted to its variant-3 configurations
+    return ms.Baseline(DECODE, dataclasses.replace(ms.KERNELS["decode"], configs=V3_CONFIGS))
+
+
+@pytest.mark.parametrize(
+    "op, what, kind",
+    [
+        # without lane 0's expect_tx, its TMA copies have none (the extractor refuses)
+        ("delete-arrive", "arrive_and_expect_tx(&full[stage]) in decode_kernel", "extractor"),
+        # without lanes 1-31's arrivals full[] never completes (32 arrivals: 1 + 31)
+        ("delete-arrive", "arrive(&full[stage]) in decode_kernel", "deadlock"),
+        ("delete-wait", "wait_barrier(&empty[stage]) in decode_kernel", "overwrite"),
+        ("flip-parity", "wait_barrier(&empty[stage]) in decode_kernel", "phase"),
+        # the wait moved after the `if constexpr (kTma)` block: a TMA block skips it
+        ("move-wait", "wait_barrier(&empty[stage]) in decode_kernel", "overwrite"),
+        ("arrivals-1", "init &full[s] 32 in decode_kernel", "arrivals"),
+        ("arrivals+1", "init &full[s] 32 in decode_kernel", "deadlock"),
+        ("delete-wait", "wait_barrier(&full[stage]) in decode_kernel", "stale read"),
+    ],
+)  # fmt: skip
+def test_decode_tma_mutants_killed(kernels, decode_v3, op, what, kind):
+    assert V3_CONFIGS and all("t" in c.paths for c in V3_CONFIGS)
+    mutants, _ = kernels["decode"]
+    (m,) = [m for m in mutants if m.op == op and m.what == what]
+    status, why = ms.evaluate(m, decode_v3)
+    assert status == "killed" and why.startswith(kind), why
+    assert kind == "extractor" or "variant 3" in why, why
 
 
 @pytest.mark.parametrize(
@@ -265,3 +335,33 @@ def test_extractor_fails_loudly(sources, file, old, new, message):
     cfg = s9.Fwd90Config(tiles=(2, 1)) if sources is FWD else s9.DecodeConfig(blocks=3)
     with pytest.raises(se.ExtractError, match=message):
         extract(cfg, mutated)
+
+
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        # every lane of a TMA block announcing the transaction (the lane branch removed)
+        ("if (lane == 0) {", "if (true) {", "arrive_and_expect_tx by 32 threads"),
+        # a wait on one side of the lane branch: its lanes would not wait for the other side
+        ("cutlass::arch::ClusterBarrier::arrive(&full[stage]);",
+         "detail::wait_barrier(&full[stage], 0);", "a wait under a branch on the lane"),
+        # TMA copies with no expect_tx before them
+        ("cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage],",
+         "(void)(&full[stage],", "without its arrive_and_expect_tx"),
+    ],
+)  # fmt: skip
+def test_decode_tma_extractor_fails_loudly(old, new, message):
+    file = "csrc/decode/kernel.cuh"
+    assert DECODE[file].count(old) == 1
+    mutated = {**DECODE, file: DECODE[file].replace(old, new, 1)}
+    with pytest.raises(se.ExtractError, match=message):
+        s9.extract_decode(s9.DecodeConfig(blocks=3, variant=3, paths="tgt"), mutated)
+
+
+def test_decode_tma_needs_paths():
+    # tma_block's vote is the Config's: a variant-3 run without a path per block is refused
+    for paths in ("", "tg", "tgx"):
+        with pytest.raises(ValueError, match="a path of 't' / 'g' per block"):
+            s9.extract_decode(s9.DecodeConfig(blocks=3, variant=3, paths=paths), DECODE)
+    with pytest.raises(ValueError, match="variant 3 only"):
+        s9.extract_decode(s9.DecodeConfig(blocks=3, variant=2, paths="ttt"), DECODE)
