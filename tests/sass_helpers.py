@@ -120,6 +120,24 @@ def _tools() -> tuple[str, str, str]:
     return nvcc, cuobjdump, nvdisasm
 
 
+def run_host_harness(tmp_path: Path, source: str) -> str:
+    """Builds tests/cpp/<source>, a host program that uses CuTe's layouts (nvcc, no GPU needed
+    to run it), runs it and returns its stdout; fails the test if it exits non-zero, skips it
+    without nvcc."""
+    nvcc = find_tool("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not found: the harness needs CuTe's layouts compiled")
+    exe = tmp_path / Path(source).stem
+    subprocess.run(
+        [nvcc, "-std=c++20", "-arch=sm_90a", f"-I{ROOT / 'csrc'}", f"-I{cutlass_include()}",
+         str(ROOT / "tests/cpp" / source), "-o", str(exe)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
 def build_flags(arch: str, fast_math: bool = True) -> list[str]:
     """The build's nvcc flags for one arch (setup.py's _nvcc_flags without FA4_NVCC_EXTRA), with
     the kernel sources' and CUTLASS's include folders; fast_math=False drops --use_fast_math."""

@@ -6,28 +6,16 @@ element of every thread of a warpgroup for the block shapes the FP8 instances us
 is a host program (nvcc), so this runs without a GPU.
 """
 
-import subprocess
-
 import pytest
-from helpers import ROOT, find_tool
-from sass_helpers import cutlass_include
+from helpers import ROOT
+from sass_helpers import run_host_harness
 
 pytestmark = pytest.mark.build
 
 
 def test_fp8_p_layout_matches_cute(tmp_path):
-    nvcc = find_tool("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc not found: the harness needs CuTe's layouts compiled")
-    exe = tmp_path / "fp8_layout"
-    subprocess.run(
-        [nvcc, "-std=c++20", "-arch=sm_90a", f"-I{ROOT / 'csrc'}", f"-I{cutlass_include()}",
-         str(ROOT / "tests/cpp/fp8_layout_harness.cu"), "-o", str(exe)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    run = subprocess.run([str(exe)], capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout + run.stderr
-    lines = run.stdout.split("\n")
+    out = run_host_harness(tmp_path, "fp8_layout_harness.cu")
+    lines = out.split("\n")
     assert [line.split(" elements")[0] for line in lines if line] == [
         "ok kBlockN=128 d_v=128",
         "ok kBlockN=128 d_v=64",
