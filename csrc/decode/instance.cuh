@@ -19,6 +19,7 @@ Status launch_variant(const Args& args, const Plan& pl, cudaStream_t stream) {
     if (!tma_eligible(args.p)) {
       return launch_variant<2, D, DV, Element, kWarpsN, kKvFp8>(args, pl, stream);
     }
+    static_assert(sizeof(TmaArgs<T>) <= 4096, "kernel parameters: 4 KB");
     const FwdParams& p = args.p;
     TmaArgs<T> a;
     static_cast<Args&>(a) = args;
