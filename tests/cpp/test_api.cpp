@@ -82,6 +82,18 @@ fa4::FwdParams dense(int b, int sq, int sk, int hq, int hkv, int d, int dv) {
   return p;
 }
 
+// One sequence of 64 queries and keys, 2 q heads on 1 kv head of head dim d, whose rows sit
+// `pitch` elements apart (so that the strides stay 16-byte aligned for any d).
+fa4::FwdParams dense_pitch(int d, int pitch) {
+  fa4::FwdParams p = dense(1, 64, 64, 2, 1, d, d);
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.out_head_stride = pitch;
+  p.q_row_stride = p.out_row_stride = 2 * pitch;
+  p.k_row_stride = p.v_row_stride = pitch;
+  p.q_batch_stride = p.out_batch_stride = 64 * 2 * pitch;
+  p.k_batch_stride = p.v_batch_stride = 64 * pitch;
+  return p;
+}
+
 fa4::FwdParams base() {
   return dense(2, 200, 300, 8, 2, 128, 128);
 }
@@ -213,6 +225,40 @@ const FwdCase kInvalidFwd[] = {
     {"total_q=451 exceeds", varlen, [](P& p) { p.total_q = 451; }},
     {"total_k=751 exceeds", varlen, [](P& p) { p.total_k = 751; }},
     {"q_row_stride=12", varlen, [](P& p) { p.q_row_stride = 12; }},
+    // FP8 (api/fa4.h): the e4m3 forward (dtype kE4M3), the e4m3 KV cache (kv_fp8), descales.
+    {"dtype=kE4M3: the FP8 forward takes dense or varlen q, k, v", base,
+     [](P& p) {
+       p.dtype = fa4::DType::kE4M3;
+       p.kv_fp8 = true;
+     }},
+    {"dtype=kE4M3: the FP8 forward takes dense or varlen q, k, v", base,
+     [](P& p) {
+       p.dtype = fa4::DType::kE4M3;
+       p.learnable_sink = fake<float>(12);
+     }},
+    {"head_dim=72 / head_dim_v=72: the FP8 forward needs multiples of 16", base,
+     [](P& p) {
+       p = dense_pitch(72, 80);
+       p.dtype = fa4::DType::kE4M3;
+     }},
+    {"head_dim=72 / head_dim_v=72: kv_fp8 needs multiples of 16", base,
+     [](P& p) {
+       p = dense_pitch(72, 80);
+       p.kv_fp8 = true;
+     }},
+    {"q_descale is set without dtype kE4M3", base, [](P& p) { p.q_descale = fake<float>(14); }},
+    {"q_descale is set without dtype kE4M3", base,
+     [](P& p) {
+       p.kv_fp8 = true;
+       p.q_descale = fake<float>(14);
+     }},
+    {"k_descale / v_descale are set without kv_fp8 or kE4M3", base,
+     [](P& p) { p.v_descale = fake<float>(14); }},
+    {"descale_batch_stride=-1", base,
+     [](P& p) {
+       p.kv_fp8 = true;
+       p.descale_batch_stride = -1;
+     }},
 };
 
 // Valid corners that a too-strict validator would reject.
@@ -279,6 +325,25 @@ const FwdCase kValidFwd[] = {
        p.page_size = 16;
        p.num_pages = 8;
        p.seqused_k = fake<int>(12);
+     }},
+    {"FP8 forward with q, k, v descales", base,
+     [](P& p) {
+       p.dtype = fa4::DType::kE4M3;
+       p.q_descale = p.k_descale = p.v_descale = fake<float>(14);
+       p.descale_batch_stride = 2;
+       p.descale_head_stride = 1;
+     }},
+    {"FP8 forward, varlen, no descales (1)", varlen, [](P& p) { p.dtype = fa4::DType::kE4M3; }},
+    {"FP8 KV cache with descales, paged", base,
+     [](P& p) {
+       p.kv_fp8 = true;
+       p.page_table = fake<int>(12);
+       p.page_size = 64;
+       p.num_pages = 16;
+       p.seqused_k = fake<int>(12);
+       p.k_descale = p.v_descale = fake<float>(14);
+       p.descale_batch_stride = 2;
+       p.descale_head_stride = 1;
      }},
     {"paged K/V, varlen q with seqused_q", varlen,
      [](P& p) {
@@ -566,6 +631,13 @@ void test_workspace_formula() {
   bad.fwd.heads_q = 0;
   CHECK(fa4::bwd_workspace_size(bad) == 0);
   CHECK(error_has("fwd.heads_q=0"));
+  // The FP8 forward's workspace holds Vᵀ (sm90/fwd/fp8_vt.cuh): at least d_v bytes per key row
+  // and head (b=2, s_k=300, 2 kv heads, d_v=128: 153,600); none for a 16-bit forward without a
+  // device (no decode plan applies to base()).
+  fa4::FwdParams fp8 = base();
+  fp8.dtype = fa4::DType::kE4M3;
+  CHECK(fa4::fwd_workspace_size(fp8) >= size_t{153600});
+  CHECK(fa4::fwd_workspace_size(base()) == 0);
 }
 
 }  // namespace
