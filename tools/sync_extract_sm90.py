@@ -88,7 +88,7 @@ FWD90_FILES = (
     "csrc/sm90/common.cuh",
     "csrc/common/tile_ring.cuh",
 )
-DECODE_FILES = ("csrc/decode/kernel.cuh",)
+DECODE_FILES = ("csrc/decode/kernel.cuh", "csrc/decode/copy.cuh")
 
 # Calls the interpreter records (the sync primitives and the data accesses of these kernels).
 WAITS = {"wait", "wait_barrier", "consumer_wait", "producer_acquire", "producer_tail", "sync"}

@@ -43,8 +43,8 @@
 
 #include "common/mask.cuh"
 #include "common/params.h"
-#include "common/tma.cuh"
 #include "common/softmax.cuh"
+#include "decode/copy.cuh"
 #include "decode/plan.h"
 
 namespace fa4::decode {
@@ -142,32 +142,7 @@ inline GmemView decode_kv_view(const FwdParams& p, const void* ptr, int cols, in
           head_stride, batch_stride};
 }
 
-// Byte offset of (row, col) in a swizzled TMA tile of kBytes-byte elements (col a multiple of
-// 16 / kBytes: a 16-byte chunk, which every swizzle keeps whole). GMMA's swizzle atoms permute
-// byte addresses (Sw<3,4,3> at 128 bytes: chunk bits 4-6 ^= row bits 7-9, whatever the element
-// size), so the swizzle applies to the element offset times kBytes; the tile's base is
-// 1024-byte aligned, as the hardware's address-based swizzle of the TMA writes assumes.
-template <class Layout, int kBytes>
-__host__ __device__ __forceinline__ int swizzled(int row, int col) {
-  return get_swizzle_portion(Layout{})(kBytes * get_nonswizzle_portion(Layout{})(row, col));
-}
-
-// Byte offset of 16-byte chunk x of row r of a ring buffer: rows of kPitch bytes, or the TMA
-// variant's swizzled tile when Swizzled is its layout (of kBytes-byte elements).
-template <int kPitch, class Swizzled, int kBytes = 1>
-__device__ __forceinline__ int chunk_offset(int r, int x) {
-  if constexpr (std::is_void_v<Swizzled>) {
-    return r * kPitch + x * 16;
-  } else {
-    return swizzled<Swizzled, kBytes>(r, 16 * x / kBytes);
-  }
-}
-
 namespace detail {
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -209,141 +184,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
-}
-
-// 16 bytes global -> shared, bypassing L1; src_bytes = 0 writes 16 zero bytes and reads nothing.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-
-// As cp_async_16 without the "memory" clobber: the producer's loads of its row offsets may then
-// move ahead of earlier copies (the copies stay ordered against the barrier operations, volatile
-// asm as well; the consumers read a stage only after its full barrier).
-__device__ __forceinline__ void cp_async_16_free(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-
-// Chunks half, half + 2, ... of one row (kChunks 16-byte chunks) at byte offset off of base
-// (off < 0: a row past the sequence) into dst; chunks past the row's first `bytes` bytes (its
-// head dim: a multiple of 16 bytes) or of such a row are zero-filled (Note [padded head dims]).
-template <int kChunks>
-__device__ __forceinline__ void copy_row_half(uint32_t dst, const void* base, int64_t off, int half,
-                                              int bytes) {
-  const char* src = static_cast<const char*>(base) + (off < 0 ? 0 : off);
-  FA4_UNROLL
-  for (int t = 0; t < kChunks / 2; ++t) {
-    const int x = half + 2 * t;
-    cp_async_16_free(dst + x * 16, src + x * 16, off >= 0 && x * 16 < bytes ? 16 : 0);
-  }
-}
-
-// One K (which = 0) or V (which = 1) block of kBlockN rows to dst(row, chunk) (shared-memory
-// addresses of 16-byte chunks: padded rows, or the TMA variant's swizzled tile): copy i of
-// a lane is chunk c % kChunks of row c / kChunks, c = lane + 32 i, so each warp instruction
-// copies 512 contiguous bytes of 512 / (16 kChunks) rows (2 at hd128). Offsets from row_off
-// (-1: a row past the sequence); chunks past the row's first `bytes` bytes are zero-filled. The
-// offsets of kBatch copies are loaded into registers before any of them is issued: ptxas keeps a
-// shared-memory load behind an earlier cp.async (both touch shared memory), so a load per copy
-// costs one dependent round trip per 512 bytes (the SASS of 7136377), a batch of 8 one per 4 KB.
-template <int kChunks, class Dst>
-__device__ __forceinline__ void copy_block(Dst dst, const void* base, const int64_t* row_off,
-                                           int which, int lane, int bytes) {
-  constexpr int kIters = kBlockN * kChunks / 32;
-  constexpr int kBatch = kIters % 8 == 0 ? 8 : kIters % 4 == 0 ? 4 : kIters % 2 == 0 ? 2 : 1;
-  static_assert(kBlockN * kChunks % 32 == 0, "whole warp instructions");
-  const char* src = static_cast<const char*>(base);
-#pragma unroll 1
-  for (int i0 = 0; i0 < kIters; i0 += kBatch) {
-    int64_t off[kBatch];
-    FA4_UNROLL
-    for (int j = 0; j < kBatch; ++j) {
-      const int c = lane + 32 * (i0 + j);
-      off[j] = (c % kChunks) * 16 < bytes ? row_off[2 * (c / kChunks) + which] : -1;
-    }
-    FA4_UNROLL
-    for (int j = 0; j < kBatch; ++j) {
-      const int c = lane + 32 * (i0 + j);
-      const int r = c / kChunks, x = c % kChunks;
-      cp_async_16_free(dst(r, x), src + (off[j] < 0 ? 0 : off[j] + x * 16), off[j] < 0 ? 0 : 16);
-    }
-  }
-}
-
-// Four e4m3 values (one 32-bit word, element 0 in the low byte) as two fp16x2 words, exactly
-// (every e4m3 value, subnormals included, is an fp16 value).
-__device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\t"
-      "cvt.rn.f16x2.e4m3x2 %1, b;\n\t}"
-      : "=r"(lo), "=r"(hi)
-      : "r"(w));
-}
-
-// Eight 16-bit values of a query row (Element) as fp16, for the FP8-cache MMAs: bf16 values
-// beyond fp16's range saturate to +-65504 (Note [fp8 cache]).
-template <class Element>
-__device__ __forceinline__ uint4 to_f16x8(uint4 v) {
-  if constexpr (std::is_same_v<Element, cutlass::half_t>) {
-    return v;
-  } else {
-    uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    FA4_UNROLL
-    for (int i = 0; i < 4; ++i) {
-      const float lo = __uint_as_float(w[i] << 16), hi = __uint_as_float(w[i] & 0xffff0000u);
-      __half2 h = __floats2half2_rn(fminf(fmaxf(lo, -65504.0f), 65504.0f),
-                                    fminf(fmaxf(hi, -65504.0f), 65504.0f));
-      w[i] = *reinterpret_cast<uint32_t*>(&h);
-    }
-    return make_uint4(w[0], w[1], w[2], w[3]);
-  }
-}
-
-// Dequantizes rows [row0, row0 + rows) of one ring buffer at src (e4m3 rows of pitch kPitch8,
-// or the TMA variant's swizzled tile when Swizzled is its layout) into fp16 rows (pitch
-// kPitch16), `kChunks` 16-byte chunks per ring row, spread over `threads` threads.
-template <int kChunks, int kPitch8, int kPitch16, class Swizzled = void>
-__device__ __forceinline__ void dequant_rows(uint32_t src, uint32_t dst, int row0, int rows,
-                                             int thread, int threads) {
-  for (int i = thread; i < rows * kChunks; i += threads) {
-    const int r = row0 + i / kChunks, x = i % kChunks;
-    uint32_t w[4], h[8];
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                 : "r"(src + chunk_offset<kPitch8, Swizzled>(r, x)));
-    FA4_UNROLL
-    for (int j = 0; j < 4; ++j) e4m3x4_to_f16x4(w[j], h[2 * j], h[2 * j + 1]);
-    const uint32_t d = dst + r * kPitch16 + x * 32;
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(d), "r"(h[0]), "r"(h[1]),
-                 "r"(h[2]), "r"(h[3])
-                 : "memory");
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(d + 16), "r"(h[4]), "r"(h[5]),
-                 "r"(h[6]), "r"(h[7])
-                 : "memory");
-  }
-}
-
-// One TMA tile (kRows x kCols) of the tensor behind tma, at row `row` of batch entry `batch` and
-// head `head`, into dst (layout Layout), completing on bar.
-template <int kRows, int kCols, class Tma, class Shape, class Element, class Layout>
-__device__ __forceinline__ void tma_load_block(const Tma& tma, const Shape& shape, int row,
-                                               int batch, int head, uint64_t& bar, Element* dst,
-                                               Layout) {
-  Tensor m = tma.get_tma_tensor(shape);
-  Tensor g = local_tile(domain_offset(make_coord(row, _0{}), m(_, _, head, batch)),
-                        cute::Shape<Int<kRows>, Int<kCols>>{}, make_coord(_0{}, _0{}));
-  Tensor sm = make_tensor(make_smem_ptr(dst), Layout{});
-  auto [tg, ts] =
-      tma_partition(tma, _0{}, cute::Layout<_1>{}, group_modes<0, 2>(sm), group_modes<0, 2>(g));
-  copy(tma.with(bar, 0), tg, ts);
-}
-
-// One arrival on bar once all of this thread's earlier cp.async have landed (.noinc: the
-// barrier's count includes it).
-__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar))
-               : "memory");
 }
 
 __device__ __forceinline__ void wait_barrier(uint64_t* bar, int phase) {

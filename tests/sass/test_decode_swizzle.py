@@ -1,4 +1,4 @@
-"""Note [tma blocks] (csrc/decode/kernel.cuh) held to the hardware's swizzle on the CPU: the
+"""Note [tma blocks] (csrc/decode/plan.h, copy.cuh) held to the hardware's swizzle on the CPU: the
 decode TMA producer's consumers and row gather address a stage through swizzled<Layout, bytes>,
 which must put each 16-byte chunk where TMA's 128-byte swizzle writes it, cover the tile once,
 and give ldmatrix's 8 rows 8 distinct bank groups (tests/cpp/decode_swizzle_harness.cu, a host
