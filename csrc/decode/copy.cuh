@@ -24,6 +24,20 @@ __host__ __device__ __forceinline__ int swizzled(int row, int col) {
   return get_swizzle_portion(Layout{})(kBytes * get_nonswizzle_portion(Layout{})(row, col));
 }
 
+// Note [swizzle steps]: the consumers' ldmatrix addresses move from a thread's own (row0, col0)
+// by compile-time steps: dr a multiple of 8 rows, dc a multiple of 16 elements (two chunks), with
+// col0 in the first two chunks of its atom row. A swizzle atom of kAtomCols columns XORs a
+// chunk's index with bits of row % 8, which dr keeps, so the step within an atom row is an XOR
+// of the step's chunk bits (disjoint from col0's) and the rest is a constant offset: one LOP3 per
+// ldmatrix instead of the layout's arithmetic (hd128 bf16 at one consumer warp per block: 232
+// bytes of spills on sm_100a without it). decode_swizzle_harness checks it against swizzled.
+// dr and dc are constants after the consumers' loops unroll.
+template <class Layout, int kBytes, int kAtomCols>
+__host__ __device__ __forceinline__ int swizzled_step(int base, int dr, int dc) {
+  const int in_row = dc % kAtomCols;
+  return (base ^ swizzled<Layout, kBytes>(0, in_row)) + swizzled<Layout, kBytes>(dr, dc - in_row);
+}
+
 // Byte offset of 16-byte chunk x of row r of a ring buffer: rows of kPitch bytes, or the TMA
 // variant's swizzled tile when Swizzled is its layout (of kBytes-byte elements).
 template <int kPitch, class Swizzled, int kBytes = 1>

@@ -104,6 +104,8 @@ struct Traits {
       decltype(tile_to_shape(smem_atom_k<KvElement, D>(), Shape<Int<kBlockN>, Int<D>>{}));
   using SmemLayoutV =
       decltype(tile_to_shape(smem_atom_k<KvElement, DV>(), Shape<Int<kBlockN>, Int<DV>>{}));
+  static constexpr int kAtomColsK = size<1>(decltype(smem_atom_k<KvElement, D>()){});
+  static constexpr int kAtomColsV = size<1>(decltype(smem_atom_k<KvElement, DV>()){});
   using TmaK = TmaTile<KvElement, SmemLayoutK, kBlockN, D>;
   using TmaV = TmaTile<KvElement, SmemLayoutV, kBlockN, DV>;
   static constexpr int kTmaVOffset = kBlockN * D * kKvBytes;
@@ -503,17 +505,20 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
   using MmaElement = typename T::MmaElement;
   // Byte offsets of (row, col) in the K and V blocks the MMAs read: padded rows (the ring's, or
   // the FP8 cache's fp16 staging block), or the swizzled TMA tiles (Note [tma blocks]).
-  const auto k_at = [&](int row, int col) {
+  // Both step from the thread's own ldmatrix row and column (Note [swizzle steps]).
+  const int k_own = kSwizzledMma ? swz_k(kb_row, kb_col) : kb_row * T::kMmaPitchK + kb_col * 2;
+  const int v_own = kSwizzledMma ? swz_v(vb_row, vb_col) : vb_row * T::kMmaPitchV + vb_col * 2;
+  const auto k_at = [&](int dr, int dc) {
     if constexpr (kSwizzledMma)
-      return swz_k(row, col);
+      return swizzled_step<typename T::SmemLayoutK, 2, T::kAtomColsK>(k_own, dr, dc);
     else
-      return row * T::kMmaPitchK + col * 2;
+      return k_own + dr * T::kMmaPitchK + dc * 2;
   };
-  const auto v_at = [&](int row, int col) {
+  const auto v_at = [&](int dr, int dc) {
     if constexpr (kSwizzledMma)
-      return swz_v(row, col);
+      return swizzled_step<typename T::SmemLayoutV, 2, T::kAtomColsV>(v_own, dr, dc);
     else
-      return row * T::kMmaPitchV + col * 2;
+      return v_own + dr * T::kMmaPitchV + dc * 2;
   };
 
   for (int it = 0; it < n_blocks; ++it) {
@@ -551,7 +556,7 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
       FA4_UNROLL
       for (int np = 0; np < T::kWarpN / 16; ++np) {
         uint32_t bk[4];
-        detail::ldmatrix_x4(k_base + k_at(kb_row + np * 16, kk * 16 + kb_col), bk);
+        detail::ldmatrix_x4(k_base + k_at(np * 16, kk * 16), bk);
         detail::mma_16816<MmaElement>(&s[(2 * np) * 4], a, bk[0], bk[1]);
         detail::mma_16816<MmaElement>(&s[(2 * np + 1) * 4], a, bk[2], bk[3]);
       }
@@ -577,7 +582,7 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
       FA4_UNROLL
       for (int dp = 0; dp < DV / 16; ++dp) {
         uint32_t bv[4];
-        detail::ldmatrix_x4_trans(v_base + v_at(vb_row + kc * 16, dp * 16 + vb_col), bv);
+        detail::ldmatrix_x4_trans(v_base + v_at(kc * 16, dp * 16), bv);
         detail::mma_16816<MmaElement>(&o[(2 * dp) * 4], a, bv[0], bv[1]);
         detail::mma_16816<MmaElement>(&o[(2 * dp + 1) * 4], a, bv[2], bv[3]);
       }
