@@ -111,7 +111,7 @@ def _emulated(q, k, v, *, causal, softmax_scale, window_size, softcap, out_dtype
     s = torch.matmul(q.transpose(1, 2), kh.transpose(-1, -2)) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
-    keep = allowed_keys(torch.arange(s_q), s_q, s_k, causal, window_size)
+    keep = allowed_keys(torch.arange(s_q, device=q.device), s_q, s_k, causal, window_size)
     s = s.masked_fill(~keep, -math.inf)
     m = s.amax(dim=-1, keepdim=True)
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # rows with no key

@@ -228,11 +228,15 @@ std::tuple<Tensor, Tensor> fwd_kernel(
   p.k_descale = opt_ptr<float>(k_descale);
   p.v_descale = opt_ptr<float>(v_descale);
   p.q_descale = opt_ptr<float>(q_descale);
+  bool descale_strides_set = false;
   for (const OptTensor* d : {&k_descale, &v_descale, &q_descale}) {
-    if (d->has_value() && (*d)->defined()) {
-      p.descale_batch_stride = (*d)->stride(0);
-      p.descale_head_stride = (*d)->stride(1);
-    }
+    if (!d->has_value() || !(*d)->defined() || (*d)->dim() != 2) continue;
+    const bool same = !descale_strides_set || (p.descale_batch_stride == (*d)->stride(0) &&
+                                               p.descale_head_stride == (*d)->stride(1));
+    TORCH_CHECK(same, "fa4: q_descale, k_descale and v_descale must have the same strides");
+    p.descale_batch_stride = (*d)->stride(0);
+    p.descale_head_stride = (*d)->stride(1);
+    descale_strides_set = true;
   }
   p.num_sms = static_cast<int>(num_sms);
   // Split-KV partials (Note [split-KV]) or the FP8 forward's Vᵀ: sized from the sizes alone, so

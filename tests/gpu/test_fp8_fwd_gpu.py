@@ -6,7 +6,7 @@ against the fp32 reference on the dequantized inputs, under docs/numerics.md "FP
   inputs rounded to bf16 (reference.attention_ref(upcast=False)).
 Inputs are drawn fresh per case, quantized per (batch, kv head) by fa4.reference_fp8.quantize
 from q and k with 30x outlier channels (so the descales differ per head); outputs are poisoned
-(gpu_helpers.poison): an unwritten element fails as NaN. Not yet run on a GPU.
+(gpu_helpers.poison): an unwritten element fails as NaN.
 """
 
 import pytest
@@ -83,6 +83,8 @@ CASES = [
     (2, 300, 1000, 4, 4, {"softcap": 30.0}),
     (1, 512, 1000, 8, 2, {"causal": True, "softcap": 15.0}),
     (2, 257, 700, 4, 2, {"window_size": (100, 20)}),
+    (1, 256, 1024, 4, 2, {"causal": True}),  # key counts whole blocks: no partial chunk
+    (2, 128, 256, 4, 4, {}),
 ]
 
 
@@ -131,3 +133,20 @@ def test_varlen(hdims, kw):
             continue
         exp = [x[0] for x in _expected(*s, **kw)]  # (s, h, d), (h, s)
         _check(out[lo:hi], lse[:, lo:hi], exp)
+
+
+@pytest.mark.parametrize("hdims", HDIMS)
+def test_padded_head_dim_and_strided_v(hdims):
+    """A head dim 32 below the instance's (the covering instance zero-fills the rest, Note
+    [padded head dims]) with K and V as slices of one packed KV tensor, so the Vᵀ pass reads V
+    through its own row stride."""
+    d = hdims[0] - 32
+    b, s_q, s_k, h, h_kv = 2, 200, 777, 4, 2
+    q8, k8, v8, ds = _inputs(b, s_q, s_k, h, h_kv, d, seed=d + 11)
+    kv = torch.stack([k8.view(torch.uint8), v8.view(torch.uint8)], dim=2).view(k8.dtype)
+    k_s, v_s = kv[:, :, 0], kv[:, :, 1]
+    assert not v_s.is_contiguous()
+    poison()
+    out, lse = fa4.attention(q8, k_s, v_s, return_lse=True, backend="sm90", causal=True, **ds)
+    assert out.shape == (b, s_q, h, d)
+    _check(out, lse, _expected(q8, k8, v8, ds, causal=True))

@@ -63,20 +63,27 @@ struct VtLayout {
     l.varlen = p.cu_seqlens_k != nullptr;
     const int64_t keys =
         l.varlen ? int64_t(p.total_k) + 2 * int64_t(kFp8Chunk) * p.batch : int64_t(p.seqlen_k);
-    l.cols = (keys + kFp8Chunk - 1) / kFp8Chunk * kFp8Chunk;
+    // At least one chunk: a problem without keys still gets a valid TMA descriptor.
+    l.cols = keys > 0 ? (keys + kFp8Chunk - 1) / kFp8Chunk * kFp8Chunk : kFp8Chunk;
     return l;
   }
 };
 
-// One block per (32-key chunk, kv head, sequence): the chunk's rows of V (d_v bytes each) into
-// shared memory, then each d_v row of the chunk's Vᵀ as two 16-byte stores.
+// Chunk `chunk` of kv head h of sequence b. Varlen sequences are clamped to the keys that
+// exist (cu_seqlens_k[b] <= cu_seqlens_k[b + 1] <= total_k, which the Python API checks and a
+// CUDA graph's replay or the C++ API may not): a bad offset reads and writes nothing out of
+// bounds.
 template <int kMaxDv>
-__global__ void __launch_bounds__(128) fp8_transpose_v(const FwdParams p, VtLayout l, uint8_t* vt) {
-  __shared__ alignas(16) uint8_t tile[kFp8Chunk][kMaxDv];
-  const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int64_t first = l.varlen ? p.cu_seqlens_k[b] : 0;
-  const int len = l.varlen ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b] : p.seqlen_k;
-  if (chunk * kFp8Chunk >= len) return;
+__device__ void fp8_transpose_chunk(const FwdParams& p, const VtLayout& l, uint8_t* vt,
+                                    uint8_t (&tile)[kFp8Chunk][kMaxDv], int chunk, int h, int b) {
+  int64_t first = 0, len = p.seqlen_k;
+  if (l.varlen) {
+    first = p.cu_seqlens_k[b];
+    const int64_t end = p.cu_seqlens_k[b + 1] < p.total_k ? p.cu_seqlens_k[b + 1] : p.total_k;
+    if (first < 0 || first > end) return;
+    len = end - first;
+  }
+  if (int64_t(chunk) * kFp8Chunk >= len) return;
   const int d_v = p.head_dim_v;
   const int vecs = d_v / 16;  // 16-byte pieces per row (head dims are multiples of 16)
   const uint8_t* v = static_cast<const uint8_t*>(p.v) + int64_t(h) * p.v_head_stride +
@@ -109,11 +116,23 @@ __global__ void __launch_bounds__(128) fp8_transpose_v(const FwdParams p, VtLayo
   }
 }
 
+// One block per (32-key chunk, kv head) and sequence b = blockIdx.z + k gridDim.z (grid.z is at
+// most 65535): the chunk's rows of V (d_v bytes each) into shared memory, then each d_v row of
+// the chunk's Vᵀ as two 16-byte stores.
+template <int kMaxDv>
+__global__ void __launch_bounds__(128) fp8_transpose_v(const FwdParams p, VtLayout l, uint8_t* vt) {
+  __shared__ alignas(16) uint8_t tile[kFp8Chunk][kMaxDv];
+  for (int b = blockIdx.z; b < p.batch; b += gridDim.z) {
+    fp8_transpose_chunk<kMaxDv>(p, l, vt, tile, blockIdx.x, blockIdx.y, b);
+    __syncthreads();  // the tile is rewritten by the next sequence
+  }
+}
 template <int kMaxDv>
 cudaError_t launch_fp8_transpose_v(const FwdParams& p, cudaStream_t stream) {
   const VtLayout l = VtLayout::of(p);
   const int max_len = p.seqlen_k;  // the longest sequence (varlen: max_seqlen_k)
-  const dim3 grid((max_len + kFp8Chunk - 1) / kFp8Chunk, p.heads_kv, p.batch);
+  const dim3 grid((max_len + kFp8Chunk - 1) / kFp8Chunk, p.heads_kv,
+                  p.batch < 65535 ? p.batch : 65535);
   if (grid.x == 0) return cudaSuccess;
   // Varlen: the columns between sequences are read by the last block of a sequence (masked, P =
   // 0) and must hold no NaN pattern; dense blocks past the columns read TMA's zero fill.

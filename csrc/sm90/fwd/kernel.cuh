@@ -321,6 +321,9 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
         pipe_v.consumer_wait(v_state);
         ss.trace.loop_mark(leader, wg, tk, i, 4);
         warpgroup_fence_operand(tOrO);
+        // FP8: P's registers are written by inline asm (pack4_e4m3) through a pointer; the fence
+        // keeps those writes before wgmma.fence, as the A operand from registers requires.
+        if constexpr (T::kFp8) warpgroup_fence_operand(tOrP);
         warpgroup_arrive();
         gemm(mma_pv, tOrP, tOrVt(_, _, _, v_state.index()), tOrO);
         warpgroup_commit_batch();
