@@ -156,6 +156,13 @@ def parse_args(argv=None):
         help="time fa4 with its value checks on (one host sync a call, as an eager user "
         "call); by default they run in the checked first call only, as under CUDA-graph capture",
     )
+    dec.add_argument(
+        "--decode-graphs",
+        action="store_true",
+        help="time each call as a CUDA-graph replay (captured after the checked first call), "
+        "as serving engines run decode: the host's launch cost leaves the timing; a call "
+        "that cannot be captured is an error row",
+    )
     dec.add_argument("--decode-worker", metavar="STATE", help=argparse.SUPPRESS)
     sus = ap.add_argument_group("sustained mode (bench_sustained.py)")
     sus.add_argument(

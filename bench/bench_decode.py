@@ -28,6 +28,9 @@ the bytes would be 2x). It is checked against the float32 reference on the dequa
 Every implementation's output is first compared with a float32 reference (GQA and bottom-right
 causal written out, chunked over the batch): beyond DECODE_TOLERANCE · max|ref| it is marked
 failed and not timed. Timing as bench.py: triton's do_bench median, L2 flushed before each call.
+Each call is timed eagerly, so where the host's launch cost per call exceeds the kernel's time
+(small cases) the timing is the host's; --decode-graphs times a CUDA-graph replay of the call
+instead (as serving engines run decode), and the note column says so (GRAPH_NOTE).
 
 Robustness: the measuring runs in a worker process (bench_decode_run.py) under a supervisor
 (this file). A Python exception is one row's `error:` status. A worker that dies (segfault,
@@ -70,6 +73,8 @@ OURS = "fa4"
 FP8_CACHE = "fa4-fp8cache"
 EXTRA_IMPLS = (FP8_CACHE,)
 TARGET_FP8_CACHE = 1.8
+# --decode-graphs: what each timed row's note ends with.
+GRAPH_NOTE = "; timed as a CUDA-graph replay"
 # The check before timing: max |out - ref| <= DECODE_TOLERANCE · max |ref|. Decode outputs are
 # averages over thousands of keys (|out| ~ 0.02-0.1 for unit-normal inputs), so the standard
 # sweep's absolute 2e-2 would pass anything; 2 % of the largest entry is ~5 bf16 half-ulps.
@@ -458,6 +463,13 @@ def report(rows: list[dict], out: Path | None, title: str = "") -> None:
         f"spec-decode >= {TARGET_RATIO}x {SPEC_PEER}; paged >= {TARGET_PAGED}x the same case "
         "unpaged (fa4 / best in the table is against the best peer of every kind)"
     )
+    timed = [r for r in rows if r["ms"]]
+    graphs = sum(r["note"].endswith(GRAPH_NOTE) for r in timed)
+    if graphs:
+        print(
+            f"timing: CUDA-graph replays (--decode-graphs; {graphs} of {len(timed)} timed "
+            "rows): the host's launch cost is left out, as in a serving engine's decode step"
+        )
     if any(is_fp8_cache(r["impl"]) for r in rows):
         print(
             f"{FP8_CACHE}: e4m3 cache, GB/s of the bytes it reads (1 per element); tokens/s / "
@@ -529,6 +541,11 @@ def config(args) -> dict:
         raise ValueError(f"--hdims {bad}: the decode sweep has hd {HDIMS}")
     impls = parse_names(args.impls, IMPLS + EXTRA_IMPLS) if args.impls else IMPLS
     splits = parse_splits(args.decode_splits)
+    if getattr(args, "decode_graphs", False) and getattr(args, "decode_value_checks", False):
+        raise ValueError(
+            "--decode-value-checks with --decode-graphs: fa4 skips its value checks while a "
+            "CUDA graph is captured, so none would be timed"
+        )
     todo = cases(kinds, hdims)
     if not todo:
         raise ValueError("no decode case selected")

@@ -20,6 +20,12 @@ The implementations, each called as a serving engine would call it on a full KV 
   backend gets FA2's bottom-right causal, other backends a materialized mask). Where a backend
   refuses GQA, kv heads are expanded by a copy made before timing (up to EXPAND_CAP bytes), and
   GB/s still counts the nominal bytes. Dense cases only.
+
+With --decode-graphs each variant's timed call is captured in a CUDA graph after the checked
+first call (bench_impls.graph_replay), the first replay is checked against the reference too, and
+the replay is what is timed (do_bench, L2 flushed before each replay) and its host µs measured;
+a capture that raises is the row's error status. The graph is freed after timing and captured
+again for each later round (--rounds).
 """
 
 from __future__ import annotations
@@ -437,18 +443,32 @@ def measure(bi, impl, case, t, ref, args, sync) -> Timed | dict:
                 return bd.make_row(impl.name, case, status=f"failed: max_abs_diff {diff:.3g} > "
                                    f"{bound}", note=var.note, num_splits=impl.num_splits,
                                    max_abs_diff=diff, ref_max=ref_max)  # fmt: skip
+            replay = None
             try:
+                if getattr(args, "decode_graphs", False):
+                    replay = _capture(bi, var, ref)
+                    if isinstance(replay, str):
+                        return bd.make_row(impl.name, case, status=replay, note=var.note,
+                                           num_splits=impl.num_splits, max_abs_diff=diff,
+                                           ref_max=ref_max)  # fmt: skip
+                    var.note += bd.GRAPH_NOTE
                 timing = dict(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
+                # peak_extra_mib: the eager call's workspace (a replay allocates nothing).
                 (mem, ms, host), mhz, why = bi.clocked(
-                    lambda v=var, tm=timing: (bi.peak_extra_mib(v.fn), bi.time_ms(v.fn, **tm),
-                                   bi.host_us(v.fn))
+                    lambda v=var, f=var.fn if replay is None else replay, tm=timing: (
+                        bi.peak_extra_mib(v.fn), bi.time_ms(f, **tm), bi.host_us(f))
                 )  # fmt: skip
             except Exception as e:  # noqa: BLE001
                 if _is_sticky(e):
                     raise StickyCudaError(_err(e)) from e
+                replay = None
                 _free()
                 return bd.make_row(impl.name, case, status=f"error: timing: {_err(e)}",
-                                   note=var.note, max_abs_diff=diff, ref_max=ref_max)  # fmt: skip
+                                   note=var.note, num_splits=impl.num_splits, max_abs_diff=diff,
+                                   ref_max=ref_max)  # fmt: skip
+            if replay is not None:
+                replay = None  # the graph and its memory pool (captured again for later rounds)
+                _free()
             timed = Timed(impl, var, diff, ref_max, mem, host)
             timed.add(ms, mhz, why)
             return timed
@@ -456,17 +476,44 @@ def measure(bi, impl, case, t, ref, args, sync) -> Timed | dict:
                        num_splits=impl.num_splits)  # fmt: skip
 
 
+def _capture(bi, var, ref):
+    """var.fn captured as a CUDA graph (bi.graph_replay), its first replay checked against the
+    reference like the eager first call: the replay, or the error status of a capture that
+    raises or a replay that disagrees. Raises StickyCudaError when the CUDA context is lost."""
+    try:
+        replay = bi.graph_replay(var.fn)
+        diff, ref_max = compare(var.to_bshd(replay()), ref)
+    except Exception as e:  # noqa: BLE001
+        if _is_sticky(e):
+            raise StickyCudaError(_err(e)) from e
+        _free()
+        return f"error: CUDA-graph capture failed: {_err(e)}"
+    if not bd.agrees(diff, ref_max):
+        del replay
+        _free()
+        bound = f"{bd.DECODE_TOLERANCE}·max|ref| = {bd.DECODE_TOLERANCE * ref_max:.3g}"
+        return f"failed: the CUDA-graph replay's max_abs_diff {diff:.3g} > {bound}"
+    return replay
+
+
 def retime(bi, t: Timed, args) -> None:
+    graphs = getattr(args, "decode_graphs", False)
     with t.impl.context():
+        fn = None
         try:
+            fn = bi.graph_replay(t.var.fn) if graphs else t.var.fn
             ms, mhz, why = bi.clocked(
-                lambda: bi.time_ms(t.var.fn, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
+                lambda: bi.time_ms(fn, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
             )
         except Exception as e:  # noqa: BLE001
             if _is_sticky(e):
                 raise StickyCudaError(_err(e)) from e
             print(f"    {t.impl.name}: a later round failed: {_err(e)}", flush=True)
             return
+        finally:
+            if graphs:
+                fn = None
+                _free()
     t.add(ms, mhz, why)
 
 
@@ -510,8 +557,10 @@ def worker(args, cfg: dict, state_path: Path, bi=None) -> int:
         print("command:", " ".join(sys.argv))
     gpu = torch.cuda.get_device_name()
     peak = args.hbm_gbps or bd.hbm_peak_gbps(gpu)
+    how = "CUDA-graph replays" if getattr(args, "decode_graphs", False) else "eager calls"
     print(f"decode sweep on {gpu}: HBM peak {peak or 'unknown'} GB/s; "
-          f"{len(cfg['cases'])} cases; worker from case {state['start']}", flush=True)  # fmt: skip
+          f"{len(cfg['cases'])} cases; timing {how}; worker from case {state['start']}",
+          flush=True)  # fmt: skip
     impls = make_impls(cfg["impls"], cfg["splits"], args.decode_value_checks)
     excluded = {(x["impl"], x["family"]): x for x in state["exclude"]}
     compiled: set[tuple] = set()

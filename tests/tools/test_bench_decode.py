@@ -225,8 +225,10 @@ def test_sdpa_variants_on_cpu_math_backend():
 class _Stand(run.Impl):
     """A stand-in implementation: the reference in bf16, wrong (factor != 1), or raising."""
 
-    def __init__(self, name, factor=1.0, exc=None, fallback=False):
+    def __init__(self, name, factor=1.0, exc=None, fallback=False, capture_exc=None,
+                 replay_factor=1.0):  # fmt: skip
         self.name, self.factor, self.exc, self.fallback = name, factor, exc, fallback
+        self.capture_exc, self.replay_factor = capture_exc, replay_factor  # for _FakeGraphs
         self.calls = 0
 
     def variants(self, case, t):
@@ -237,37 +239,62 @@ class _Stand(run.Impl):
             kc = t.k if not case.page_size else t.k  # the stand-in reads the dense cache
             return (run.reference(t.q, kc, t.v, case.causal) * self.factor).bfloat16()
 
+        fn.stand = self  # what _FakeGraphs captures
         if self.fallback:
             yield run.Variant(lambda: (_ for _ in ()).throw(RuntimeError("No available kernel")),
                               "first try")  # fmt: skip
         yield run.Variant(fn, f"{self.name} note")
 
 
+class _FakeGraphs:
+    """A stand-in for bench_impls.graph_replay: "captures" a _Stand's fn (raising its
+    capture_exc, if any) into a replay that calls fn (times its replay_factor)."""
+
+    def __init__(self):
+        self.captured = []  # the stand of each capture
+        self.replays = []  # each replay object made
+
+    def __call__(self, fn):
+        stand = fn.stand
+        self.captured.append(stand.name)
+        if stand.capture_exc:
+            raise stand.capture_exc
+        replay = _FakeReplay(fn, stand)
+        self.replays.append(replay)
+        return replay
+
+
+class _FakeReplay:
+    def __init__(self, fn, stand):
+        self.fn, self.stand, self.calls = fn, stand, 0
+
+    def __call__(self):
+        self.calls += 1
+        return (self.fn().float() * self.stand.replay_factor).bfloat16()
+
+
 def _fake_bi():
     def clocked(fn):
         return fn(), "1980/1970", "0x4"
 
+    seen = {"peak": [], "time": [], "host": []}  # the callables each measure was given
+
+    def measured(what, value):
+        return lambda fn, **kw: (seen[what].append(fn), fn(), value)[2]
+
     return types.SimpleNamespace(
         environment=lambda: ["stand-in environment"],
         clocked=clocked,
-        peak_extra_mib=lambda fn: (fn(), 5.0)[1],
-        time_ms=lambda fn, **kw: (fn(), 0.25)[1],
-        host_us=lambda fn: (fn(), 12.0)[1],
+        peak_extra_mib=measured("peak", 5.0),
+        time_ms=measured("time", 0.25),
+        host_us=measured("host", 12.0),
+        graph_replay=_FakeGraphs(),
+        seen=seen,
     )
 
 
-def test_worker_end_to_end_with_stand_ins(tmp_path, monkeypatch, capsys):
-    """The worker on CPU tensors: check before timing (a wrong impl is failed, not timed), an
-    exception is an error row, a fallback variant is used, every case's rows are written."""
-    stands = [
-        _Stand("fa4"),
-        _Stand("flash-attn-4", factor=1.5),
-        _Stand("sdpa-cudnn", exc=RuntimeError("No available kernel. Aborting execution.")),
-        _Stand("sdpa-flash", fallback=True),
-    ]
-    small = [bd.Case("decode", 2, 64, 1, 2, 16, heads_q=8),
-             bd.Case("spec", 2, 64, 2, 2, 16, causal=True, heads_q=8),
-             bd.Case("paged", 2, 64, 1, 2, 16, page_size=16, heads_q=8)]  # fmt: skip
+def _run_worker(tmp_path, monkeypatch, stands, cases, argv=(), bi=None):
+    """The worker on CPU tensors with stand-in implementations: the finalized CSV rows."""
     monkeypatch.setattr(run, "make_impls", lambda names, splits, checks: stands)
     real_dense = run.dense_kv
     real_inputs = run.case_inputs
@@ -287,10 +314,30 @@ def test_worker_end_to_end_with_stand_ins(tmp_path, monkeypatch, capsys):
     bd.write_csv(out / "results.csv", [])
     state = out / "state.json"
     state.write_text(json.dumps({"start": 0, "exclude": [], "t0": time.time()}))
-    args = bench.parse_args(["--decode", "--out", str(out), "--rounds", "2", "--stop-s", "1e12"])
-    cfg = {"cases": small, "impls": bd.IMPLS, "splits": (0,)}
-    assert run.worker(args, cfg, state, bi=_fake_bi()) == 0
-    rows = bd.finalize(bd.read_csv(out / "results.csv"))
+    args = bench.parse_args(["--decode", "--out", str(out), "--rounds", "2", "--stop-s", "1e12",
+                             *argv])  # fmt: skip
+    cfg = {"cases": cases, "impls": bd.IMPLS, "splits": (0,)}
+    assert run.worker(args, cfg, state, bi=bi or _fake_bi()) == 0
+    return bd.finalize(bd.read_csv(out / "results.csv"))
+
+
+SMALL = [bd.Case("decode", 2, 64, 1, 2, 16, heads_q=8),
+         bd.Case("spec", 2, 64, 2, 2, 16, causal=True, heads_q=8),
+         bd.Case("paged", 2, 64, 1, 2, 16, page_size=16, heads_q=8)]  # fmt: skip
+
+
+def test_worker_end_to_end_with_stand_ins(tmp_path, monkeypatch, capsys):
+    """The worker on CPU tensors: check before timing (a wrong impl is failed, not timed), an
+    exception is an error row, a fallback variant is used, every case's rows are written."""
+    stands = [
+        _Stand("fa4"),
+        _Stand("flash-attn-4", factor=1.5),
+        _Stand("sdpa-cudnn", exc=RuntimeError("No available kernel. Aborting execution.")),
+        _Stand("sdpa-flash", fallback=True),
+    ]
+    small = SMALL
+    bi = _fake_bi()
+    rows = _run_worker(tmp_path, monkeypatch, stands, small, bi=bi)
     by = {(r["impl"], r["case"]): r for r in rows}
     assert len(rows) == 12
     r = by[("fa4", small[0].name)]
@@ -307,6 +354,85 @@ def test_worker_end_to_end_with_stand_ins(tmp_path, monkeypatch, capsys):
     assert by[("fa4", small[2].name)]["vs_unpaged"] == "1.000"
     assert stands[1].calls == 3, "the failed impl is called once per case, never timed"
     assert "| decode b2 kv64 hd16 gqa4 |" in bd.table(rows)
+    # without --decode-graphs: eager calls timed, nothing captured
+    assert bi.graph_replay.captured == [] and bi.seen["time"]
+    assert all(isinstance(f, types.FunctionType) for f in bi.seen["time"] + bi.seen["host"])
+    assert "timing eager calls" in capsys.readouterr().out
+    bd.report(rows, None)
+    assert "CUDA-graph" not in capsys.readouterr().out
+
+
+def test_decode_graphs_argument():
+    assert bench.parse_args(["--decode", "--decode-graphs"]).decode_graphs
+    assert not bench.parse_args(["--decode"]).decode_graphs
+    argv = ["--decode", "--decode-graphs", "--decode-worker", "s.json"]
+    assert bd.worker_argv(argv) == ["--decode", "--decode-graphs"], "the worker gets the flag"
+    assert bd.config(bench.parse_args(["--decode", "--decode-graphs"]))["cases"]
+    with pytest.raises(ValueError, match="--decode-value-checks with --decode-graphs"):
+        bd.config(bench.parse_args(["--decode", "--decode-graphs", "--decode-value-checks"]))
+
+
+def test_worker_times_graph_replays_with_decode_graphs(tmp_path, monkeypatch, capsys):
+    """--decode-graphs: after the checked first call each variant is captured (captured again
+    each round), its first replay checked, and the replay is what time_ms and host_us get (the
+    eager call only for the memory peak); a capture that raises is an error row naming the
+    failure, a replay that disagrees a failed row; the notes and the report say how it was
+    timed."""
+    stands = [
+        _Stand("fa4"),
+        _Stand(
+            "flash-attn-4",
+            capture_exc=RuntimeError("operation not permitted when stream is capturing"),
+        ),  # fmt: skip
+        _Stand("sdpa-cudnn", replay_factor=1.5),
+        _Stand("sdpa-flash"),
+    ]
+    bi = _fake_bi()
+    rows = _run_worker(tmp_path, monkeypatch, stands, SMALL[:2], ["--decode-graphs"], bi)
+    by = {(r["impl"], r["case"]): r for r in rows}
+    assert len(rows) == 8
+    for case in SMALL[:2]:
+        for impl in ("fa4", "sdpa-flash"):
+            r = by[(impl, case.name)]
+            assert r["status"] == "ok" and r["ms_rounds"] == "0.2500 0.2500"
+            assert r["note"] == f"{impl} note; timed as a CUDA-graph replay"
+            assert (r["host_us"], r["peak_extra_mib"]) == ("12.0", "5.0")
+        fail = by[("flash-attn-4", case.name)]
+        assert fail["status"] == ("error: CUDA-graph capture failed: RuntimeError: operation "
+                                  "not permitted when stream is capturing")  # fmt: skip
+        assert fail["ms"] == "" and fail["max_abs_diff"] != "" and "replay" not in fail["note"]
+        wrong = by[("sdpa-cudnn", case.name)]
+        assert wrong["status"].startswith("failed: the CUDA-graph replay's max_abs_diff")
+        assert wrong["ms"] == ""
+    # per case: fa4 and sdpa-flash captured in each of 2 rounds, the others once
+    assert sorted(bi.graph_replay.captured) == sorted(
+        ["fa4"] * 4 + ["sdpa-flash"] * 4 + ["flash-attn-4"] * 2 + ["sdpa-cudnn"] * 2
+    )
+    good = [x for x in bi.graph_replay.replays if x.stand.name != "sdpa-cudnn"]
+    assert len(bi.seen["time"]) == 8 and all(any(f is x for x in good) for f in bi.seen["time"])
+    assert len(bi.seen["host"]) == 4 and all(isinstance(f, _FakeReplay) for f in bi.seen["host"])
+    assert bi.seen["peak"] and not any(isinstance(f, _FakeReplay) for f in bi.seen["peak"])
+    assert all(x.calls >= 1 for x in bi.graph_replay.replays), "each replay ran (checked, timed)"
+    assert "timing CUDA-graph replays" in capsys.readouterr().out
+    bd.report(rows, None)
+    assert "timing: CUDA-graph replays (--decode-graphs; 4 of 4 timed rows)" in (
+        capsys.readouterr().out)  # fmt: skip
+
+
+def test_a_sticky_error_in_the_capture_replaces_the_worker(monkeypatch):
+    """A CUDA error that loses the context, raised by the capture, is StickyCudaError (the
+    worker exits and is replaced), not an error row."""
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    case = SMALL[0]
+    k, v = run.dense_kv(case, 1, device="cpu")
+    t = run.case_inputs(case, k, v, 1, device="cpu")
+    ref = run.reference(t.q, k, v, case.causal)
+    args = bench.parse_args(["--decode", "--decode-graphs"])
+    sticky = _Stand("fa4", capture_exc=RuntimeError("CUDA error: an illegal memory access"))
+    with pytest.raises(run.StickyCudaError, match="illegal memory access"):
+        run.measure(_fake_bi(), sticky, case, t, ref, args, lambda: None)
+    timed = run.measure(_fake_bi(), _Stand("fa4"), case, t, ref, args, lambda: None)
+    assert isinstance(timed, run.Timed) and timed.var.note.endswith(bd.GRAPH_NOTE)
 
 
 def test_sticky_cuda_errors_are_told_apart():
