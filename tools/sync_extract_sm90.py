@@ -41,8 +41,8 @@ its case):
     (kKvFp8): each warp dequantizes its part of its key group's rows into the staging block
     (K16_<wn>_<wm>, V16_<wn>_<wm>), read whole by the group's warps; group_sync's bar.sync
     orders them.
-  - Decode producer variants (kVariant): 0, 1 and 2 (copy_block, its destination a lambda of
-    the row and chunk) are cp.async gathers of the stage and cp_async_arrive. Variant 3 (Note
+  - Decode producers (kVariant): 2 (copy_block, its destination a lambda of the row and
+    chunk) is a cp.async gather of the stage and cp_async_arrive. Variant 3 (Note
     [tma blocks]): whether block `it` of the split goes by TMA (tma_block(...).ok, data
     dependent) is the Config's `paths[it]` ('t' TMA, 'g' gathered: a partial last block, a
     block across a page boundary). The gathered blocks are copy_block's cp.async into the
@@ -449,7 +449,7 @@ class Interp90(se.Interp):
             for a in args:
                 self.expr(a, scope)
             return OPAQUE
-        if fn.type == "qualified_identifier" and name in self.funcs:  # detail::copy_row_half
+        if fn.type == "qualified_identifier" and name in self.funcs:  # detail::copy_block
             return self.call_function(name, [self.expr(a, scope) for a in args])
         if fn.type == "template_function" and name in self.funcs:
             return self.call_function(name, [self.expr(a, scope) for a in args])
@@ -818,13 +818,13 @@ def _fwd90_tags():
 class DecodeConfig:
     blocks: int = 3  # KV blocks of the CTA's split
     stages: int = 2  # T::kStages (num_stages: 2..4)
-    # kVariant, the producer's copy loop: 0 one chunk per lane, 1 paired lanes, 2 copy_block,
-    # 3 TMA blocks (Note [tma blocks]) with copy_block's gather for the others
-    variant: int = 0
+    # kVariant, the producer: 2 copy_block's gather, 3 TMA blocks (Note [tma blocks]) with
+    # copy_block's gather for the others
+    variant: int = 2
     warps_n: int = 1  # kWarpsN (decode/plan.h)
     fp8: bool = False  # kKvFp8: the ring holds e4m3 rows, dequantized per key group into staging
     # Variant 3: each block's path, tma_block(n, ...).ok of block n of the split: "t" by TMA,
-    # "g" gathered (a partial last block, a block across a page boundary); "" for 0, 1, 2
+    # "g" gathered (a partial last block, a block across a page boundary); "" for 2
     paths: str = ""
 
 
@@ -836,14 +836,12 @@ class TmaBlockVote:  # decode/plan.h TmaBlock, as the producer reads it: ok from
 
 
 def decode_env(cfg: DecodeConfig) -> Env90:
-    if cfg.variant not in (0, 1, 2, 3):
+    if cfg.variant not in (2, 3):
         raise ValueError(f"decode variant {cfg.variant}")
     if cfg.variant == 3 and (len(cfg.paths) != cfg.blocks or set(cfg.paths) - set("tg")):
         raise ValueError(f"variant 3 needs a path of 't' / 'g' per block, not {cfg.paths!r}")
     if cfg.variant != 3 and cfg.paths:
         raise ValueError(f"paths {cfg.paths!r}: variant 3 only")
-    if cfg.fp8 and cfg.variant == 0:
-        raise ValueError("the FP8 cache is copied by variant 1, 2 or 3")
     d = dv = 32  # the head dims set only the trip counts of data loops (collapsed to accesses)
     consts = {
         "D": d, "DV": dv, "kWarpsN": cfg.warps_n, "kVariant": cfg.variant, "kBlockN": 64,
@@ -1051,7 +1049,7 @@ def main(argv):
             print(f"  {kind}: {msg}")
     blocks = sum(tiles)
     paths = ("t" * (blocks - 1) + "g", ("tg" * blocks)[:blocks])  # a gathered last; alternating
-    runs = [(0, False, ""), (1, False, ""), (1, True, ""), (2, False, "")]
+    runs = [(2, False, ""), (2, True, "")]
     runs += [(3, fp8, p) for fp8 in (False, True) for p in paths]
     for variant, fp8, path in runs:
         cfg = DecodeConfig(blocks=blocks, variant=variant, fp8=fp8, paths=path)

@@ -56,32 +56,12 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 }
 
 // 16 bytes global -> shared, bypassing L1; src_bytes = 0 writes 16 zero bytes and reads nothing.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-
-// As cp_async_16 without the "memory" clobber: the producer's loads of its row offsets may then
-// move ahead of earlier copies (the copies stay ordered against the barrier operations, volatile
-// asm as well; the consumers read a stage only after its full barrier).
+// No "memory" clobber: the producer's loads of its row offsets may move ahead of earlier copies
+// (the copies stay ordered against the barrier operations, volatile asm as well; the consumers
+// read a stage only after its full barrier).
 __device__ __forceinline__ void cp_async_16_free(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
-}
-
-// Chunks half, half + 2, ... of one row (kChunks 16-byte chunks) at byte offset off of base
-// (off < 0: a row past the sequence) into dst; chunks past the row's first `bytes` bytes (its
-// head dim: a multiple of 16 bytes) or of such a row are zero-filled (Note [padded head dims]).
-template <int kChunks>
-__device__ __forceinline__ void copy_row_half(uint32_t dst, const void* base, int64_t off, int half,
-                                              int bytes) {
-  const char* src = static_cast<const char*>(base) + (off < 0 ? 0 : off);
-  FA4_UNROLL
-  for (int t = 0; t < kChunks / 2; ++t) {
-    const int x = half + 2 * t;
-    cp_async_16_free(dst + x * 16, src + x * 16, off >= 0 && x * 16 < bytes ? 16 : 0);
-  }
 }
 
 // One K (which = 0) or V (which = 1) block of kBlockN rows to dst(row, chunk) (shared-memory

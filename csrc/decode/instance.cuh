@@ -41,8 +41,7 @@ Status launch_variant(const Args& args, const Plan& pl, cudaStream_t stream) {
 }
 
 // The producer: TMA tiles (variant 3), which fall back to the batched gather (variant 2) where
-// the cache admits no descriptor. On an H200 (2026-12-07, docs/perf.md) variant 3 read 3.8-4.5
-// TB/s where the gather's one-chunk-per-lane loop (variant 0) read 1.7-1.9 (docs/decisions.md).
+// the cache admits no descriptor (Note [row gather]).
 template <int D, int DV, class Element, int kWarpsN>
 Status launch_tile(const Args& args, const Plan& pl, cudaStream_t stream) {
   if (args.p.kv_fp8) return launch_variant<3, D, DV, Element, kWarpsN, true>(args, pl, stream);

@@ -19,15 +19,13 @@
 // rows in 16-byte cp.async chunks (LDGSTS, 1024 per hd128 block) and signals the stage's full
 // barrier with cp.async.mbarrier.arrive (32 arrivals). Rows past the sequence's end are
 // zero-filled by the copy itself (source size 0), and the mask sets their scores to -inf, so
-// P = 0 meets zeros, never stale shared memory. Producer variants (kVariant), one source: 0
-// copies chunk c = lane + 32 i of the block (a warp instruction: two hd128 rows), loading each
-// copy's row offset from shared memory after the previous copy was issued; 1 (Note [paired
-// lanes]) gives two lanes a row, one offset load per 8 copies; 2 (copy_block) is 0's mapping with
-// the offsets of 8 copies loaded before any of them is issued; 3 (Note [tma blocks]) loads whole
-// blocks by TMA tiles and gathers the rest as 2 does. Both gathers measured 1.9-2.0 TB/s on an
-// H100 (the per-row cp.async.bulk version before them too), and the rate grew with resident CTAs
-// (1.09 TB/s at one CTA per SM): a per-CTA limit, by hypothesis the producer's issue rate
-// (docs/perf.md, Decode).
+// P = 0 meets zeros, never stale shared memory. Producers (kVariant): 2 (copy_block) gives lane
+// l chunks c = l + 32 i of the block (a warp instruction: two hd128 rows) with the offsets of 8
+// copies loaded before any of them is issued; 3 (Note [tma blocks], dispatched) loads whole
+// blocks by TMA tiles and gathers the rest as 2 does, and takes 2 where the cache admits no
+// descriptor. On an H200 (docs/perf.md, Decode) 3 read 3.8-4.5 TB/s and 2 3.3-3.8, where the
+// first gather (each copy's row offset loaded from shared memory after the previous copy was
+// issued) stopped at 1.9: a per-CTA issue limit (docs/decisions.md).
 //
 // Note [fp8 cache]: with an e4m3 cache (FwdParams::kv_fp8) the ring holds the cache's bytes (half
 // the traffic and half the stage: 4 stages of 18 KB at hd128) and the consumer warps that read a
@@ -279,7 +277,7 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
     decode_kernel(
         const __grid_constant__ KernelArgs<D, DV, Element, kWarpsN, kKvFp8, kVariant> args) {
   using T = Traits<D, DV, Element, kWarpsN, kKvFp8>;
-  static_assert(!kKvFp8 || kVariant != 0, "the FP8 cache is copied by variant 1, 2 or 3");
+  static_assert(kVariant == 2 || kVariant == 3, "producers: 2 the gather, 3 TMA tiles");
   constexpr bool kTma = kVariant == 3;
   // The MMAs read the swizzled TMA tiles themselves (16-bit cache) or padded rows.
   constexpr bool kSwizzledMma = kTma && !kKvFp8;
@@ -419,23 +417,7 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
       }
       const uint32_t k_smem = detail::smem_addr(smem + stage * T::kStageBytes);
       const uint32_t v_smem = k_smem + kBlockN * T::kPitchK;
-      if constexpr (kVariant == 0) {
-        const char* k_base = static_cast<const char*>(p.k);
-        const char* v_base = static_cast<const char*>(p.v);
-        // Chunks past the row's end or past d / d_v (Note [padded head dims]) are zero-filled.
-        for (int c = lane; c < kBlockN * kChunksK; c += 32) {
-          const int r = c / kChunksK, x = c % kChunksK;
-          const int64_t off = x * 8 < p.head_dim ? row_off[2 * r] : -1;
-          detail::cp_async_16(k_smem + r * T::kPitchK + x * 16,
-                              off < 0 ? k_base : k_base + off + x * 16, off < 0 ? 0 : 16);
-        }
-        for (int c = lane; c < kBlockN * kChunksV; c += 32) {
-          const int r = c / kChunksV, x = c % kChunksV;
-          const int64_t off = x * 8 < p.head_dim_v ? row_off[2 * r + 1] : -1;
-          detail::cp_async_16(v_smem + r * T::kPitchV + x * 16,
-                              off < 0 ? v_base : v_base + off + x * 16, off < 0 ? 0 : 16);
-        }
-      } else if constexpr (kTma) {
+      if constexpr (kTma) {
         const uint32_t v_tile = k_smem + T::kTmaVOffset;
         detail::copy_block<kChunksK>(
             [&](int r, int x) { return k_smem + swz_k(r, 16 * x / T::kKvBytes); }, p.k, row_off, 0,
@@ -443,25 +425,11 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
         detail::copy_block<kChunksV>(
             [&](int r, int x) { return v_tile + swz_v(r, 16 * x / T::kKvBytes); }, p.v, row_off, 1,
             lane, p.head_dim_v * T::kKvBytes);
-      } else if constexpr (kVariant == 2) {
+      } else {
         detail::copy_block<kChunksK>([&](int r, int x) { return k_smem + r * T::kPitchK + x * 16; },
                                      p.k, row_off, 0, lane, p.head_dim * T::kKvBytes);
         detail::copy_block<kChunksV>([&](int r, int x) { return v_smem + r * T::kPitchV + x * 16; },
                                      p.v, row_off, 1, lane, p.head_dim_v * T::kKvBytes);
-      } else {
-        // Note [paired lanes]: lanes 2p and 2p + 1 copy rows p, p + 16, p + 32, p + 48, each
-        // lane every other 16-byte chunk of a row, so one shared-memory load of a row's K and V
-        // offsets serves D / 16 + DV / 16 copies (16 at hd128).
-        static_assert(kBlockN == 64 && kChunksK % 2 == 0 && kChunksV % 2 == 0, "paired lanes");
-#pragma unroll 1
-        for (int i = 0; i < 4; ++i) {
-          const int r = lane / 2 + 16 * i;
-          const int64_t k_off = row_off[2 * r], v_off = row_off[2 * r + 1];
-          detail::copy_row_half<kChunksK>(k_smem + r * T::kPitchK, p.k, k_off, lane % 2,
-                                          p.head_dim * T::kKvBytes);
-          detail::copy_row_half<kChunksV>(v_smem + r * T::kPitchV, p.v, v_off, lane % 2,
-                                          p.head_dim_v * T::kKvBytes);
-        }
       }
       // The stage is full when every lane's copies have landed: 32 arrivals per phase.
       detail::cp_async_arrive(&full[stage]);

@@ -1,29 +1,31 @@
 """The decode kernel (csrc/decode) as the build compiles it, for both archs it is built for:
 sm_90a (run by tests/gpu/test_decode.py on H100 / H200) and sm_100a (compiled, not executed).
 Each instance is the manifest's (sass_helpers.compile_instance); the SASS must show the design:
-tensor-core MMAs from ldmatrix'd shared memory (HMMA, LDSM), 16-byte cp.async row chunks
-(LDGSTS) completing an mbarrier, no spills, and registers within the occupancy that
-decode/plan.h's ctas_per_sm promises (__launch_bounds__ enforces it; this pins it). Each tile
-shape (warps_n 4, 2, 1) has a 16-bit-cache kernel and an FP8-cache one (Note [fp8 cache]):
-the latter unpacks e4m3 pairs to fp16 (F2FP.F16.E4M3.UNPACK_B) and runs fp16 MMAs.
+tensor-core MMAs from ldmatrix'd shared memory (HMMA, LDSM), K/V blocks by TMA tiles (UTMALDG)
+with 16-byte cp.async chunks (LDGSTS) for the blocks TMA cannot take, both completing an
+mbarrier, no spills, and registers within the occupancy that decode/plan.h's ctas_per_sm
+promises (__launch_bounds__ enforces it; this pins it). Each tile shape (warps_n 4, 2, 1) has a
+16-bit-cache kernel and an FP8-cache one (Note [fp8 cache]), each with the TMA producer
+(variant 3) and the gather it falls back to where the cache admits no descriptor (variant 2);
+the FP8 ones unpack e4m3 pairs to fp16 (F2FP.F16.E4M3.UNPACK_B) and run fp16 MMAs.
 """
 
 import re
 
 import pytest
-from sass_helpers import compile_ahead, compile_cubin, compile_instance, entries, functions
+from sass_helpers import compile_ahead, compile_instance, entries, functions
 
 pytestmark = pytest.mark.build
 
 CASES = [("128", "bf16", "90a"), ("256", "bf16", "90a"), ("128", "fp16", "100a"),
-         ("256", "bf16", "100a"), ("64", "bf16", "90a")]  # fmt: skip
+         ("128", "bf16", "100a"), ("256", "bf16", "100a"), ("64", "bf16", "90a")]  # fmt: skip
 compile_ahead(__name__, [("decode", "fwd", h, t) for h, t, _ in CASES])
 
 # decode/plan.h's ctas_per_sm per (head dim, FP8 cache), the same for every tile shape: 65536
 # registers per SM over that many CTAs of 160 threads, at most 255 (the ISA's cap).
 CTAS_PER_SM = {("64", False): 2, ("64", True): 3, ("128", False): 2, ("128", True): 2,
                ("256", False): 1, ("256", True): 1}  # fmt: skip
-NAME = re.compile(r"decode_kernelILi\d+ELi\d+EN7cutlass\w+ELi([124])ELb([01])ELi([01])EE")
+NAME = re.compile(r"decode_kernelILi\d+ELi\d+EN7cutlass\w+ELi([124])ELb([01])ELi([23])EE")
 
 
 def _shape(name):
@@ -38,19 +40,21 @@ def test_decode_sass(tmp_path_factory, hdim, dtype, arch):
     ptxas, sass = compile_instance(tmp_path_factory, "decode", "fwd", hdim, dtype, arch=arch)
     reports = {n: r for n, r in entries(ptxas, arch).items() if "decode_kernel" in n}
     shapes = sorted(_shape(n) for n in reports)
-    # the FP8 cache takes the paired-lanes producer (1), the 16-bit caches the other (0)
-    want = sorted((w, fp8, int(fp8)) for w in (4, 2, 1) for fp8 in (False, True))
-    assert shapes == want, f"one kernel per tile shape and cache type, got {list(reports)}"
+    # per tile shape and cache type: the TMA producer (3) and the gather it falls back to (2)
+    want = sorted((w, fp8, v) for w in (4, 2, 1) for fp8 in (False, True) for v in (2, 3))
+    assert shapes == want, f"two kernels per tile shape and cache type, got {list(reports)}"
     for name, r in reports.items():
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, (name, r)
         cap = min(255, 65536 // (CTAS_PER_SM[hdim, _shape(name)[1]] * 160) // 8 * 8)
         assert r["registers"] <= cap, (name, r, cap)
     kernels = {n: f for n, f in functions(sass).items() if "decode_kernel" in n}
-    assert len(kernels) == 6
+    assert len(kernels) == 12
     for name, text in kernels.items():
-        fp8 = _shape(name)[1]
+        _, fp8, variant = _shape(name)
         assert "LDSM" in text, f"{name}: no ldmatrix"
         assert "LDGSTS" in text, f"{name}: no cp.async (Note [row gather])"
+        assert ("UTMALDG" in text) == (variant == 3), f"{name}: TMA iff variant 3"
+        assert _longest_copy_run(text) >= 8, f"{name}: copies not batched (copy_block)"
         assert "SYNCS" in text, f"{name}: no mbarrier operation"
         # fp16 MMAs with an FP8 cache whatever q's dtype; else the cache's type
         mma = (
@@ -58,13 +62,6 @@ def test_decode_sass(tmp_path_factory, hdim, dtype, arch):
         )
         assert re.search(mma, text), f"{name}: no m16n8k16 tensor-core MMA of the expected type"
         assert ("F2FP.F16.E4M3.UNPACK_B" in text) == fp8, f"{name}: e4m3 unpack iff an FP8 cache"
-
-
-VARIANTS_TU = "tests/cpp/decode_variants.cu"
-compile_ahead(__name__, cubins=[(VARIANTS_TU, "90a"), (VARIANTS_TU, "100a")])
-VARIANT_NAME = re.compile(
-    r"decode_kernelILi128ELi128EN7cutlass10bfloat16_tELi([14])ELb([01])ELi([23])E"
-)
 
 
 def _longest_copy_run(text):
@@ -80,35 +77,3 @@ def _longest_copy_run(text):
         elif re.search(r"\bLDS(\.\w+)?\b", line):
             run = 0
     return best
-
-
-@pytest.mark.parametrize("arch", ["90a", "100a"])
-def test_decode_producer_variants_sass(tmp_path_factory, arch):
-    """Variants 2 and 3 (not dispatched until the GPU A/B): the gather issues its copies in
-    batches of 8 behind one set of offset loads, and variant 3 loads whole blocks by TMA
-    (UTMALDG) with the gather kept for the blocks TMA cannot take; no spills."""
-    ptxas, sass = compile_cubin(tmp_path_factory, VARIANTS_TU, arch=arch)
-    for name, r in entries(ptxas, arch).items():
-        assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, (name, r)
-    kernels = {n: f for n, f in functions(sass).items() if "decode_kernel" in n}
-    got = set()
-    for name, text in kernels.items():
-        m = VARIANT_NAME.search(name)
-        assert m, name
-        fp8, variant = m.group(2) == "1", int(m.group(3))
-        got.add((fp8, variant))
-        assert ("UTMALDG" in text) == (variant == 3), f"{name}: TMA iff variant 3"
-        assert _longest_copy_run(text) >= 8, f"{name}: copies not batched"
-        assert ("F2FP.F16.E4M3.UNPACK_B" in text) == fp8, name
-    assert got == {(False, 2), (False, 3), (True, 2), (True, 3)}
-
-
-def test_variant_0_waits_per_copy(tmp_path_factory):
-    """The measured producer (variant 0, dispatched today) as the SASS of 7136377 showed it: a
-    shared-memory load of the row offset between every two copies. If this changes, the A/B's
-    baseline changed with it."""
-    _, sass = compile_instance(tmp_path_factory, "decode", "fwd", "128", "bf16", arch="90a")
-    v0 = [f for n, f in functions(sass).items() if "decode_kernel" in n and "ELb0ELi0E" in n]
-    assert len(v0) == 3
-    # 2: where the K loop's last copy meets the V loop's first
-    assert all(_longest_copy_run(f) <= 2 for f in v0)
