@@ -93,6 +93,19 @@ SERVING_RUN = Run(
     "(gpt-oss: SM90 sink forward and backward); compute-sanitizer memcheck and racecheck "
     "tools/sanitize_decode.py: 0 errors, 0 hazards",
 )  # fmt: skip
+# The decode kernel with its TMA producer (Note [tma blocks]), the FP8 cache and the FP8 forward
+# on an H200 (docs/testing.md, "Last GPU run").
+DECODE_RUN = Run(
+    "2026-12-07", "538d195", "NVIDIA H200",
+    "pytest tests/gpu/test_decode.py tests/gpu/test_decode_fp8.py (53 passed); compute-sanitizer "
+    "memcheck tools/sanitize_decode.py: 0 errors (racecheck: 0 hazards, the same producer on the "
+    "tree of d5f0337)",
+)  # fmt: skip
+FP8_FWD_RUN = Run(
+    "2026-12-07", "d359869", "NVIDIA H200",
+    "pytest tests/gpu/test_fp8_fwd_gpu.py (16 passed); compute-sanitizer memcheck and racecheck "
+    "on two FP8 forwards (tree of 538d195): 0 errors, 0 hazards",
+)  # fmt: skip
 KV_APPEND_RUN = Run(
     "2026-12-06", "087e8b9", "NVIDIA H100 80GB HBM3",
     "python3 -m pytest tests/gpu/test_kvcache_append_gpu.py (88 passed)",
@@ -113,8 +126,8 @@ def _sm100(feature, direction, *tests):
     return Evidence(feature, "sm100", direction, "sm100", tests)
 
 
-def _decode(feature, *tests):
-    return Evidence(feature, "sm90", "fwd", "decode", tests, SERVING_RUN)
+def _decode(feature, *tests, run=DECODE_RUN):
+    return Evidence(feature, "sm90", "fwd", "decode", tests, run)
 
 
 EVIDENCE: tuple[Evidence, ...] = (
@@ -140,17 +153,15 @@ EVIDENCE: tuple[Evidence, ...] = (
     Evidence("seqused_q", "sm90", "bwd", "sm90", (_INF + "test_sink_and_seqused_q_on_cuda",),
              SERVING_RUN),
     _decode("paged", _DEC + "test_paged", _DEC + "test_varlen_paged_seqused_q"),
-    _decode("seqused_q", _DEC + "test_varlen_paged_seqused_q",
-            _INF + "test_sink_and_seqused_q_on_cuda"),  # fmt: skip
+    _decode("seqused_q", _DEC + "test_varlen_paged_seqused_q"),
     _decode("split_kv", _DEC + "test_dense_cache", _DEC + "test_long_sequence_heuristic_splits"),
     _decode("kvcache", _DEC + "test_dense_cache", _DEC + "test_kv_batch_idx_leftpad_softcap"),
-    _decode("kv_append", _INF + "test_kvcache_decode_step_in_a_cuda_graph"),
-    Evidence("fp8_cache", "sm90", "fwd", "decode",
-             ("tests/gpu/test_decode_fp8.py::test_dense_fp8_cache",
-              "tests/gpu/test_decode_fp8.py::test_paged_fp8_cache")),
+    _decode("kv_append", _INF + "test_kvcache_decode_step_in_a_cuda_graph", run=SERVING_RUN),
+    _decode("fp8_cache", "tests/gpu/test_decode_fp8.py::test_dense_fp8_cache",
+            "tests/gpu/test_decode_fp8.py::test_paged_fp8_cache"),  # fmt: skip
     Evidence("fp8_fwd", "sm90", "fwd", "sm90",
              ("tests/gpu/test_fp8_fwd_gpu.py::test_dense",
-              "tests/gpu/test_fp8_fwd_gpu.py::test_varlen")),
+              "tests/gpu/test_fp8_fwd_gpu.py::test_varlen"), FP8_FWD_RUN),
     Evidence("kv_append", "sm90", "fwd", KV_APPEND,
              (_APPEND + "test_matches_torch_path", _APPEND + "test_paged"), KV_APPEND_RUN),
     _sm100("dense", "fwd", _F100 + "test_dense"),
