@@ -50,7 +50,8 @@ def attention(
     "reference", "sm90", "sm100" (these two raise when they cannot run the problem).
     FP8 forward: q, k, v all float8_e4m3fn, q_descale / k_descale / v_descale float32
     (b, h_kv) or None (1), FA3's meaning: true value = stored x descale[b, kv head] (a q head
-    uses its kv head's q_descale). out is bf16. Forward only; no learnable_sink; head dims
+    uses its kv head's q_descale; positive and finite: their values are not checked). out is
+    bf16. Forward only; no learnable_sink; head dims
     multiples of 16; on CUDA it needs an e4m3 kernel in the build (else it raises: use
     backend="reference"). docs/numerics.md, "FP8".
     """

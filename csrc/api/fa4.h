@@ -71,14 +71,17 @@
 //   kv_fp8:     k and v hold float8_e4m3fn elements (q, out stay fp16 / bf16); the true value
 //               of key element x of sequence b, kv head h is x * k_descale[b *
 //               descale_batch_stride + h * descale_head_stride] (1 when k_descale is null;
-//               likewise v with v_descale). head_dim, head_dim_v and the k / v row, head, batch
-//               strides are multiples of 16 elements. The decode kernel computes it in fp16: q
-//               values beyond +-65504 saturate there.
+//               likewise v with v_descale; positive and finite, as for the FP8 forward below).
+//               head_dim, head_dim_v and the k / v row, head, batch strides are multiples of
+//               16 elements. The decode kernel computes it in fp16: q values beyond +-65504
+//               saturate there.
 //
 // FP8 forward (dtype = DType::kE4M3; SM90): q, k and v hold float8_e4m3fn elements and out is
 // bf16; the true value of an element of sequence b, kv head h is x * descale[b *
 // descale_batch_stride + h * descale_head_stride] with q_descale, k_descale, v_descale (each 1
-// when null; a q head uses its kv head's entry). Dense or varlen q, k, v only (no kv_fp8 flag, no
+// when null; a q head uses its kv head's entry). Descales must be positive and finite (their
+// values are not read on the host: a negative q or k descale flips the softmax's max, which the
+// kernels track on the scaled scores). Dense or varlen q, k, v only (no kv_fp8 flag, no
 // paged or serving layouts, no sink); head dims multiples of 16; forward only. The kernel reads V
 // transposed: run_fwd writes Vᵀ into `workspace` (fwd_workspace_size(p) bytes) first
 // (sm90/fwd/fp8_vt.cuh, Note [fp8 P layout]).
