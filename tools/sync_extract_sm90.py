@@ -41,8 +41,9 @@ its case):
     (kKvFp8): each warp dequantizes its part of its key group's rows into the staging block
     (K16_<wn>_<wm>, V16_<wn>_<wm>), read whole by the group's warps; group_sync's bar.sync
     orders them.
-  - Decode producers (kVariant): 2 (copy_block, its destination a lambda of the row and
-    chunk) is a cp.async gather of the stage and cp_async_arrive. Variant 3 (Note
+  - Decode producers (the Config's variant: 2, the gather, kTma false; 3, kTma true, as the
+    A/B named them): 2 (copy_block, its destination a lambda of the row and chunk) is a
+    cp.async gather of the stage and cp_async_arrive. Variant 3 (Note
     [tma blocks]): whether block `it` of the split goes by TMA (tma_block(...).ok, data
     dependent) is the Config's `paths[it]` ('t' TMA, 'g' gathered: a partial last block, a
     block across a page boundary). The gathered blocks are copy_block's cp.async into the
@@ -818,7 +819,7 @@ def _fwd90_tags():
 class DecodeConfig:
     blocks: int = 3  # KV blocks of the CTA's split
     stages: int = 2  # T::kStages (num_stages: 2..4)
-    # kVariant, the producer: 2 copy_block's gather, 3 TMA blocks (Note [tma blocks]) with
+    # the producer (kTma = variant 3): 2 copy_block's gather, 3 TMA blocks (Note [tma blocks]) with
     # copy_block's gather for the others
     variant: int = 2
     warps_n: int = 1  # kWarpsN (decode/plan.h)
@@ -844,7 +845,7 @@ def decode_env(cfg: DecodeConfig) -> Env90:
         raise ValueError(f"paths {cfg.paths!r}: variant 3 only")
     d = dv = 32  # the head dims set only the trip counts of data loops (collapsed to accesses)
     consts = {
-        "D": d, "DV": dv, "kWarpsN": cfg.warps_n, "kVariant": cfg.variant, "kBlockN": 64,
+        "D": d, "DV": dv, "kWarpsN": cfg.warps_n, "kTma": cfg.variant == 3, "kBlockN": 64,
         "kKvFp8": cfg.fp8, "kWarpsM": 4 // cfg.warps_n, "T::kWarpsM": 4 // cfg.warps_n,
         "T::kStages": cfg.stages, "T::kConsumers": 128, "T::kThreads": 160,
         "T::kBlockM": 16 * (4 // cfg.warps_n), "T::kWarpN": 64 // cfg.warps_n,

@@ -8,44 +8,38 @@
 
 namespace fa4::decode {
 
-// One tile shape's kernel with producer variant kVariant (Note [row gather], [tma blocks]):
-// variant 3 where the cache admits its descriptors (tma_eligible), else the batched gather
-// (variant 2) that it falls back to per block anyway.
-template <int kVariant, int D, int DV, class Element, int kWarpsN, bool kKvFp8>
-Status launch_variant(const Args& args, const Plan& pl, cudaStream_t stream) {
+// One tile shape's kernel for one cache type (Note [row gather], [tma blocks]): the TMA
+// producer where the cache admits its descriptors (tma_eligible), else the gather it falls back
+// to per block anyway.
+template <int D, int DV, class Element, int kWarpsN, bool kKvFp8>
+Status launch_cache(const Args& args, const Plan& pl, cudaStream_t stream) {
   using T = Traits<D, DV, Element, kWarpsN, kKvFp8>;
   const dim3 grid(pl.m_blocks * pl.num_splits, args.p.heads_kv, args.p.batch);
-  if constexpr (kVariant == 3) {
-    if (!tma_eligible(args.p)) {
-      return launch_variant<2, D, DV, Element, kWarpsN, kKvFp8>(args, pl, stream);
-    }
-    static_assert(sizeof(TmaArgs<T>) <= 4096, "kernel parameters: 4 KB");
-    const FwdParams& p = args.p;
-    TmaArgs<T> a;
-    static_cast<Args&>(a) = args;
-    const GmemView k =
-        decode_kv_view(p, p.k, p.head_dim, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
-    const GmemView v =
-        decode_kv_view(p, p.v, p.head_dim_v, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
-    using KvElement = typename T::KvElement;
-    a.tma_k = make_tma_tile<KvElement, typename T::SmemLayoutK, kBlockN, D>(k);
-    a.tma_v = make_tma_tile<KvElement, typename T::SmemLayoutV, kBlockN, DV>(v);
-    a.shape_k = k.shape();
-    a.shape_v = v.shape();
-    return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, kKvFp8, 3>, grid,
-                         T::kThreads, T::kSmemBytes, stream, a);
-  } else {
-    return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, kKvFp8, kVariant>,
+  if (!tma_eligible(args.p)) {
+    return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, kKvFp8, false>,
                          grid, T::kThreads, T::kSmemBytes, stream, args);
   }
+  static_assert(sizeof(TmaArgs<T>) <= 4096, "kernel parameters: 4 KB");
+  const FwdParams& p = args.p;
+  TmaArgs<T> a;
+  static_cast<Args&>(a) = args;
+  const GmemView k =
+      decode_kv_view(p, p.k, p.head_dim, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+  const GmemView v =
+      decode_kv_view(p, p.v, p.head_dim_v, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+  using KvElement = typename T::KvElement;
+  a.tma_k = make_tma_tile<KvElement, typename T::SmemLayoutK, kBlockN, D>(k);
+  a.tma_v = make_tma_tile<KvElement, typename T::SmemLayoutV, kBlockN, DV>(v);
+  a.shape_k = k.shape();
+  a.shape_v = v.shape();
+  return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, kKvFp8, true>, grid,
+                       T::kThreads, T::kSmemBytes, stream, a);
 }
 
-// The producer: TMA tiles (variant 3), which fall back to the batched gather (variant 2) where
-// the cache admits no descriptor (Note [row gather]).
 template <int D, int DV, class Element, int kWarpsN>
 Status launch_tile(const Args& args, const Plan& pl, cudaStream_t stream) {
-  if (args.p.kv_fp8) return launch_variant<3, D, DV, Element, kWarpsN, true>(args, pl, stream);
-  return launch_variant<3, D, DV, Element, kWarpsN, false>(args, pl, stream);
+  if (args.p.kv_fp8) return launch_cache<D, DV, Element, kWarpsN, true>(args, pl, stream);
+  return launch_cache<D, DV, Element, kWarpsN, false>(args, pl, stream);
 }
 
 template <int D, int DV, DType E>

@@ -19,13 +19,15 @@
 // rows in 16-byte cp.async chunks (LDGSTS, 1024 per hd128 block) and signals the stage's full
 // barrier with cp.async.mbarrier.arrive (32 arrivals). Rows past the sequence's end are
 // zero-filled by the copy itself (source size 0), and the mask sets their scores to -inf, so
-// P = 0 meets zeros, never stale shared memory. Producers (kVariant): 2 (copy_block) gives lane
-// l chunks c = l + 32 i of the block (a warp instruction: two hd128 rows) with the offsets of 8
-// copies loaded before any of them is issued; 3 (Note [tma blocks], dispatched) loads whole
-// blocks by TMA tiles and gathers the rest as 2 does, and takes 2 where the cache admits no
-// descriptor. On an H200 (docs/perf.md, Decode) 3 read 3.8-4.5 TB/s and 2 3.3-3.8, where the
-// first gather (each copy's row offset loaded from shared memory after the previous copy was
-// issued) stopped at 1.9: a per-CTA issue limit (docs/decisions.md).
+// P = 0 meets zeros, never stale shared memory. Two producers (kTma), both in every instance:
+// the gather (kTma false; "variant 2" in the A/B of docs/decisions.md; copy_block) gives lane l
+// chunks c = l + 32 i of the block (a warp instruction: two hd128 rows) with the offsets of 8
+// copies loaded before any of them is issued; the TMA producer (kTma true, "variant 3", Note
+// [tma blocks]) loads whole blocks by TMA tiles and gathers the rest the same way; it is
+// dispatched wherever the cache admits its descriptors. On an H200 (docs/perf.md, Decode) it
+// read 3.8-4.5 TB/s and the gather 3.3-3.8, where the first gather (each copy's row offset
+// loaded from shared memory after the previous copy was issued) stopped at 1.9: a per-CTA issue
+// limit (docs/decisions.md).
 //
 // Note [fp8 cache]: with an e4m3 cache (FwdParams::kv_fp8) the ring holds the cache's bytes (half
 // the traffic and half the stage: 4 stages of 18 KB at hd128) and the consumer warps that read a
@@ -121,9 +123,8 @@ struct TmaArgs : Args {
   decltype(GmemView{}.shape()) shape_k, shape_v;
 };
 
-template <int D, int DV, class Element, int kWarpsN, bool kKvFp8, int kVariant>
-using KernelArgs =
-    std::conditional_t<kVariant == 3, TmaArgs<Traits<D, DV, Element, kWarpsN, kKvFp8>>, Args>;
+template <int D, int DV, class Element, int kWarpsN, bool kKvFp8, bool kTma>
+using KernelArgs = std::conditional_t<kTma, TmaArgs<Traits<D, DV, Element, kWarpsN, kKvFp8>>, Args>;
 
 // The K or V cache as the TMA variant's descriptors see it (GmemView: rows, d, heads, batch):
 // a page pool (page_size rows, num_pages entries), the packed varlen keys (one entry), or the
@@ -272,13 +273,10 @@ __device__ __forceinline__ int64_t key_offset(const FwdParams& p, const SeqRows&
   return (off + int64_t{kv_head} * head_stride) * kBytes;
 }
 
-template <int D, int DV, class Element, int kWarpsN, bool kKvFp8, int kVariant>
+template <int D, int DV, class Element, int kWarpsN, bool kKvFp8, bool kTma>
 __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::kMinBlocks)
-    decode_kernel(
-        const __grid_constant__ KernelArgs<D, DV, Element, kWarpsN, kKvFp8, kVariant> args) {
+    decode_kernel(const __grid_constant__ KernelArgs<D, DV, Element, kWarpsN, kKvFp8, kTma> args) {
   using T = Traits<D, DV, Element, kWarpsN, kKvFp8>;
-  static_assert(kVariant == 2 || kVariant == 3, "producers: 2 the gather, 3 TMA tiles");
-  constexpr bool kTma = kVariant == 3;
   // The MMAs read the swizzled TMA tiles themselves (16-bit cache) or padded rows.
   constexpr bool kSwizzledMma = kTma && !kKvFp8;
   using KvElement = typename T::KvElement;

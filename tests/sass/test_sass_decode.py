@@ -25,14 +25,14 @@ compile_ahead(__name__, [("decode", "fwd", h, t) for h, t, _ in CASES])
 # registers per SM over that many CTAs of 160 threads, at most 255 (the ISA's cap).
 CTAS_PER_SM = {("64", False): 2, ("64", True): 3, ("128", False): 2, ("128", True): 2,
                ("256", False): 1, ("256", True): 1}  # fmt: skip
-NAME = re.compile(r"decode_kernelILi\d+ELi\d+EN7cutlass\w+ELi([124])ELb([01])ELi([23])EE")
+NAME = re.compile(r"decode_kernelILi\d+ELi\d+EN7cutlass\w+ELi([124])ELb([01])ELb([01])EE")
 
 
 def _shape(name):
-    """(warps_n, fp8 cache, producer variant) from the kernel's mangled name."""
+    """(warps_n, fp8 cache, TMA producer) from the kernel's mangled name."""
     m = NAME.search(name)
     assert m, name
-    return int(m.group(1)), m.group(2) == "1", int(m.group(3))
+    return int(m.group(1)), m.group(2) == "1", m.group(3) == "1"
 
 
 @pytest.mark.parametrize("hdim,dtype,arch", CASES)
@@ -40,8 +40,8 @@ def test_decode_sass(tmp_path_factory, hdim, dtype, arch):
     ptxas, sass = compile_instance(tmp_path_factory, "decode", "fwd", hdim, dtype, arch=arch)
     reports = {n: r for n, r in entries(ptxas, arch).items() if "decode_kernel" in n}
     shapes = sorted(_shape(n) for n in reports)
-    # per tile shape and cache type: the TMA producer (3) and the gather it falls back to (2)
-    want = sorted((w, fp8, v) for w in (4, 2, 1) for fp8 in (False, True) for v in (2, 3))
+    # per tile shape and cache type: the TMA producer and the gather it falls back to
+    want = sorted((w, fp8, t) for w in (4, 2, 1) for fp8 in (False, True) for t in (False, True))
     assert shapes == want, f"two kernels per tile shape and cache type, got {list(reports)}"
     for name, r in reports.items():
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, (name, r)
@@ -50,10 +50,10 @@ def test_decode_sass(tmp_path_factory, hdim, dtype, arch):
     kernels = {n: f for n, f in functions(sass).items() if "decode_kernel" in n}
     assert len(kernels) == 12
     for name, text in kernels.items():
-        _, fp8, variant = _shape(name)
+        _, fp8, tma = _shape(name)
         assert "LDSM" in text, f"{name}: no ldmatrix"
         assert "LDGSTS" in text, f"{name}: no cp.async (Note [row gather])"
-        assert ("UTMALDG" in text) == (variant == 3), f"{name}: TMA iff variant 3"
+        assert ("UTMALDG" in text) == tma, f"{name}: TMA iff the TMA producer"
         assert _longest_copy_run(text) >= 8, f"{name}: copies not batched (copy_block)"
         assert "SYNCS" in text, f"{name}: no mbarrier operation"
         # fp16 MMAs with an FP8 cache whatever q's dtype; else the cache's type

@@ -127,6 +127,7 @@ __global__ void __launch_bounds__(128) fp8_transpose_v(const FwdParams p, VtLayo
     __syncthreads();  // the tile is rewritten by the next sequence
   }
 }
+
 template <int kMaxDv>
 cudaError_t launch_fp8_transpose_v(const FwdParams& p, cudaStream_t stream) {
   const VtLayout l = VtLayout::of(p);
