@@ -145,7 +145,10 @@ __host__ __device__ __forceinline__ void scale_rows(float (&o)[OFrag::kSize],
   }
 }
 
-template <class Frag>
+// kPLog2: P = 2^(x · scale_log2 - m + kPLog2), a power-of-two scale of P folded into the
+// exponent's offset (Note [fp8 P scale], common/fp8.cuh): l carries the same
+// 2^kPLog2, so O / l is unchanged, and finalize takes it out of the LSE.
+template <class Frag, int kPLog2 = 0>
 struct OnlineSoftmax {
   static constexpr int kRows = Frag::kRows;
   static constexpr int kThreads = Frag::kThreadsPerRow;
@@ -255,6 +258,14 @@ struct OnlineSoftmax {
     return d;
   }
 
+  // The exponent's offset of row r: P = 2^(x · scale_log2 + exp_offset(r)), i.e. kPLog2 - m.
+  // While m is -inf the row has seen no key and all its x are -inf: offset 0, P = 0, and
+  // -inf - (-inf) = NaN is never formed. finalize reads the same fp32 value back, so the LSE
+  // matches the P that l summed even where kPLog2 - m rounds.
+  __host__ __device__ float exp_offset(int r) const {
+    return row_max[r] == -INFINITY ? 0.0f : float(kPLog2) - row_max[r];
+  }
+
   // Steps (iii) and (iv), after update_max on the same s: s becomes P = 2^(x · scale_log2 - m)
   // in fp32, and l gains its row sums. Note [exp2 column split]: element e of a row goes
   // through exp2_poly<kDegree> iff e % 16 < kEmuSixteenths, else through MUFU.EX2; a
@@ -277,9 +288,7 @@ struct OnlineSoftmax {
 #endif
     FA4_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      // While m is -inf the row has seen no key and all its x are -inf: offset 0, P = 0, and
-      // -inf - (-inf) = NaN is never formed.
-      const float neg_m = row_max[r] == -INFINITY ? 0.0f : -row_max[r];
+      const float neg_m = exp_offset(r);
       float part[kPart];
       FA4_UNROLL
       for (int k = 0; k < kPart; ++k) part[k] = 0.0f;
@@ -357,7 +366,7 @@ struct OnlineSoftmax {
 #endif
     FA4_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const float neg_m = row_max[r] == -INFINITY ? 0.0f : -row_max[r];  // as exp2_and_sum
+      const float neg_m = exp_offset(r);
       float (&part)[kSumParts] = sums.part[r];
       if constexpr (kPairs) {
         FA4_UNROLL
@@ -416,12 +425,14 @@ struct OnlineSoftmax {
       const float l = detail::row_allreduce<kThreads, false>(row_sum[r]);
       row_sum[r] = l;
       const bool empty = row_max[r] == -INFINITY || !(l > 0.0f);
+      // l sums 2^(x · scale_log2 - m_p) with m_p = m - kPLog2 (exp_offset); m itself for 0.
+      const float m_p = kPLog2 == 0 ? row_max[r] : -exp_offset(r);
       if (sink_log2 == -INFINITY) {
         inv_l[r] = empty ? 0.0f : 1.0f / l;
-        lse[r] = empty ? -INFINITY : (row_max[r] + log2f(l)) * kLn2;
+        lse[r] = empty ? -INFINITY : (m_p + log2f(l)) * kLn2;
       } else {
-        const float mt = empty ? sink_log2 : fmaxf(row_max[r], sink_log2);
-        const float scale = empty ? 0.0f : exp2_hw(row_max[r] - mt);
+        const float mt = empty ? sink_log2 : fmaxf(m_p, sink_log2);
+        const float scale = empty ? 0.0f : exp2_hw(m_p - mt);
         const float lt = l * scale + exp2_hw(sink_log2 - mt);
         inv_l[r] = scale / lt;
         lse[r] = (mt + log2f(lt)) * kLn2;

@@ -442,11 +442,12 @@ def _problem(gen, b, s_q, s_k, h, h_kv, d, d_v, dtype, mult=1.0, exact=True):
 
 
 def _run_attention(exe, tmp, q, k, v, cu_q, cu_k, used, *, causal, window, scale, softcap, tau,
-                   emu16, degree, fused, shape=0):  # fmt: skip
-    """q (total_q, h, d) etc. packed; returns out (total_q, h, d_v), lse (h, total_q), counts."""
+                   emu16, degree, fused, shape=0, plog2=0):  # fmt: skip
+    """q (total_q, h, d) etc. packed; returns out (total_q, h, d_v), lse (h, total_q), counts.
+    plog2: OnlineSoftmax's kPLog2 (P scaled by 2^plog2 in the exponent, as the FP8 forwards)."""
     h, h_kv = q.shape[1], k.shape[1]
     hdr = [len(cu_q) - 1, h, h_kv, q.shape[2], v.shape[2], int(causal), *window, emu16, degree,
-           int(fused), int(q.dtype == FP16), int(used is not None), shape]  # fmt: skip
+           int(fused), int(q.dtype == FP16), int(used is not None), shape, plog2]  # fmt: skip
     ints = hdr + list(cu_q) + list(cu_k) + (list(used) if used is not None else [])
     blob = struct.pack(f"{len(ints)}i3f", *ints, scale, softcap, tau)
     blob += b"".join(t.float().contiguous().numpy().tobytes() for t in (q, k, v))
@@ -499,7 +500,7 @@ def _dense_check(exe, tmp, q, k, v, *, out_tol, lse_tol=1e-6, **kw):
     out, lse, counts = _run_attention(
         exe, tmp, q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, None, **kw
     )
-    model_kw = {n: kw[n] for n in kw if n != "fused"}
+    model_kw = {n: kw[n] for n in kw if n not in ("fused", "plog2")}
     m_out, m_lse, m_counts = _model(q, k, v, **model_kw)
     m_lse = m_lse.permute(1, 0, 2).reshape(h, b * s_q)
     _check_counts("dense", counts, m_counts)
@@ -580,6 +581,21 @@ def test_softmax_folded_scaling(case, harness, tmp_path, gen, monkeypatch):
     pt, pt_lse = attention_ref(q, k, v, upcast=False, **ref_kw)
     assert_tolerance("out", out, ref, pt, dtype)
     assert_tolerance("lse", lse, ref_lse, pt_lse, dtype)
+
+
+@pytest.mark.parametrize("emu16,causal", [(0, True), (4, False)])
+def test_softmax_p_scale_in_exponent(emu16, causal, harness, tmp_path, gen, monkeypatch):
+    """Note [fp8 P scale]: OnlineSoftmax<Frag, 8> makes P' = 2^(x c - m + 8)
+    (exp2_poly on the emulated columns sees arguments up to 8), l sums P', and finalize takes
+    the 8 out of the LSE: the same decisions, out and lse as the model (P' · 2^-8 rounds to 16
+    bits as P does, a power of two; the argument x c + (8 - m) rounds at a larger magnitude than
+    x c - m, an ulp of P, hence the folded tolerances of test_softmax_folded_scaling). A finalize
+    that kept the 8 would move lse by 8 ln 2."""
+    monkeypatch.setattr(reference, "_ex2_mufu", _ex2_rounded)
+    q, k, v = _problem(gen, 2, 257, 300, 4, 2, 128, 128, BF16, exact=False)
+    kw = dict(MODEL_KW, causal=causal, tau=0.0, emu16=emu16, scale=128**-0.5, fused=True, plog2=8)
+    lse_tol = 2e-6 + (POLY3_ERR if emu16 else 0.0)
+    _dense_check(harness, tmp_path, q, k, v, out_tol=2**-12, lse_tol=lse_tol, **kw)
 
 
 def _ramp(gen, growth: float, n_blocks: int = 4, d: int = 64):

@@ -372,6 +372,7 @@ enum Header {
   kFp16,   // P rounded to fp16 (else bf16) before P·V
   kHasSeqused,
   kShape,  // 0: 128 x 128, 1: 64 x 176
+  kPLog2,  // OnlineSoftmax's kPLog2: P scaled by 2^kPLog2 in the exponent (0 or 8)
   kHeaderInts
 };
 
@@ -398,7 +399,7 @@ float round_p(float p, bool fp16) {
   return p;
 }
 
-template <int kBM, int kBN, int kEmu, int kDegree>
+template <int kBM, int kBN, int kEmu, int kDegree, int kPLog2>
 void attend(const Problem& pb, std::vector<float>& out, std::vector<float>& lse, Counts& c) {
   using Frag = fa4::RowMajorFrag<1, kBN>;
   const std::vector<int>& h = pb.h;
@@ -419,7 +420,7 @@ void attend(const Problem& pb, std::vector<float>& out, std::vector<float>& lse,
         const fa4::BlockRange br = fa4::block_range<kBM, kBN>(mask, m);
         c.tiles += br.size();
         const int rows = std::min(kBM, si.seqlen_q - m * kBM);
-        std::vector<fa4::OnlineSoftmax<Frag>> st(rows);
+        std::vector<fa4::OnlineSoftmax<Frag, kPLog2>> st(rows);
         for (auto& x : st) x.init();
         std::vector<float> o(size_t(rows) * dv, 0.0f), pv(dv);
         for (int n = br.n_begin; n < br.n_end; ++n) {
@@ -489,21 +490,25 @@ void attend(const Problem& pb, std::vector<float>& out, std::vector<float>& lse,
   }
 }
 
-template <int kBM, int kBN, int kEmu_, int kDegree_>
+template <int kBM, int kBN, int kEmu_, int kDegree_, int kPLog2_ = 0>
 bool try_case(const Problem& pb, std::vector<float>& out, std::vector<float>& lse, Counts& c) {
-  if (pb.h[kEmu] != kEmu_ || pb.h[kDegree] != kDegree_) return false;
-  attend<kBM, kBN, kEmu_, kDegree_>(pb, out, lse, c);
+  if (pb.h[kEmu] != kEmu_ || pb.h[kDegree] != kDegree_ || pb.h[kPLog2] != kPLog2_) return false;
+  attend<kBM, kBN, kEmu_, kDegree_, kPLog2_>(pb, out, lse, c);
   return true;
 }
 
-// The (emulated sixteenths, polynomial degree) pairs the tests use.
+// The (emulated sixteenths, polynomial degree, P's log2 scale) triples the tests use.
 template <int kBM, int kBN>
 bool dispatch_emu(const Problem& pb, std::vector<float>& out, std::vector<float>& lse, Counts& c) {
   const bool ok =
       try_case<kBM, kBN, 0, 3>(pb, out, lse, c) || try_case<kBM, kBN, 3, 3>(pb, out, lse, c) ||
       try_case<kBM, kBN, 4, 3>(pb, out, lse, c) || try_case<kBM, kBN, 16, 3>(pb, out, lse, c) ||
-      try_case<kBM, kBN, 4, 2>(pb, out, lse, c) || try_case<kBM, kBN, 16, 5>(pb, out, lse, c);
-  if (!ok) std::fprintf(stderr, "emu %d / degree %d not instantiated\n", pb.h[kEmu], pb.h[kDegree]);
+      try_case<kBM, kBN, 4, 2>(pb, out, lse, c) || try_case<kBM, kBN, 16, 5>(pb, out, lse, c) ||
+      try_case<kBM, kBN, 0, 3, 8>(pb, out, lse, c) || try_case<kBM, kBN, 4, 3, 8>(pb, out, lse, c);
+  if (!ok) {
+    std::fprintf(stderr, "emu %d / degree %d / plog2 %d not instantiated\n", pb.h[kEmu],
+                 pb.h[kDegree], pb.h[kPLog2]);
+  }
   return ok;
 }
 

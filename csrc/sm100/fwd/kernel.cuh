@@ -190,8 +190,9 @@ struct FwdTraits {
   // Note [exp2 column split], SM100 defaults (fa4/perfmodel/model.py EMU_SIXTEENTHS, chosen by
   // the cycle model, not measured): 4/16 of each row through exp2_poly for hd 64-192, where
   // MUFU's 16 ex2/clk/SM would otherwise outlast the tile's MMAs; 0 for hd 256.
-  // FP8: every exponential on MUFU for now: with 4/16 emulated the softmax loop at hd 128 kept
-  // 16 STL + 16 LDL (the 2^8 scaling and e4m3 packing next to the polynomial's temporaries).
+  // FP8: every exponential on MUFU for now: with 4/16 emulated the hd 128 kernel spills 108
+  // bytes (nvcc 13.0; the e4m3 packing next to the polynomial's temporaries), also without the
+  // 2^8 multiplies (Note [fp8 P scale]).
   static constexpr int kEmuSixteenths = kHeadDim <= 192 && !kFp8 ? 4 : 0;
   // Note [conditional rescale]; FP8 0: each row's P·2^8 peaks at exactly 256 (common/fp8.cuh).
   static constexpr float kTau = kFp8 ? 0.0f : 8.0f;

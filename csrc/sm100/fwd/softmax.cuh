@@ -53,7 +53,7 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
       fp8_score = ScoreScale::make(kp.p.softmax_scale * f.qk, kp.p.softcap);
     }
     const ScoreScale& score = T::kFp8 ? fp8_score : kp.score;
-    OnlineSoftmax<SFrag> softmax;
+    OnlineSoftmax<SFrag, T::kFp8 ? kFp8PLog2 : 0> softmax;  // Note [fp8 P scale]
     softmax.init();
     for (int n = t.n_end - 1; n >= t.n_begin; --n) {
       FA4_SM100_DEBUG_BLOCK(n);
@@ -92,13 +92,12 @@ __device__ void softmax_role(const KernelParams<T>& kp, typename T::SharedStorag
       FA4_UNROLL
       for (int c = 0; c < T::kBlockN / 32; ++c) {
         softmax.template exp2_chunk<T::kEmuSixteenths, 32>(s, score.scale_log2, c, sums);
-        if constexpr (T::kFp8) {  // e4m3 P, four per column, scaled by 2^8 (common/fp8.cuh)
+        if constexpr (T::kFp8) {  // e4m3 P, four per column, already scaled by 2^8 (fp8.cuh)
           uint32_t p[8];
           FA4_UNROLL
           for (int j = 0; j < 8; ++j) {
             const float* e = s + 32 * c + 4 * j;
-            p[j] = pack4_e4m3(e[0] * kFp8PScale, e[1] * kFp8PScale, e[2] * kFp8PScale,
-                              e[3] * kFp8PScale);
+            p[j] = pack4_e4m3(e[0], e[1], e[2], e[3]);
           }
           tmem_store_8(p_addr + 8 * c, p);
         } else {

@@ -256,11 +256,11 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       }
       continue;
     }
-    OnlineSoftmax<SFrag> softmax;
+    OnlineSoftmax<SFrag, T::kFp8 ? kFp8PLog2 : 0> softmax;  // Note [fp8 P scale]
     softmax.init();
     clear(tOrO);
     // Note [fp8 forward]: this (batch, kv head)'s q and k descales scale the scores, before the
-    // softcap as in the 16-bit kernel; v's descale and the 2^-8 of P's scaling multiply 1/l.
+    // softcap as in the 16-bit kernel; v's descale multiplies 1/l.
     ScoreScale fp8_score;
     float fp8_out = 1.0f;
     if constexpr (T::kFp8) {
@@ -371,16 +371,16 @@ __device__ __forceinline__ void consumer(const KernelParams<T>& kp, typename T::
       auto convert_p = [&]() {
         if constexpr (T::kFp8) {
           // Note [fp8 P layout] (sm90/fwd/fp8_vt.cuh): per 32 keys, A register m takes the four
-          // S values fp8_a_source(4 m ..) of the same row; P scaled by 2^8 (Note [fp8 forward]).
+          // S values fp8_a_source(4 m ..) of the same row; P already scaled by 2^8 (Note [fp8
+          // forward]).
           uint32_t* p8 = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrP.data()));
           FA4_UNROLL
           for (int c = 0; c < SFrag::kSize / 16; ++c) {
             FA4_UNROLL
             for (int m = 0; m < 4; ++m) {
               const float* g = s + 16 * c;
-              p8[4 * c + m] = pack4_e4m3(
-                  g[fp8_a_source(4 * m)] * kFp8PScale, g[fp8_a_source(4 * m + 1)] * kFp8PScale,
-                  g[fp8_a_source(4 * m + 2)] * kFp8PScale, g[fp8_a_source(4 * m + 3)] * kFp8PScale);
+              p8[4 * c + m] = pack4_e4m3(g[fp8_a_source(4 * m)], g[fp8_a_source(4 * m + 1)],
+                                         g[fp8_a_source(4 * m + 2)], g[fp8_a_source(4 * m + 3)]);
             }
           }
         } else {

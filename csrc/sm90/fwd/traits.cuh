@@ -91,9 +91,10 @@ struct TileRing {
 };
 
 // Compile-time options of one forward kernel; kConsumerWGs_ and kBlockN_ 0 take the head dim's
-// defaults (sm90/fwd/heuristics.cuh); kCtasPerSm_ > 1 is Note [several CTAs per SM].
+// defaults (sm90/fwd/heuristics.cuh); kCtasPerSm_ > 1 is Note [several CTAs per SM];
+// kEmuSixteenths_ is Note [SM90 exp2 split]'s variant.
 template <int kHeadDim_, int kHeadDimV_, class Element_, int kConsumerWGs_ = 0, int kBlockN_ = 0,
-          int kCtasPerSm_ = 1>
+          int kCtasPerSm_ = 1, int kEmuSixteenths_ = 0>
 struct FwdTraits {
   using Element = Element_;
   // Note [fp8 forward]: e4m3 q, k, v with fp32 accumulation and a bf16 out; P·V runs in e4m3 on a
@@ -141,7 +142,9 @@ struct FwdTraits {
   // Note [SM90 exp2 split]: every exponential on MUFU.EX2. Hopper's MUFU (16/clk/SM) keeps up
   // with its wgmma rate at these tile shapes while the FMA pipe carries the rest of the softmax,
   // so exp2_poly would only lengthen it: 2 of 16 emulated cost hd128 4-10 % at every point.
-  static constexpr int kEmuSixteenths = 0;
+  // The FP8 kernel's MMAs are twice as fast against the same 16 exponentials per clock, so
+  // kEmuSixteenths_ > 0 there is the open experiment.
+  static constexpr int kEmuSixteenths = kEmuSixteenths_;
   // Note [conditional rescale]; FP8: 0, so each row's P·2^8 peaks at exactly 256 <= 448 (Note
   // [fp8 forward], docs/numerics.md "FP8").
   static constexpr float kTau = kFp8 ? 0.0f : 8.0f;
