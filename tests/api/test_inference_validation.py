@@ -463,3 +463,23 @@ def test_value_checks_are_skipped_under_graph_capture(monkeypatch):
     dispatch.check_kvcache_data(torch.tensor([20, 48], dtype=I32), None, None, bad, pool, 2)
     with raises(ValueError, "cache_batch_idx", "is required when page_table rows (2)"):
         dispatch.check_kvcache_data(torch.tensor([20], dtype=I32), None, None, bad, pool, 1)
+
+
+def test_page_entries_past_the_keys_are_not_checked():
+    """Note [page check fast path]: a table with an out-of-pool entry (-1 or num_pages, as
+    engines pad) takes the exact check, which looks only at the pages the keys touch: padding
+    past cache_seqlens passes and gives the clean table's result, while the same entry on a
+    touched page fails."""
+    q, kc = randn(2, 3, 4, 64), randn(8, 16, 2, 64)
+    lens = torch.tensor([5, 15], dtype=I32)
+
+    def call(pt, seqlens=lens):
+        return fa4.attention_with_kvcache(
+            q, kc, kc, seqlens, page_table=torch.tensor(pt, dtype=I32)
+        )
+
+    clean = call([[0, 1, 2], [3, 4, 5]])
+    for pad in (-1, 8):
+        assert torch.equal(call([[0, 1, pad], [3, 4, pad]]), clean)
+        with raises(ValueError, "page_table", f"entry [0, 1] = {pad}"):
+            call([[0, pad, 2], [3, 4, 5]], torch.tensor([17, 15], dtype=I32))
