@@ -136,7 +136,8 @@ CONFIGS_SM90 = (
 # and 2, and the FP8 cache (Note [fp8 cache]) with two key groups of two warps and one group of
 # four; variant 3 (Note [tma blocks]) with a stage filled by TMA after a gather (gtt: the TMA
 # path's empty wait), alternating paths through 3 stages (a gather after a TMA fill, and a
-# gathered last block), and TMA blocks dequantized from the FP8 cache.
+# gathered last block), TMA blocks dequantized from the FP8 cache, and blocks by boxes (Note
+# [tma boxes]) around a gather and a whole tile.
 CONFIGS_DECODE = (
     s9.DecodeConfig(blocks=1),
     s9.DecodeConfig(blocks=3),
@@ -147,6 +148,7 @@ CONFIGS_DECODE = (
     s9.DecodeConfig(blocks=3, variant=3, paths="gtt"),
     s9.DecodeConfig(blocks=4, stages=3, variant=3, paths="tgtg"),
     s9.DecodeConfig(blocks=3, variant=3, fp8=True, warps_n=2, paths="ttg"),
+    s9.DecodeConfig(blocks=4, variant=3, paths="bgbt"),
 )
 # The full decode run finds no equivalent or redundant op (every site, the variant-3 ones
 # included, is killed in CONFIGS_DECODE; docs/testing.md, "Mutation score").

@@ -923,7 +923,10 @@ class Interp:
     def _load(self, bar, buf, kind, site):
         """A TMA / bulk load completing bar: the first copy after the expect_tx is the Tma
         step, every further one before the next sync op one more write of it (K and V under
-        one expect_tx; Q with its lse2 and D rows)."""
+        one expect_tx; Q with its lse2 and D rows). A further copy into a buffer the step
+        already writes is another part of that write (the decode producer's boxes, Note [tma
+        boxes]): the buffers are the model's unit, and every part lands before the barrier's
+        phase completes."""
         if self.expect is None or self.expect != bar:
             raise ExtractError(f"{self.role}: TMA copy on {bar} without its "
                                "arrive_and_expect_tx")  # fmt: skip
@@ -933,6 +936,8 @@ class Interp:
             self.ops.append(self.expect_op)
         else:
             st = self.expect_op.step
+            if (buf, tag) in [(st.buf, st.tag)] + [(b, t) for b, t, _ in st.more]:
+                return
             self.expect_op.step = pm.replace(st, more=st.more + ((buf, tag, 0),))
 
     def mma_elected(self, n, name, args, scope, site):

@@ -824,29 +824,36 @@ class DecodeConfig:
     variant: int = 2
     warps_n: int = 1  # kWarpsN (decode/plan.h)
     fp8: bool = False  # kKvFp8: the ring holds e4m3 rows, dequantized per key group into staging
-    # Variant 3: each block's path, tma_block(n, ...).ok of block n of the split: "t" by TMA,
-    # "g" gathered (a partial last block, a block across a page boundary); "" for 2
+    # Variant 3: each block's path, tma_block(n, ...) of block n of the split: "t" by TMA as one
+    # tile, "b" by TMA as boxes of kBoxRows rows (Note [tma boxes]), "g" gathered (a partial
+    # last block, a block across pages the boxes cannot take); "" for 2
     paths: str = ""
 
 
 @dataclass(frozen=True)
-class TmaBlockVote:  # decode/plan.h TmaBlock, as the producer reads it: ok from the Config
+class TmaBlockVote:  # decode/plan.h TmaBlock, as the producer reads it: ok, boxes from the Config
     ok: bool
+    boxes: bool = False
     row: object = OPAQUE
     page_slot: object = OPAQUE
+
+
+# the decode kernel's descriptors (TmaArgs): whole tiles and Note [tma boxes]'s boxes of K and V
+TMA_DESCS = ("args.tma_k", "args.tma_v", "args.tma_k_box", "args.tma_v_box")
 
 
 def decode_env(cfg: DecodeConfig) -> Env90:
     if cfg.variant not in (2, 3):
         raise ValueError(f"decode variant {cfg.variant}")
-    if cfg.variant == 3 and (len(cfg.paths) != cfg.blocks or set(cfg.paths) - set("tg")):
-        raise ValueError(f"variant 3 needs a path of 't' / 'g' per block, not {cfg.paths!r}")
+    if cfg.variant == 3 and (len(cfg.paths) != cfg.blocks or set(cfg.paths) - set("tbg")):
+        raise ValueError(f"variant 3 needs a path of 't' / 'b' / 'g' per block, not {cfg.paths!r}")
     if cfg.variant != 3 and cfg.paths:
         raise ValueError(f"paths {cfg.paths!r}: variant 3 only")
     d = dv = 32  # the head dims set only the trip counts of data loops (collapsed to accesses)
     consts = {
         "D": d, "DV": dv, "kWarpsN": cfg.warps_n, "kTma": cfg.variant == 3, "kBlockN": 64,
         "kKvFp8": cfg.fp8, "kWarpsM": 4 // cfg.warps_n, "T::kWarpsM": 4 // cfg.warps_n,
+        "kBoxRows": 16, "T::kAtomColsK": d, "T::kAtomColsV": dv,
         "T::kStages": cfg.stages, "T::kConsumers": 128, "T::kThreads": 160,
         "T::kBlockM": 16 * (4 // cfg.warps_n), "T::kWarpN": 64 // cfg.warps_n,
         "blockIdx": se.ThreadIdx(0),
@@ -870,14 +877,14 @@ def decode_env(cfg: DecodeConfig) -> Env90:
         k = interp.lookup("it")  # the split's block it (n = n_begin + it: n_begin is opaque)
         if not isinstance(k, int) or not 0 <= k < len(cfg.paths):
             raise ExtractError(f"tma_block of block {k} of the split: no path in the Config")
-        return TmaBlockVote(cfg.paths[k] == "t")
+        return TmaBlockVote(cfg.paths[k] in "tb", cfg.paths[k] == "b")
 
     return Env90(
         (cfg.blocks,), consts, {}, {}, {}, tags, decls=decls,
         # variant 3: the descriptors' tiles fill the stage's K and V (dst_index: the stage)
-        fields={"args.tma_k": TmaDesc("args.tma_k"), "args.tma_v": TmaDesc("args.tma_v")},
-        tma_loads={"args.tma_k": "K", "args.tma_v": "V"},
-        dst_index={"args.tma_k": "stage", "args.tma_v": "stage"},
+        fields={n: TmaDesc(n) for n in TMA_DESCS},
+        tma_loads={n: n[len("args.tma_")].upper() for n in TMA_DESCS},
+        dst_index={n: "stage" for n in TMA_DESCS},
         overrides={"tma_block": tma_block},
         lane_split={"lane == 0": 1},
     )  # fmt: skip

@@ -163,6 +163,21 @@ __device__ __forceinline__ void tma_load_block(const Tma& tma, const Shape& shap
   copy(tma.with(bar, 0), tg, ts);
 }
 
+// One box (kRows x kCols, the descriptor's box) of the tensor behind tma at (row, col) of batch
+// entry `batch` and head `head`, into dst (layout Layout), completing on bar (Note [tma boxes]).
+template <int kRows, int kCols, class Tma, class Shape, class Element, class Layout>
+__device__ __forceinline__ void tma_load_box(const Tma& tma, const Shape& shape, int row, int col,
+                                             int batch, int head, uint64_t& bar, Element* dst,
+                                             Layout) {
+  Tensor m = tma.get_tma_tensor(shape);
+  Tensor g = local_tile(domain_offset(make_coord(row, col), m(_, _, head, batch)),
+                        cute::Shape<Int<kRows>, Int<kCols>>{}, make_coord(_0{}, _0{}));
+  Tensor sm = make_tensor(make_smem_ptr(dst), Layout{});
+  auto [tg, ts] =
+      tma_partition(tma, _0{}, cute::Layout<_1>{}, group_modes<0, 2>(sm), group_modes<0, 2>(g));
+  copy(tma.with(bar, 0), tg, ts);
+}
+
 // One arrival on bar once all of this thread's earlier cp.async have landed (.noinc: the
 // barrier's count includes it).
 __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {

@@ -30,6 +30,9 @@ Status launch_cache(const Args& args, const Plan& pl, cudaStream_t stream) {
   using KvElement = typename T::KvElement;
   a.tma_k = make_tma_tile<KvElement, typename T::SmemLayoutK, kBlockN, D>(k);
   a.tma_v = make_tma_tile<KvElement, typename T::SmemLayoutV, kBlockN, DV>(v);
+  a.tma_k_box = make_tma_cols<KvElement, typename T::SmemLayoutKBox, kBoxRows, T::kAtomColsK, D>(k);
+  a.tma_v_box =
+      make_tma_cols<KvElement, typename T::SmemLayoutVBox, kBoxRows, T::kAtomColsV, DV>(v);
   a.shape_k = k.shape();
   a.shape_v = v.shape();
   return launch_kernel("decode_kernel", decode_kernel<D, DV, Element, kWarpsN, kKvFp8, true>, grid,

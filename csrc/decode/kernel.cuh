@@ -108,6 +108,17 @@ struct Traits {
   static constexpr int kAtomColsV = size<1>(decltype(smem_atom_k<KvElement, DV>()){});
   using TmaK = TmaTile<KvElement, SmemLayoutK, kBlockN, D>;
   using TmaV = TmaTile<KvElement, SmemLayoutV, kBlockN, DV>;
+  // Note [tma boxes] (decode/plan.h): kBoxRows x one swizzle atom's columns, a contiguous
+  // 1024-byte-aligned piece of the tiles above (their atoms run down the rows first).
+  using SmemLayoutKBox =
+      decltype(tile_to_shape(smem_atom_k<KvElement, D>(), Shape<Int<kBoxRows>, Int<kAtomColsK>>{}));
+  using SmemLayoutVBox = decltype(tile_to_shape(smem_atom_k<KvElement, DV>(),
+                                                Shape<Int<kBoxRows>, Int<kAtomColsV>>{}));
+  using TmaKBox = TmaCols<KvElement, SmemLayoutKBox, kBoxRows, kAtomColsK, D>;
+  using TmaVBox = TmaCols<KvElement, SmemLayoutVBox, kBoxRows, kAtomColsV, DV>;
+  static_assert(kBoxRows % 8 == 0 && kBlockN % kBoxRows == 0 && D % kAtomColsK == 0 &&
+                    DV % kAtomColsV == 0,
+                "boxes of whole swizzle atoms");
   static constexpr int kTmaVOffset = kBlockN * D * kKvBytes;
   static constexpr int kTmaBytes = kBlockN * (D + DV) * kKvBytes;
   static_assert(kTmaVOffset % 1024 == 0 && kStageBytes % 1024 == 0 && kTmaBytes <= kStageBytes,
@@ -120,6 +131,8 @@ template <class T>
 struct TmaArgs : Args {
   typename T::TmaK tma_k;
   typename T::TmaV tma_v;
+  typename T::TmaKBox tma_k_box;  // Note [tma boxes]
+  typename T::TmaVBox tma_v_box;
   decltype(GmemView{}.shape()) shape_k, shape_v;
 };
 
@@ -364,7 +377,8 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
     for (int it = 0; it < n_blocks; ++it) {
       const int stage = it % T::kStages;
       const int n = n_begin + it;
-      // Note [tma blocks] (decode/plan.h): whole blocks of one page by TMA (variant 3).
+      // Note [tma blocks] (decode/plan.h): whole blocks of one page by TMA (variant 3), or of
+      // several pages by boxes (Note [tma boxes]).
       bool by_tma = false;
       TmaBlock tb;
       if constexpr (kTma) {
@@ -400,13 +414,42 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
             cutlass::arch::fence_view_async_shared();
             cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage],
                                                                            T::kTmaBytes);
-            char* base = smem + stage * T::kStageBytes;
-            detail::tma_load_block<kBlockN, D>(args.tma_k, args.shape_k, tb.row, batch, kv_head,
-                                               full[stage], reinterpret_cast<KvElement*>(base),
-                                               typename T::SmemLayoutK{});
-            detail::tma_load_block<kBlockN, DV>(
-                args.tma_v, args.shape_v, tb.row, batch, kv_head, full[stage],
-                reinterpret_cast<KvElement*>(base + T::kTmaVOffset), typename T::SmemLayoutV{});
+            KvElement* k_tile = reinterpret_cast<KvElement*>(smem + stage * T::kStageBytes);
+            KvElement* v_tile =
+                reinterpret_cast<KvElement*>(smem + stage * T::kStageBytes + T::kTmaVOffset);
+            if (tb.boxes) {
+              // Note [tma boxes]: slice i of the block from its own page, each atom column of
+              // it one box, into the tile's rows kBoxRows i.. (the swizzle is the identity at
+              // an atom's corner, so the layout gives the box's plain offset).
+              const int first = tb.page_slot * p.page_size + tb.row;
+              FA4_UNROLL
+              for (int i = 0; i < kBlockN / kBoxRows; ++i) {
+                const int row = first + kBoxRows * i;
+                const int page =
+                    p.page_table[seq.kv_batch * p.page_table_batch_stride + row / p.page_size];
+                FA4_UNROLL
+                for (int c = 0; c < D / T::kAtomColsK; ++c) {
+                  detail::tma_load_box<kBoxRows, T::kAtomColsK>(
+                      args.tma_k_box, args.shape_k, row % p.page_size, c * T::kAtomColsK, page,
+                      kv_head, full[stage],
+                      k_tile + typename T::SmemLayoutK{}(kBoxRows * i, c * T::kAtomColsK),
+                      typename T::SmemLayoutKBox{});
+                }
+                FA4_UNROLL
+                for (int c = 0; c < DV / T::kAtomColsV; ++c) {
+                  detail::tma_load_box<kBoxRows, T::kAtomColsV>(
+                      args.tma_v_box, args.shape_v, row % p.page_size, c * T::kAtomColsV, page,
+                      kv_head, full[stage],
+                      v_tile + typename T::SmemLayoutV{}(kBoxRows * i, c * T::kAtomColsV),
+                      typename T::SmemLayoutVBox{});
+                }
+              }
+            } else {
+              detail::tma_load_block<kBlockN, D>(args.tma_k, args.shape_k, tb.row, batch, kv_head,
+                                                 full[stage], k_tile, typename T::SmemLayoutK{});
+              detail::tma_load_block<kBlockN, DV>(args.tma_v, args.shape_v, tb.row, batch, kv_head,
+                                                  full[stage], v_tile, typename T::SmemLayoutV{});
+            }
           } else {
             cutlass::arch::ClusterBarrier::arrive(&full[stage]);
           }

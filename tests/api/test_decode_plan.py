@@ -109,17 +109,25 @@ def tma(tmp_path_factory):
 
 
 def test_tma_blocks_whole_blocks_of_one_page(tma):
-    """Note [tma blocks]: a block goes by TMA only when its 64 rows are keys of the sequence and
-    lie in one page; its tile row is the row in the page and its page slot the table entry."""
-    cases = {
-        (0, 0, 64, 0): (1, 0, 0),  # dense, one whole block
-        (1, 0, 100, 0): (0, 0, 0),  # the partial last block is gathered
-        (1, 5, 128, 0): (1, 69, 0),  # leftpad 5: dense rows need no alignment
-        (3, 0, 1024, 256): (1, 192, 0),  # paged: 4 blocks per page
-        (4, 0, 1024, 256): (1, 0, 1),  # the next page's first block
-        (0, 32, 1024, 64): (0, 32, 0),  # leftpad 32 puts every block across two pages
-        (2, 0, 190, 64): (0, 0, 0),  # keys end inside block 2
-        (15, 0, 1024, 64): (1, 0, 15),  # the last block, whole
+    """Note [tma blocks]: a block goes by TMA only when its 64 rows are keys of the sequence; as
+    one tile when they lie in one page (its tile row is the row in the page and its page slot
+    the table entry), else by 16-row boxes (Note [tma boxes]) when the pages are multiples of
+    16 rows and the block starts on a multiple of 16, else gathered."""
+    cases = {  # (n, offset_k, len_k, page_size): (ok, row, page_slot, boxes)
+        (0, 0, 64, 0): (1, 0, 0, 0),  # dense, one whole block
+        (1, 0, 100, 0): (0, 0, 0, 0),  # the partial last block is gathered
+        (1, 5, 128, 0): (1, 69, 0, 0),  # leftpad 5: dense rows need no alignment
+        (3, 0, 1024, 256): (1, 192, 0, 0),  # paged: 4 blocks per page
+        (4, 0, 1024, 256): (1, 0, 1, 0),  # the next page's first block
+        (0, 32, 1024, 64): (1, 32, 0, 1),  # leftpad 32: every block across two pages, boxes
+        (0, 8, 1024, 64): (0, 8, 0, 0),  # leftpad 8: a box would straddle pages: gathered
+        (2, 0, 190, 64): (0, 0, 0, 0),  # keys end inside block 2
+        (15, 0, 1024, 64): (1, 0, 15, 0),  # the last block, whole
+        (3, 0, 1024, 16): (1, 0, 12, 1),  # page 16: four pages per block, boxes from slot 12
+        (1, 16, 1024, 32): (1, 16, 2, 1),  # page 32, leftpad 16: rows 80.. start in slot 2
+        (1, 0, 1024, 48): (1, 16, 1, 1),  # page 48: rows 64.. from row 16 of slot 1
+        (0, 0, 1024, 8): (0, 0, 0, 0),  # page 8: smaller than a box
+        (3, 0, 190, 16): (0, 0, 0, 0),  # partial: gathered whatever the page
     }
     got = tma([f"b {n} {o} {k} {p}" for n, o, k, p in cases])
     for (key, want), out in zip(cases.items(), got, strict=True):
@@ -130,8 +138,8 @@ def test_tma_blocks_whole_blocks_of_one_page(tma):
 
 def test_tma_eligible_caches(tma):
     """Descriptors only for caches with 16-byte aligned bases and strides (in bytes: an e4m3
-    element is one), pages of whole blocks, and no kv_batch_idx on a dense cache (its batch
-    count is unknown). The harness sets every stride to align / 2 elements."""
+    element is one), pages of whole 16-row boxes, and no kv_batch_idx on a dense cache (its
+    batch count is unknown). The harness sets every stride to align / 2 elements."""
     cases = {
         ("-", 0, 16): 1,
         ("-", 0, 8): 0,  # 8-byte alignment: no descriptor
@@ -140,8 +148,10 @@ def test_tma_eligible_caches(tma):
         ("i", 0, 16): 0,  # dense with kv_batch_idx
         ("pi", 64, 16): 1,  # paged: kv_batch_idx picks a table row, the pool is bounded
         ("p", 256, 16): 1,
-        ("p", 16, 16): 0,  # pages smaller than a block
-        ("p", 96, 16): 0,  # not a multiple of the block
+        ("p", 16, 16): 1,  # pages of whole 16-row boxes (Note [tma boxes])
+        ("p", 96, 16): 1,
+        ("p", 8, 16): 0,  # smaller than a box
+        ("p", 24, 16): 0,  # not a multiple of the box
         ("c", 0, 16): 1,  # varlen keys
     }
     got = tma([f"e {f} {p} {a}" for f, p, a in cases])

@@ -1,6 +1,6 @@
 // Host harness of the TMA producer's decisions in csrc/decode/plan.h (Note [tma blocks];
 // tests/api/test_decode_plan.py). Reads lines from stdin:
-//   b n offset_k len_k page_size       -> "ok row page_slot" of tma_block
+//   b n offset_k len_k page_size       -> "ok row page_slot boxes" of tma_block
 //   e flags page_size align            -> 1 / 0 of tma_eligible; flags: letters or '-' (p paged,
 //                                         i kv_batch_idx, c cu_seqlens_k, 8 fp8 cache); align:
 //                                         the byte alignment of the base pointers; every
@@ -38,7 +38,7 @@ int main() {
       int n = 0, offset_k = 0, len_k = 0, page_size = 0;
       if (std::scanf("%d %d %d %d", &n, &offset_k, &len_k, &page_size) != 4) return 1;
       const fa4::decode::TmaBlock t = fa4::decode::tma_block(n, offset_k, len_k, page_size);
-      std::printf("%d %d %d\n", t.ok ? 1 : 0, t.row, t.page_slot);
+      std::printf("%d %d %d %d\n", t.ok ? 1 : 0, t.row, t.page_slot, t.boxes ? 1 : 0);
     } else {
       char flags[16];
       int page_size = 0, align = 0;

@@ -111,7 +111,7 @@ def test_dense_cache(hdims, dtype, s_q, h, h_kv, causal, splits):
     _check(out, lse, _expected(q, k, v, lens.tolist(), causal=causal), dtype)
 
 
-@pytest.mark.parametrize("page_size", [1, 16, 64, 256])
+@pytest.mark.parametrize("page_size", [1, 16, 32, 48, 64, 256])
 @pytest.mark.parametrize("splits", [1, 0, 5])
 def test_paged(page_size, splits):
     d = 128
@@ -121,6 +121,21 @@ def test_paged(page_size, splits):
     used = torch.tensor(lens, dtype=torch.int32, device="cuda")
     out, lse = _op(q, pool_k, pool_v, seqused_k=used, page_table=table, max_k=700, splits=splits)
     _check(out, lse, _expected(q, k, v, lens), torch.bfloat16)
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_paged_leftpad_boxes(fp16):
+    """Note [tma boxes]: with leftpad 32 and 16 every whole block of a 64-row page crosses into
+    the next page and goes by 16-row boxes; leftpad 8 puts a box across pages, so those blocks
+    are gathered. Three sequences, one of each, with partial last blocks."""
+    d, dtype = 128, torch.float16 if fp16 else torch.bfloat16
+    q, k, v = _inputs(3, 2, 700, 8, 2, d, d, dtype, seed=11)
+    pool_k, pool_v, table = _paged(k, v, 64, seed=3)
+    lens, pad = [650, 600, 700], [32, 8, 16]
+    used = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    left = torch.tensor(pad, dtype=torch.int32, device="cuda")
+    out, lse = _op(q, pool_k, pool_v, seqused_k=used, page_table=table, leftpad=left, max_k=700)
+    _check(out, lse, _expected(q, k, v, lens, leftpad=pad), dtype)
 
 
 @pytest.mark.parametrize("window", [(-1, -1), (100, -1), (64, 0)])

@@ -119,9 +119,11 @@ def test_sm90_bwd_barrier_table():
         s9.DecodeConfig(blocks=3, variant=3, paths="ttg"),
         s9.DecodeConfig(blocks=5, stages=3, variant=3, paths="tgtgt"),
         s9.DecodeConfig(blocks=2, variant=3, fp8=True, warps_n=2, paths="tg"),
+        s9.DecodeConfig(blocks=4, variant=3, paths="bgbt"),
+        s9.DecodeConfig(blocks=3, variant=3, fp8=True, warps_n=2, paths="bbg"),
     ],
     ids=["1-block", "5-blocks", "4-stages", "fp8", "tma-gathered-last",
-         "tma-alternating", "fp8-tma"],
+         "tma-alternating", "fp8-tma", "tma-boxes", "fp8-tma-boxes"],
 )  # fmt: skip
 def test_extracted_decode_is_clean(cfg):
     res, _ = s9.explore(s9.extract_decode, cfg, DECODE)
@@ -142,8 +144,14 @@ def test_decode_equals_ring_formula(blocks, stages):
     # (32 lanes' cp.async arrivals on full); each consumer warp waits on full[it % S] with
     # parity (it / S) & 1 and releases empty; then the epilogue's two bar.sync 1.
     # Variant 3 (Note [tma blocks]): a TMA block's fill is lane 0's transaction (one arrival
-    # when K's and V's tiles land) and lanes 1-31's 31 plain arrivals, after the same wait.
-    paths = ("t" * blocks, ("tg" * blocks)[:blocks], "g" * (blocks - 1) + "t")
+    # when K's and V's tiles land) and lanes 1-31's 31 plain arrivals, after the same wait; by
+    # boxes (Note [tma boxes]) the same step, its boxes parts of the same K and V writes.
+    paths = (
+        "t" * blocks,
+        ("tg" * blocks)[:blocks],
+        "g" * (blocks - 1) + "t",
+        ("bgt" * blocks)[:blocks],
+    )
     for variant, path in [(2, "")] + [(3, p) for p in paths]:
         progs = s9.extract_decode(s9.DecodeConfig(blocks=blocks, stages=stages, variant=variant,
                                                   paths=path), DECODE)  # fmt: skip
@@ -152,7 +160,7 @@ def test_decode_equals_ring_formula(blocks, stages):
             s = it % stages
             if it >= stages:
                 prod.append(pm.Wait("empty", s, (it // stages - 1) & 1))
-            if path and path[it] == "t":
+            if path and path[it] in "tb":
                 prod += [("Tma", "full", s, 1, f"K{s}", f"V{s}"), pm.Arrive("full", s, 31)]
             else:
                 prod.append(("Tma", "full", s, 32, f"K{s}", f"V{s}"))
@@ -359,7 +367,7 @@ def test_decode_tma_extractor_fails_loudly(old, new, message):
 def test_decode_tma_needs_paths():
     # tma_block's vote is the Config's: a variant-3 run without a path per block is refused
     for paths in ("", "tg", "tgx"):
-        with pytest.raises(ValueError, match="a path of 't' / 'g' per block"):
+        with pytest.raises(ValueError, match="a path of 't' / 'b' / 'g' per block"):
             s9.extract_decode(s9.DecodeConfig(blocks=3, variant=3, paths=paths), DECODE)
     with pytest.raises(ValueError, match="variant 3 only"):
         s9.extract_decode(s9.DecodeConfig(blocks=3, variant=2, paths="ttt"), DECODE)
