@@ -84,7 +84,7 @@ SM90_RUN = Run(
     "2026-12-06", "2871554", "NVIDIA H100 80GB HBM3",
     "bash tools/gpu_suite.sh, every head dim (pytest tests/gpu tests/api: 510 passed)",
 )  # fmt: skip
-# The decode kernel (cp.async gather), the SM90 sink and the inference API on a GPU: build
+# The decode kernel (its first, cp.async-gather version), the SM90 sink and the inference API on a GPU: build
 # FA4_CUDA_ARCHS=90a FA4_HDIMS=64,128, tree of 7136377 (docs/testing.md, "Last GPU run").
 SERVING_RUN = Run(
     "2026-12-06", "7136377", "NVIDIA H100 80GB HBM3",
@@ -96,15 +96,14 @@ SERVING_RUN = Run(
 # The decode kernel with its TMA producer (Note [tma blocks]), the FP8 cache and the FP8 forward
 # on an H200 (docs/testing.md, "Last GPU run").
 DECODE_RUN = Run(
-    "2026-12-07", "538d195", "NVIDIA H200",
-    "pytest tests/gpu/test_decode.py tests/gpu/test_decode_fp8.py (53 passed); compute-sanitizer "
-    "memcheck tools/sanitize_decode.py: 0 errors (racecheck: 0 hazards, the same producer on the "
-    "tree of d5f0337)",
+    "2026-12-07", "c9046b9", "NVIDIA H100 80GB HBM3",
+    "pytest tests/gpu/test_decode.py tests/gpu/test_decode_fp8.py (61 passed); compute-sanitizer "
+    "racecheck and memcheck tools/sanitize_decode.py: 0 hazards, 0 errors",
 )  # fmt: skip
 FP8_FWD_RUN = Run(
-    "2026-12-07", "d359869", "NVIDIA H200",
+    "2026-12-07", "8075b54", "NVIDIA H100 80GB HBM3",
     "pytest tests/gpu/test_fp8_fwd_gpu.py (16 passed); compute-sanitizer memcheck and racecheck "
-    "on two FP8 forwards (tree of 538d195): 0 errors, 0 hazards",
+    "on two FP8 forwards: 0 errors, 0 hazards",
 )  # fmt: skip
 KV_APPEND_RUN = Run(
     "2026-12-06", "087e8b9", "NVIDIA H100 80GB HBM3",

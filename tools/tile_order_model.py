@@ -4,6 +4,7 @@ csrc/common/tile_scheduler.cuh), for predicting FA4_TILE_ORDER's variants before
   python3 tools/tile_order_model.py --seqlen 512            # hd128 causal 512 on an H100
   python3 tools/tile_order_model.py --seqlen 2048 --bw-tbs 4.5
   python3 tools/tile_order_model.py --dir bwd --seqlen 2048 --variants "default;wave;l2;l2,first"
+  python3 tools/tile_order_model.py --dir bwd --seqlen 8192 --heads 28:4 --group-splits 1,7
 
 What it models: persistent CTAs claiming items in the scheduler's order (each CTA claims its
 next item as it finishes the current one: the producers claim once they have issued the
@@ -130,6 +131,28 @@ def simulate_bwd(tiles: list[int], *, ctas=132, qblock_us=2.35, tile_us=10.7) ->
     return simulate_costs(items, ctas)
 
 
+def simulate_bwd_gqa(
+    batch: int,
+    heads_q: int,
+    heads_kv: int,
+    seqlen: int,
+    split: int = 1,
+    *,
+    ctas=132,
+    qblock_us=2.35,
+    tile_us=10.7,
+) -> tuple[float, float]:
+    """The causal GQA backward (makespan, ideal) in us: one CTA per (batch, kv head, kv tile)
+    loops over every q head of its group (sm90/bwd/kernel.cuh), longest tiles first; split > 1
+    models the group's q heads dealt over `split` CTAs per tile (each a tile's overhead, the
+    dK / dV reduction not counted). ideal: the same work spread evenly over the CTAs."""
+    group = heads_q // heads_kv
+    n_tiles = seqlen // 128
+    tiles = bwd_order(batch * heads_kv * split, n_tiles, 1, 1)
+    costs = [2 * (n_tiles - n) * qblock_us * group / split + tile_us for n in tiles]
+    return simulate_costs(costs, ctas), sum(costs) / ctas
+
+
 def simulate_costs(costs: list[float], ctas: int) -> float:
     """Makespan of items of fixed cost, claimed in order, each CTA claiming its next item as it
     finishes the current one."""
@@ -154,7 +177,22 @@ def main(argv=None) -> None:
     ap.add_argument("--bw-tbs", type=float, default=3.0, help="HBM TB/s (H100 ~3.0, H200 ~4.5)")
     ap.add_argument("--variants", default="default;first;wave;first,wave;16;first,16")
     ap.add_argument("--dir", choices=("fwd", "bwd"), default="fwd")
+    ap.add_argument(
+        "--heads", default="", help="bwd, GQA: q:kv heads (one sequence unless --batch)"
+    )
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--group-splits", default="1", help="bwd, GQA: CTAs per kv tile to model")
     args = ap.parse_args(argv)
+    if args.dir == "bwd" and args.heads:
+        hq, hkv = (int(x) for x in args.heads.split(":"))
+        print(f"bwd GQA {hq}:{hkv} b={args.batch} s={args.seqlen}")
+        for split in (int(x) for x in args.group_splits.split(",")):
+            mk, ideal = simulate_bwd_gqa(args.batch, hq, hkv, args.seqlen, split)
+            print(
+                f"  group split {split}: makespan {mk:8.1f} us, ideal {ideal:8.1f} us, "
+                f"ratio {mk / ideal:.3f}"
+            )
+        return
     pairs = 16384 // args.seqlen * (2048 // args.hdim)  # the sweep's b x h (DESIGN.md §6)
     m_blocks = args.seqlen // 128
     if args.dir == "bwd":  # BwdGrid: one pair a section unless given; l2 as BwdGrid::make

@@ -194,9 +194,11 @@ def test_import_needs_only_the_standard_library():
 
 
 def test_sm90_kernel_default_is_the_tables():
-    # the SM90 traits compile with one kEmuSixteenths for every head dim (sm90/fwd/traits.cuh)
+    # the SM90 traits compile with one kEmuSixteenths for every head dim (sm90/fwd/traits.cuh):
+    # the kEmuSixteenths_ template parameter's default, which the kernels launch
     src = (ROOT / "csrc" / "sm90/fwd/traits.cuh").read_text()
-    (value,) = re.findall(r"static constexpr int kEmuSixteenths = (\d+);", src)
+    assert "static constexpr int kEmuSixteenths = kEmuSixteenths_;" in src
+    (value,) = re.findall(r"int kEmuSixteenths_ = (\d+)>", src)
     assert {k for (arch, _), k in pm.EMU_SIXTEENTHS.items() if arch == "sm90"} == {int(value)}
 
 

@@ -50,3 +50,18 @@ def test_simulate_sums():
     need_tbs = (4 + 1) * 128 * 128 * 2 * 2 / 4.0 / 1e6  # bytes per us / 1e6
     t = tom.simulate(tile, ctas=1, block_us=1.0, tile_us=0.0, mask_factor=1.0, bw_tbs=need_tbs / 8)
     assert t == pytest.approx(8 * 4.0)
+
+
+def test_bwd_gqa_tail():
+    """The causal GQA backward's tail (docs/perf.md, "Sustained"): with a CTA per kv tile that
+    loops over its group's q heads, Qwen2.5-7B's 28:4 at 8k has 256 CTAs whose longest (the
+    first tile, 7 x 128 Q blocks) is about an SM's average share, so the makespan is 1.5x the
+    evenly spread work; MHA 16k is balanced; dealing the group over 7 CTAs per tile removes
+    most of the tail."""
+    mk, ideal = tom.simulate_bwd_gqa(1, 28, 4, 8192)
+    assert 1.45 < mk / ideal < 1.55
+    mha, mha_ideal = tom.simulate_bwd_gqa(1, 16, 16, 16384)
+    assert mha / mha_ideal < 1.01
+    mk7, ideal7 = tom.simulate_bwd_gqa(1, 28, 4, 8192, split=7)
+    assert mk7 / ideal7 < 1.1 and mk7 < 0.8 * mk
+    assert tom.simulate_bwd_gqa(1, 28, 4, 8192, split=1) == (mk, ideal)

@@ -142,8 +142,8 @@ struct FwdTraits {
   // Note [SM90 exp2 split]: every exponential on MUFU.EX2. Hopper's MUFU (16/clk/SM) keeps up
   // with its wgmma rate at these tile shapes while the FMA pipe carries the rest of the softmax,
   // so exp2_poly would only lengthen it: 2 of 16 emulated cost hd128 4-10 % at every point.
-  // The FP8 kernel's MMAs are twice as fast against the same 16 exponentials per clock, so
-  // kEmuSixteenths_ > 0 there is the open experiment.
+  // The FP8 kernel too (twice the MMA rate against the same 16 exponentials per clock): 2 and 4
+  // of 16 emulated lost 1-10 % at 3 of 4 points on an H100 (docs/decisions.md, 2026-12-07).
   static constexpr int kEmuSixteenths = kEmuSixteenths_;
   // Note [conditional rescale]; FP8: 0, so each row's P·2^8 peaks at exactly 256 <= 448 (Note
   // [fp8 forward], docs/numerics.md "FP8").
