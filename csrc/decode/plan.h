@@ -177,11 +177,27 @@ struct Plan {
 // split count is the smallest s (of at most n_blocks / 4 blocks' worth: a split of fewer than 4
 // blocks spends more on its prologue and the combine than it gains) whose waves are at least
 // 85 % full: base * s / (ceil(base * s / slots) * slots) >= 0.85, preferring one full wave.
-inline int heuristic_splits(int64_t base, int n_blocks, int num_sms, int ctas_per_sm) {
+// Note [tma split heuristic]: a 16-bit cache the TMA producer streams (tma_by_sizes) needs no
+// wave of CTA slots: one CTA on each of fewer than half the SMs already streams at the HBM rate,
+// and every split adds its prologue, more partials and the combine. So such a problem splits
+// only while its tiles fill less than 45 % of the SMs, into the fewest splits that reach it.
+// Forced splits on an H100 (2026-12-07, graph replays, hd128 32 q heads; docs/perf.md): 128
+// tiles 175.9 us unsplit against 180.3 with the wave rule's 2 splits; 64 tiles 93.2 against
+// 98.5 (b16 kv8k, 4 kv heads) and 92.6 against 97.7 (b8, 8 kv heads); 32 tiles (b4 kv32k) 261.7
+// unsplit, 179.3 at 2 splits, 179.6 at 4, 182.2 with the wave rule. Measured on SM90 only; the
+// sm_100a build takes the same rule unmeasured.
+inline int heuristic_splits(int64_t base, int n_blocks, int num_sms, int ctas_per_sm,
+                            bool tma = false) {
   const int64_t slots = int64_t{num_sms} * ctas_per_sm;
-  if (base <= 0 || slots <= 0 || base * 5 >= slots * 4) return 1;
   int max_s = n_blocks / 4;
   if (max_s > kMaxSplits) max_s = kMaxSplits;
+  if (tma && base > 0 && num_sms > 0) {
+    const int64_t want = (int64_t{num_sms} * 9 + 19) / 20;  // ceil(0.45 num_sms) CTAs
+    if (base >= want || max_s <= 1) return 1;
+    const int64_t s = (want + base - 1) / base;
+    return static_cast<int>(s < max_s ? s : max_s);
+  }
+  if (base <= 0 || slots <= 0 || base * 5 >= slots * 4) return 1;
   if (max_s <= 1) return 1;
   int best = 1;
   double best_eff = 0.0;
@@ -199,6 +215,15 @@ inline int heuristic_splits(int64_t base, int n_blocks, int num_sms, int ctas_pe
   return best;
 }
 
+// Whether the TMA producer streams this 16-bit cache, judged from the sizes alone (tma_eligible
+// without the pointers' alignment, which fwd_workspace_size may not know): Note [tma split
+// heuristic]'s rule applies.
+template <class Params>
+bool tma_by_sizes(const Params& p) {
+  if (p.kv_fp8) return false;
+  return p.page_table != nullptr ? p.page_size % kBoxRows == 0 : p.kv_batch_idx == nullptr;
+}
+
 template <class Params>
 Plan make_plan(const Params& p, int num_sms) {
   Plan pl;
@@ -213,7 +238,8 @@ Plan make_plan(const Params& p, int num_sms) {
   pl.partial_rows = p.cu_seqlens_q != nullptr ? int64_t{p.total_q} : int64_t{p.batch} * p.seqlen_q;
   const int64_t base = int64_t{p.batch} * p.heads_kv * pl.m_blocks;
   const int per_sm = ctas_per_sm(p.head_dim, p.head_dim_v, pl.warps_n, p.kv_fp8 ? 1 : 2);
-  int s = p.num_splits == 0 ? heuristic_splits(base, pl.n_blocks, num_sms, per_sm) : p.num_splits;
+  int s = p.num_splits == 0 ? heuristic_splits(base, pl.n_blocks, num_sms, per_sm, tma_by_sizes(p))
+                            : p.num_splits;
   if (s > pl.n_blocks) s = pl.n_blocks;
   if (s > kMaxSplits) s = kMaxSplits;
   pl.num_splits = s < 1 ? 1 : s;

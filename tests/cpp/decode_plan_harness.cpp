@@ -2,7 +2,8 @@
 // one per line, and prints the plan of each:
 //   in:  batch seqlen_q seqlen_k heads_q heads_kv d d_v varlen total_q num_splits num_sms cc
 //        flags   (flags: a string of letters, '-' for none: q seqused_q, p page_table,
-//                 i kv_batch_idx, l leftpad_k, s learnable_sink, k seqused_k, c cu_seqlens_k)
+//                 i kv_batch_idx, l leftpad_k, s learnable_sink, k seqused_k, c cu_seqlens_k,
+//                 8 an e4m3 cache, x pages of 8 rows (else 64))
 //   out: takes_decode warps_n block_m m_blocks n_blocks num_splits workspace_bytes ctas_per_sm
 #include <cstdio>
 #include <cstring>
@@ -23,6 +24,7 @@ struct Params {
   const int* kv_batch_idx = nullptr;
   const int* leftpad_k = nullptr;
   const float* learnable_sink = nullptr;
+  int page_size = 64;
   bool kv_fp8 = false;
 };
 
@@ -46,10 +48,12 @@ int main() {
     p.leftpad_k = has('l') ? &kSome : nullptr;
     p.learnable_sink = has('s') ? &kSomeF : nullptr;
     p.seqused_k = has('k') ? &kSome : nullptr;
+    p.kv_fp8 = has('8');
+    p.page_size = has('x') ? 8 : 64;
     const fa4::decode::Plan pl = fa4::decode::make_plan(p, num_sms);
     std::printf("%d %d %d %d %d %d %zu %d\n", fa4::decode::takes_decode(p, cc) ? 1 : 0, pl.warps_n,
                 pl.block_m, pl.m_blocks, pl.n_blocks, pl.num_splits, pl.workspace_bytes(),
-                fa4::decode::ctas_per_sm(p.head_dim, p.head_dim_v, pl.warps_n));
+                fa4::decode::ctas_per_sm(p.head_dim, p.head_dim_v, pl.warps_n, p.kv_fp8 ? 1 : 2));
   }
   return 0;
 }
