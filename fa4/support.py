@@ -84,8 +84,8 @@ SM90_RUN = Run(
     "2026-12-06", "2871554", "NVIDIA H100 80GB HBM3",
     "bash tools/gpu_suite.sh, every head dim (pytest tests/gpu tests/api: 510 passed)",
 )  # fmt: skip
-# The decode kernel (its first, cp.async-gather version), the SM90 sink and the inference API on a GPU: build
-# FA4_CUDA_ARCHS=90a FA4_HDIMS=64,128, tree of 7136377 (docs/testing.md, "Last GPU run").
+# The first decode kernel (a cp.async gather), the SM90 sink and the inference API on a GPU:
+# build FA4_CUDA_ARCHS=90a FA4_HDIMS=64,128, tree of 7136377 (docs/testing.md, "Last GPU run").
 SERVING_RUN = Run(
     "2026-12-06", "7136377", "NVIDIA H100 80GB HBM3",
     "pytest tests/gpu/test_decode.py (48 passed), tests/api/test_inference.py "
