@@ -94,7 +94,7 @@ SERVING_RUN = Run(
     "tools/sanitize_decode.py: 0 errors, 0 hazards",
 )  # fmt: skip
 # The decode kernel with its TMA producer (Note [tma blocks]), the FP8 cache and the FP8 forward
-# on an H200 (docs/testing.md, "Last GPU run").
+# on an H100 (docs/testing.md, "Last GPU run").
 DECODE_RUN = Run(
     "2026-12-07", "c9046b9", "NVIDIA H100 80GB HBM3",
     "pytest tests/gpu/test_decode.py tests/gpu/test_decode_fp8.py (61 passed); compute-sanitizer "
