@@ -137,7 +137,7 @@ def parse_args(argv=None):
     dec.add_argument(
         "--decode-splits",
         help="comma list of fa4 num_splits to time, each its own row (0 = heuristic, named "
-        "fa4; n > 0 named fa4-splits<n>); default 0",
+        "fa4; n > 0 named fa4-splits<n>; fa4-fp8cache likewise); default 0",
     )
     dec.add_argument(
         "--hbm-gbps",

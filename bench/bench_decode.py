@@ -189,7 +189,8 @@ def kv_bytes(
 
 
 def is_fp8_cache(impl: str) -> bool:
-    return impl in EXTRA_IMPLS
+    """fa4-fp8cache, or one of its forced split counts (fa4-fp8cache-splits<n>)."""
+    return impl == FP8_CACHE or impl.startswith(FP8_CACHE + "-splits")
 
 
 def impl_kv_bytes(impl: str, case: Case) -> int:
@@ -240,9 +241,10 @@ def hbm_peak_gbps(device_name: str) -> float | None:
     return None
 
 
-def splits_names(splits) -> list[tuple[str, int]]:
-    """(impl name, num_splits) of fa4 per --decode-splits value: 0 (the heuristic) is "fa4"."""
-    return [(OURS if s == 0 else f"{OURS}-splits{s}", s) for s in splits]
+def splits_names(splits, base: str = OURS) -> list[tuple[str, int]]:
+    """(impl name, num_splits) of fa4 (or of base, fa4-fp8cache) per --decode-splits value: 0
+    (the heuristic) is the base name, n > 0 "<base>-splits<n>"."""
+    return [(base if s == 0 else f"{base}-splits{s}", s) for s in splits]
 
 
 def is_ours(impl: str) -> bool:

@@ -243,7 +243,10 @@ def make_impls(names, splits, value_checks=False) -> list[Impl]:
         if n == "fa4":
             out += [Fa4(name, s, value_checks) for name, s in bd.splits_names(splits)]
         elif n == bd.FP8_CACHE:
-            out.append(Fa4(n, 0, value_checks, fp8_cache=True))
+            out += [
+                Fa4(name, s, value_checks, fp8_cache=True)
+                for name, s in bd.splits_names(splits, bd.FP8_CACHE)
+            ]
         elif n == "flash-attn-4":
             out.append(FlashAttn4())
         elif n == "sdpa-cudnn":

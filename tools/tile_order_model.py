@@ -3,8 +3,9 @@ csrc/common/tile_scheduler.cuh), for predicting FA4_TILE_ORDER's variants before
 
   python3 tools/tile_order_model.py --seqlen 512            # hd128 causal 512 on an H100
   python3 tools/tile_order_model.py --seqlen 2048 --bw-tbs 4.5
-  python3 tools/tile_order_model.py --dir bwd --seqlen 2048 --variants "default;wave;l2;l2,first"
+  python3 tools/tile_order_model.py --dir bwd --seqlen 2048 --variants "plain;wave;l2;l2,first"
   python3 tools/tile_order_model.py --dir bwd --seqlen 8192 --heads 28:4 --group-splits 1,7
+  python3 tools/tile_order_model.py --dir bwd --seqlen 8192 --heads 28:4 --sections 1,wave
 
 What it models: persistent CTAs claiming items in the scheduler's order (each CTA claims its
 next item as it finishes the current one: the producers claim once they have issued the
@@ -138,17 +139,22 @@ def simulate_bwd_gqa(
     seqlen: int,
     split: int = 1,
     *,
+    section: int = 1,
     ctas=132,
     qblock_us=2.35,
     tile_us=10.7,
 ) -> tuple[float, float]:
     """The causal GQA backward (makespan, ideal) in us: one CTA per (batch, kv head, kv tile)
-    loops over every q head of its group (sm90/bwd/kernel.cuh), longest tiles first; split > 1
-    models the group's q heads dealt over `split` CTAs per tile (each a tile's overhead, the
-    dK / dV reduction not counted). ideal: the same work spread evenly over the CTAs."""
+    loops over every q head of its group (sm90/bwd/kernel.cuh), in BwdGrid's walk of `section`
+    pairs (1: pair by pair, each pair's longest tile first); split > 1 models the group's q
+    heads dealt over `split` CTAs per tile (each a tile's overhead, the dK / dV reduction not
+    counted). ideal: the same work spread evenly over the CTAs."""
     group = heads_q // heads_kv
     n_tiles = seqlen // 128
-    tiles = bwd_order(batch * heads_kv * split, n_tiles, 1, 1)
+    pairs = batch * heads_kv * split
+    section = max(1, min(section, pairs))
+    rest = pairs % section
+    tiles = bwd_order(pairs, n_tiles, section, rest if rest else section)
     costs = [2 * (n_tiles - n) * qblock_us * group / split + tile_us for n in tiles]
     return simulate_costs(costs, ctas), sum(costs) / ctas
 
@@ -181,17 +187,26 @@ def main(argv=None) -> None:
         "--heads", default="", help="bwd, GQA: q:kv heads (one sequence unless --batch)"
     )
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument(
+        "--sections",
+        default="1",
+        help="bwd, GQA: comma list of pairs per section (a number, or wave: ctas / kv tiles)",
+    )
     ap.add_argument("--group-splits", default="1", help="bwd, GQA: CTAs per kv tile to model")
     args = ap.parse_args(argv)
     if args.dir == "bwd" and args.heads:
         hq, hkv = (int(x) for x in args.heads.split(":"))
         print(f"bwd GQA {hq}:{hkv} b={args.batch} s={args.seqlen}")
-        for split in (int(x) for x in args.group_splits.split(",")):
-            mk, ideal = simulate_bwd_gqa(args.batch, hq, hkv, args.seqlen, split)
-            print(
-                f"  group split {split}: makespan {mk:8.1f} us, ideal {ideal:8.1f} us, "
-                f"ratio {mk / ideal:.3f}"
-            )
+        for text in args.sections.split(","):
+            section = 132 // (args.seqlen // 128) if text == "wave" else int(text)
+            for split in (int(x) for x in args.group_splits.split(",")):
+                mk, ideal = simulate_bwd_gqa(
+                    args.batch, hq, hkv, args.seqlen, split, section=section
+                )
+                print(
+                    f"  section {text} ({section}), group split {split}: makespan {mk:8.1f} us, "
+                    f"ideal {ideal:8.1f} us, ratio {mk / ideal:.3f}"
+                )
         return
     pairs = 16384 // args.seqlen * (2048 // args.hdim)  # the sweep's b x h (DESIGN.md §6)
     m_blocks = args.seqlen // 128

@@ -253,8 +253,8 @@ struct RunOptions {
   const char* tile_order = nullptr;
   // The SM90 backward's walk over (batch, kv head) pairs, like tile_order: tokens "wave", "l2"
   // (sections whose Q / dO / dQ rows fit half the L2), a positive number, "first", "plain" (one
-  // pair after another); "" = the built-in default ("l2,first" for causal head_dim >= 128
-  // outside deterministic mode, else "plain"). Null = the process default: the environment
+  // pair after another); "" = the built-in default ("first,wave" for causal problems outside
+  // deterministic mode, else "plain"). Null = the process default: the environment
   // variable FA4_BWD_TILE_ORDER, read once, at the process's first run_bwd. Unknown text is
   // kInvalid from run_bwd (Note [bwd tile order options]). run_fwd ignores it.
   const char* bwd_tile_order = nullptr;

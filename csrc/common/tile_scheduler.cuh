@@ -50,10 +50,15 @@
 // 16 pairs on top d = 256 +8 % there (docs/decisions.md, 2026-12-05). It changes only masked
 // problems' order; the SM100 forward takes it too (compiled, not executed; a B200's SMs and L2
 // differ).
-// The backward's default is "l2,first" for causal d >= 128 only (192 not measured itself): it
-// gave causal d = 128 +5 % at 512 rows, but cost unmasked problems up to 15 % at 512. The
-// deterministic backward keeps the plain walk: under "l2,first" it costs 12-13 % at causal 512
-// (docs/decisions.md, 2026-12-06).
+// The backward's default is "first,wave" for every causal problem, unmasked ones keep the plain
+// walk (sections cost them up to 15 % at 512 rows). Before it, "l2,first" for d >= 128 (+5 % at
+// causal 512, d = 128) cut a GQA pair's sections to one pair wherever the group's Q, dO and dQ
+// pass 25 MB (Llama 32:8 or Qwen 28:4 at 8k), which is the plain walk and its tail: the last
+// pairs' longest tiles claimed near the end (the tile-order model: makespan 1.50x the even
+// spread at Qwen 8k, 1.01x with "wave"). H100, bwd alone (2026-12-07, docs/perf.md): "first,wave"
+// against "l2,first" +18 % at Qwen 28:4 8k, +11 % Llama 32:8 8k, +5-6 % at 4 x 4k, +8 % gpt-oss
+// 64:8 hd64 8k, +1 % MHA hd128 16k. The deterministic backward keeps the plain walk: under
+// "l2,first" it costs 12-13 % at causal 512 (docs/decisions.md, 2026-12-06).
 //
 // Note [scheduler int64]: the item index is int64. Dense problems cannot reach 2^31 items
 // (b·h·s_q <= 2^30 for a bf16 q of d >= 64 in 141 GB, so items <= b·h·(s_q/128 + 1) < 2^31), but
@@ -140,9 +145,9 @@ struct TileOrderOptions {
     }
     return o;
   }
-  TileOrderOptions backward_or_default(bool causal, int head_dim, bool deterministic) const {
+  TileOrderOptions backward_or_default(bool causal, bool deterministic) const {
     TileOrderOptions o = *this;
-    if (!given && causal && head_dim >= 128 && !deterministic) o.partial_first = o.l2 = true;
+    if (!given && causal && !deterministic) o.partial_first = o.wave = true;
     return o;
   }
 };

@@ -21,7 +21,7 @@
 //   harness bwdgrid IN OUT IN: lines "n_tiles heads_kv batch descending ctas pair_bytes
 //                          FA4_BWD_TILE_ORDER" ("-" for unset). OUT (text): per case "case ok
 //                          section rotation", then each item's "n head_kv b" in item order.
-//   harness bwdopts IN OUT IN: lines "causal head_dim deterministic FA4_BWD_TILE_ORDER" ("-" for
+//   harness bwdopts IN OUT IN: lines "causal deterministic FA4_BWD_TILE_ORDER" ("-" for
 //                          unset). OUT (text): per case "ok first wave l2 max_pairs" of the
 //                          options the SM90 backward passes BwdGrid::make.
 //   harness cover IN OUT   IN: lines "n D1 DV1 ... Dn DVn d dv". OUT (text): per line the
@@ -324,12 +324,11 @@ int run_bwdgrid(const char* in_path, const char* out_path) {
 int run_bwdopts(const char* in_path, const char* out_path) {
   FILE* in = open_or_die(in_path, "r");
   FILE* out = open_or_die(out_path, "w");
-  int causal, head_dim, deterministic;
+  int causal, deterministic;
   char text[64];
-  while (std::fscanf(in, "%d %d %d %63s", &causal, &head_dim, &deterministic, text) == 4) {
+  while (std::fscanf(in, "%d %d %63s", &causal, &deterministic, text) == 3) {
     const fa4::TileOrderOptions given = options_of(text);
-    const fa4::TileOrderOptions o =
-        given.backward_or_default(causal != 0, head_dim, deterministic != 0);
+    const fa4::TileOrderOptions o = given.backward_or_default(causal != 0, deterministic != 0);
     std::fprintf(out, "%d %d %d %d %d\n", int(o.ok), int(o.partial_first), int(o.wave), int(o.l2),
                  o.max_pairs);
   }

@@ -82,6 +82,12 @@ def test_arguments():
     assert cfg["impls"] == ("fa4", "flash-attn-4") and cfg["splits"] == (0, 4, 16)
     assert (a.stop_s, a.budget_s, a.hbm_gbps) == (60, bd.DEFAULT_BUDGET_S, 3000)
     assert bd.splits_names((0, 4)) == [("fa4", 0), ("fa4-splits4", 4)]
+    assert bd.splits_names((0, 2), bd.FP8_CACHE) == [
+        ("fa4-fp8cache", 0),
+        ("fa4-fp8cache-splits2", 2),
+    ]
+    assert bd.is_fp8_cache("fa4-fp8cache-splits2") and bd.is_ours("fa4-fp8cache-splits2")
+    assert not bd.is_fp8_cache("fa4-splits2") and not bd.is_fp8_cache("flash-attn-4")
     assert math.isinf(bench.parse_args([]).budget_s), "the standard sweep keeps no default"
     for bad in (["--impls", "xformers"], ["--decode-cases", "prefill"], ["--hdims", "256"],
                 ["--decode-splits", "-1"], ["--decode-splits", "2,2"]):  # fmt: skip

@@ -242,7 +242,7 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
                              (T::kHeadDim * (2 + 4) + T::kHeadDimV * 2 + 2 * int(sizeof(float)));
   kp.grid = BwdGrid::make(
       (f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.batch, f.deterministic, dev.num_sms,
-      dev.tile_order.backward_or_default(f.causal, T::kHeadDim, f.deterministic), pair_bytes);
+      dev.tile_order.backward_or_default(f.causal, f.deterministic), pair_bytes);
   const int64_t tiles = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
   kp.tiles = int(tiles);  // < 2^31 as any grid above: 2^31 tiles of K are 2^38 rows
   // Note [persistent bwd]: at most one CTA per SM (one fits), each walking tiles; num_sms at
