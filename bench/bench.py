@@ -2,6 +2,8 @@
 
   python3 bench/bench.py --quick --out /tmp/bench          # seqlen 1k and 16k, every hdim
   python3 bench/bench.py --dirs fwd --hdims 128 --seqlens 2k,16k --impls sdpa-flash,fa4
+  python3 bench/bench.py --dirs fwd,bwd --model-points all --out /tmp/gqa   # the GQA model points
+  python3 bench/bench.py --dirs bwd --hdims 128 --seqlens 16k --model-points llama3-8b-8k
   python3 bench/bench.py --replot /tmp/bench/results.csv   # table + plots from a CSV, no GPU
   python3 bench/bench.py --decode --out /tmp/decode        # the decode sweep, GB/s
                                                            # (bench_decode.py says what it does)
@@ -22,6 +24,12 @@ measured), tflops_<dir>.png, and the printed tables (ratio of fa4 to the best pe
 at the (i + r)-th (with --rotate-impls), and reports the median: the SM clock under the power
 cap moved single readings by 7-12 % between runs (docs/decisions.md, 2026-12-06), and a ratio
 of two implementations timed moments apart carries that drift.
+
+Model points (--model-points LABELS or all): the model-shaped GQA points of
+bench_util.MODEL_POINTS (k and v with fewer heads than q; FLOPs count the q heads), run after the
+points of --hdims / --seqlens / --causal, or alone when none of --hdims, --seqlens, --quick is
+given. Their rows carry the label (CSV column label, with heads_kv) and the tables list them by
+it, after the standard points; the plots leave them out.
 
 FP8 forward (--dtype e4m3, forward only): the same points, q, k, v drawn as above and quantized
 to e4m3 per (batch, kv head) by fa4.reference_fp8.quantize. Implementations: fa4 (the FP8
@@ -78,6 +86,15 @@ def parse_args(argv=None):
     ap.add_argument("--hdims", help="comma list, e.g. 128,64")
     ap.add_argument("--seqlens", help="comma list, e.g. 1k,16k")
     ap.add_argument("--causal", choices=("both", "yes", "no"), default="both")
+    ap.add_argument(
+        "--model-points",
+        metavar="LABELS",
+        help="comma list of the model-shaped GQA points (causal; bench_util.MODEL_POINTS: "
+        + ", ".join(p.label for p in bu.MODEL_POINTS)
+        + "), or all. The standard sweep runs them after the --hdims / --seqlens / --causal "
+        "points, and only them when none of --hdims, --seqlens, --quick is given (default "
+        "none); --sustained likewise, but all by default",
+    )
     ap.add_argument(
         "--impls",
         help=f"comma list of {', '.join(IMPLS + EXTRA_IMPLS)}; with --dtype e4m3 of "
@@ -188,12 +205,6 @@ def parse_args(argv=None):
         help="idle this long after each window",
     )
     sus.add_argument(
-        "--model-points",
-        help="comma list of the model-shaped points to run (default all: "
-        + ", ".join(p.label for p in bu.MODEL_POINTS)
-        + ")",
-    )
-    sus.add_argument(
         "--allow-short", action="store_true", help="accept --sustained below 10 s (tests only)"
     )
     args = ap.parse_args(argv)
@@ -208,13 +219,22 @@ def parse_args(argv=None):
 
 
 def config_from(args):
+    """(points, dirs, impls) of the standard sweep (the FP8 mode's with --dtype e4m3)."""
     if args.rounds < 1:
         raise SystemExit(f"--rounds {args.rounds}: at least 1")
     seq_default = bu.QUICK_SEQLENS if args.quick else bu.SEQLENS
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
-    points = bu.sweep(
-        bu.parse_ints(args.hdims, bu.HDIMS), bu.parse_ints(args.seqlens, seq_default), causals
-    )
+    points = []
+    # as bench_sustained.config_from: with --model-points, standard points only when asked for
+    if not args.model_points or args.hdims or args.seqlens or args.quick:
+        points = bu.sweep(
+            bu.parse_ints(args.hdims, bu.HDIMS), bu.parse_ints(args.seqlens, seq_default), causals
+        )
+    if args.model_points:
+        try:
+            points += bu.model_points(args.model_points)
+        except ValueError as e:
+            raise SystemExit(f"--model-points {args.model_points}: {e}") from None
     if args.dtype == "e4m3":
         dirs = bu.parse_names(args.dirs or "fwd", bu.DIRECTIONS)
         if dirs != ("fwd",):
@@ -229,7 +249,7 @@ class State:
     def __init__(self, args, out: Path):
         self.args, self.out = args, out
         self.t0 = time.perf_counter()
-        self.compiled: set[tuple] = set()  # (impl, hdim, causal, grad) already JIT-compiled
+        self.compiled: set[tuple] = set()  # _compile_key()s already JIT-compiled
         self.rows: list[dict] = []
         self.fp8 = getattr(args, "dtype", "bf16") == "e4m3"
         self.ceiling: float | None = None  # the FP8 GEMM ceiling, TFLOP/s (FP8 mode)
@@ -276,10 +296,14 @@ class State:
             tail += f" ({100 * float(row['frac_fp8_ceiling']):.1f} % of the fp8 GEMM ceiling)"
         mem = f"peak +{row['peak_extra_mib']} MiB" if row["peak_extra_mib"] else ""
         diff = f"diff {row['max_abs_diff']}" if row["max_abs_diff"] else ""
+        heads = row["heads"]
+        if row["heads_kv"] != heads:  # GQA: q heads : kv heads
+            heads = f"{heads}:{row['heads_kv']}"
+        label = f"{row['label']} " if row["label"] else ""
         print(
-            f"[{self.elapsed():6.1f}s] {row['impl']:<12} {row['direction']:<7} "
+            f"[{self.elapsed():6.1f}s] {row['impl']:<12} {row['direction']:<7} {label}"
             f"hd{row['hdim']} causal={row['causal']} s={row['seqlen']} b={row['batch']} "
-            f"h={row['heads']}: {tail} {mem} {diff} {row['status']}",
+            f"h={heads}: {tail} {mem} {diff} {row['status']}",
             flush=True,
         )
 
@@ -342,7 +366,7 @@ def measure(bi, torch, impl, p, dirs, inputs, ref, st: State) -> list[Timed]:
     todo = []
     for d in dirs:
         why = impl.skip_reason(d, p.hdim)
-        key = (impl.name, p.hdim, p.causal, d != "fwd")
+        key = _compile_key(impl, p, d != "fwd")
         if why is None and impl.jit and st.elapsed() > st.args.budget_s and key not in st.compiled:
             why = "time budget (--budget-s) spent before this config's JIT compile"
         if why:
@@ -392,6 +416,12 @@ def retime(bi, torch, t: Timed, p, args) -> None:
     t.add(ms, mhz, why)
 
 
+def _compile_key(impl, p, grad: bool) -> tuple:
+    """What a JIT impl compiles one kernel for; the GQA group size included (a JIT peer
+    specializes on it, so a model point after an MHA one can still compile)."""
+    return (impl.name, p.hdim, p.causal, p.heads // p.kv_heads, grad)
+
+
 def _err(e: Exception) -> str:
     msg = str(e).splitlines()[0][:160] if str(e) else ""
     return f"{type(e).__name__}: {msg}"
@@ -420,7 +450,7 @@ def _check(bi, torch, impl, p, a, todo, ref, st, emit):
             todo = [d for d in todo if d == "fwd"] if grad else []
             continue
         name = "bwd" if grad else "fwd"
-        st.compiled.add((impl.name, p.hdim, p.causal, grad))
+        st.compiled.add(_compile_key(impl, p, grad))
         first = time.perf_counter() - t
         print(f"    {impl.name}: first {name} check call {first:.2f} s (incl. any JIT)", flush=True)
         if ref is not None:
@@ -606,12 +636,18 @@ def main(argv=None) -> int:
                 print(f"--stop-s {args.stop_s:g} reached: {len(points) - i} points not run")
                 break
             need_grad = any(d != "fwd" for d in dirs)
-            seed = args.seed + bu.point_seed(p)  # same inputs for a point whatever the filters
+            # same inputs for a point whatever the filters; + heads_kv (0 for MHA, whose seeds
+            # stay as they were) tells model points of one hdim, causal and seqlen apart
+            seed = args.seed + bu.point_seed(p) + p.heads_kv
             if st.fp8:
-                inputs = bi.make_fp8_inputs(p.batch, p.seqlen, p.heads, p.hdim, seed)
+                inputs = bi.make_fp8_inputs(
+                    p.batch, p.seqlen, p.heads, p.hdim, seed, heads_kv=p.kv_heads
+                )
                 st.v_max = bi.fp8_v_max(inputs)
             else:
-                inputs = bi.make_inputs(p.batch, p.seqlen, p.heads, p.hdim, seed, need_grad)
+                inputs = bi.make_inputs(
+                    p.batch, p.seqlen, p.heads, p.hdim, seed, need_grad, heads_kv=p.kv_heads
+                )
             try:
                 ref_in = bi.dequantize_inputs(inputs) if st.fp8 else inputs
                 ref = reference(bi, torch, p, ref_in, need_grad)

@@ -161,7 +161,7 @@ def make_fp8_inputs(batch, seqlen, heads, hdim, seed, heads_kv=None):
     """(q8, k8, v8, Fp8Scales): make_inputs' values (same seed: the bf16 sweep's inputs of the
     point) quantized to e4m3 per (batch, kv head)."""
     quantize = quantize_fn()
-    q, k, v, _ = make_inputs(batch, seqlen, heads, hdim, seed, False)
+    q, k, v, _ = make_inputs(batch, seqlen, heads, hdim, seed, False, heads_kv)
     h_kv = heads_kv or heads
     (q8, qd), (k8, kd), (v8, vd) = (quantize(t, h_kv) for t in (q, k, v))
     del q, k, v
@@ -340,11 +340,14 @@ def make_impls(names) -> list[Impl]:
     return [every[n]() for n in names]
 
 
-def make_inputs(batch, seqlen, heads, hdim, seed, requires_grad):
-    """q, k, v, dout: (b, s, h, d) bf16, standard normal (never zeros: METHOD.md)."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    shape = (batch, seqlen, heads, hdim)
-    ts = [torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+def make_inputs(batch, seqlen, heads, hdim, seed, requires_grad, heads_kv=None, device="cuda"):
+    """q, dout: (b, s, h, d) and k, v: (b, s, h_kv, d) (h_kv = heads_kv or h), bf16, standard
+    normal (never zeros: METHOD.md), drawn in the order q, k, v, dout: MHA inputs are the same
+    for a seed whether heads_kv is given or not."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    h_kv = heads_kv or heads
+    ts = [torch.randn((batch, seqlen, h, hdim), generator=g, device=device, dtype=torch.bfloat16)
+          for h in (heads, h_kv, h_kv, heads)]  # fmt: skip
     for t in ts[:3]:
         t.requires_grad_(requires_grad)
     return ts

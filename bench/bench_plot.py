@@ -15,7 +15,13 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in rows if r["direction"] == direction and r["status"].startswith("ok")]
+    # The panels are per hdim and causal over the standard sweep's seqlens (16k tokens, 2048
+    # hidden): the labelled model points (GQA, other shapes) are left out; the tables have them.
+    rows = [
+        r
+        for r in rows
+        if r["direction"] == direction and r["status"].startswith("ok") and not r.get("label")
+    ]
     if not rows:
         return None
     hdims = sorted({int(r["hdim"]) for r in rows})

@@ -39,11 +39,13 @@ OURS = "fa4"
 # (dtype says bf16 there): dtype, the inputs' dtype of the row (e4m3, or bf16 for fa4-bf16);
 # ratio_fa4_bf16, the row's TFLOP/s over fa4-bf16's at the same point and direction;
 # fp8_gemm_ceiling_tflops, the run's FP8 GEMM ceiling (fp8_gemm_tflops); frac_fp8_ceiling, the
-# row's TFLOP/s over it. Columns are only ever appended: older CSVs read back without them.
+# row's TFLOP/s over it. heads_kv: k and v's heads (= heads but at GQA points); label: the model
+# point's (MODEL_POINTS), blank at the standard sweep's. Columns are only ever appended: older
+# CSVs read back without them (no heads_kv: MHA; no label: a standard point).
 CSV_FIELDS = (
     "impl direction hdim causal seqlen batch heads ms tflops peak_extra_mib max_abs_diff status "
     "sm_mhz clock_reasons host_us ms_rounds dtype ratio_fa4_bf16 fp8_gemm_ceiling_tflops "
-    "frac_fp8_ceiling"
+    "frac_fp8_ceiling heads_kv label"
 ).split()
 FP8_COLUMNS = ("ratio_fa4_bf16", "fp8_gemm_ceiling_tflops", "frac_fp8_ceiling")
 # bench.py --dtype e4m3: fa4 is the FP8 forward, fa4-bf16 its bf16 forward on the same (dequantized)
@@ -83,10 +85,10 @@ class Point:
         return self.label or f"hd{self.hdim}{' causal' if self.causal else ''} {_k(self.seqlen)}"
 
 
-# Model-shaped GQA points (bench.py --sustained runs them): attention of one layer of a training
-# step, causal, q heads : kv heads and head dim as the models'. FLOPs count the q heads (each q
-# head does the full QK^T and PV whatever kv head it reads). gpt-oss alternates full-attention
-# layers with sliding-window (128) layers; only the full layers are modelled here.
+# Model-shaped GQA points (bench.py --model-points; --sustained): attention of one layer of a
+# training step, causal, q heads : kv heads and head dim as the models'. FLOPs count the q heads
+# (each q head does the full QK^T and PV whatever kv head it reads). gpt-oss alternates
+# full-attention layers with sliding-window (128) layers; only the full layers are modelled here.
 MODEL_POINTS = (
     Point(128, True, 8192, 1, 32, 8, "llama3-8b-8k"),  # 32 : 8, hd128
     Point(128, True, 4096, 4, 32, 8, "llama3-8b-4x4k"),  # the same layer, batch 4 x 4k training
@@ -97,14 +99,14 @@ MODEL_POINTS = (
 
 
 def model_points(names: str | None = None) -> list[Point]:
-    """MODEL_POINTS, or those whose labels are in the comma list `names`."""
-    if not names:
-        return list(MODEL_POINTS)
+    """MODEL_POINTS, or those whose labels are in the comma list `names` ("all": every one)."""
+    want = [n.strip() for n in (names or "").split(",") if n.strip()]
     by = {p.label: p for p in MODEL_POINTS}
-    want = [n.strip() for n in names.split(",") if n.strip()]
-    bad = [n for n in want if n not in by]
+    bad = [n for n in want if n not in by and n != "all"]
     if bad:
-        raise ValueError(f"unknown model points {bad}: choose from {', '.join(by)}")
+        raise ValueError(f"unknown model points {bad}: choose from all, {', '.join(by)}")
+    if not want or "all" in want:
+        return list(MODEL_POINTS)
     return [by[n] for n in want]
 
 
@@ -166,13 +168,12 @@ def fp8_table(rows: list[dict], direction: str) -> str:
     fraction of the FP8 GEMM ceiling fa4 reaches."""
     rows = [r for r in rows if r["direction"] == direction]
     impls = list(dict.fromkeys(r["impl"] for r in rows))
-    cell: dict[tuple, dict] = {}
-    for r in rows:
-        cell.setdefault((int(r["hdim"]), int(r["causal"]), int(r["seqlen"])), {})[r["impl"]] = r
+    cell = _by_point(rows)
     head = ["hd", "causal", "seqlen", *impls, f"{OURS} / {FP8_BASELINE}",
             f"{OURS} % of FP8 GEMM ceiling"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (hd, c, s), by in sorted(cell.items()):
+    for key in sorted(cell):
+        by = cell[key]
         vals = []
         for i in impls:
             r = by.get(i)
@@ -181,7 +182,7 @@ def fp8_table(rows: list[dict], direction: str) -> str:
         ours = by.get(OURS, {})
         frac = ours.get("frac_fp8_ceiling")
         vals += [ours.get("ratio_fa4_bf16") or "n/a", f"{100 * float(frac):.1f}" if frac else "n/a"]
-        lines.append("| " + " | ".join([str(hd), "yes" if c else "no", _k(s), *vals]) + " |")
+        lines.append("| " + " | ".join([*_point_cells(by), *vals]) + " |")
     return "\n".join(lines)
 
 
@@ -295,6 +296,8 @@ def make_row(
         ms_rounds=" ".join(format(x, ".4f") for x in ms_rounds),
         dtype=dtype,
         **dict.fromkeys(FP8_COLUMNS, ""),
+        heads_kv=p.kv_heads,
+        label=p.label,
     )
 
 
@@ -348,9 +351,7 @@ def ratio_table(rows: list[dict], direction: str) -> str:
     rows = [r for r in rows if r["direction"] == direction]
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     peers = [i for i in impls if i != OURS and not i.startswith(OURS + "-")]  # fa4-det is ours
-    cell: dict[tuple, dict] = {}
-    for r in rows:
-        cell.setdefault((int(r["hdim"]), int(r["causal"]), int(r["seqlen"])), {})[r["impl"]] = r
+    cell = _by_point(rows)
     head = ["hd", "causal", "seqlen", *impls, "best peer", f"{OURS} / best"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key in sorted(cell):
@@ -365,10 +366,7 @@ def ratio_table(rows: list[dict], direction: str) -> str:
         ours = _tf(by[OURS]) if OURS in by else None
         best_s = f"{best[0]:.0f} ({best[1]})" if best else "n/a"
         ratio = f"{ours / best[0]:.2f}" if best and best[0] > 0 and ours is not None else "n/a"
-        hd, c, s = key
-        lines.append(
-            "| " + " | ".join([str(hd), "yes" if c else "no", _k(s), *vals, best_s, ratio]) + " |"
-        )
+        lines.append("| " + " | ".join([*_point_cells(by), *vals, best_s, ratio]) + " |")
     return "\n".join(lines)
 
 
@@ -377,12 +375,12 @@ def sweep_gaps(rows: list[dict], direction: str) -> str:
     seqlen missing at every hdim and causal as one entry, so that a run which left a point out
     says so under its table (no standing run before 2026-12-06 had seqlen 8k; docs/decisions.md,
     2026-12-05). "" when nothing is missing."""
-    have = {
-        (int(r["hdim"]), int(r["causal"]), int(r["seqlen"]))
+    have = {  # row_point: a model point's row never stands for a standard point
+        row_point(r)
         for r in rows
         if r["direction"] == direction and r["impl"] == OURS and _tf(r) is not None
     }
-    missing = [p for p in sweep() if (p.hdim, int(p.causal), p.seqlen) not in have]
+    missing = [p for p in sweep() if (0, p.hdim, int(p.causal), p.seqlen) not in have]
     if not missing:
         return ""
     parts = []
@@ -399,15 +397,42 @@ def memory_table(rows: list[dict], direction: str) -> str:
     """Markdown table: peak extra device memory (MiB) per impl per point."""
     rows = [r for r in rows if r["direction"] == direction]
     impls = list(dict.fromkeys(r["impl"] for r in rows))
-    cell: dict[tuple, dict] = {}
-    for r in rows:
-        cell.setdefault((int(r["hdim"]), int(r["causal"]), int(r["seqlen"])), {})[r["impl"]] = r
+    cell = _by_point(rows)
     head = ["hd", "causal", "seqlen", *impls]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (hd, c, s), by in sorted(cell.items()):
+    for key in sorted(cell):
+        by = cell[key]
         vals = [(by[i]["peak_extra_mib"] or "-") if i in by else "-" for i in impls]
-        lines.append("| " + " | ".join([str(hd), "yes" if c else "no", _k(s), *vals]) + " |")
+        lines.append("| " + " | ".join([*_point_cells(by), *vals]) + " |")
     return "\n".join(lines)
+
+
+_MODEL_ORDER = {p.label: i for i, p in enumerate(MODEL_POINTS)}
+
+
+def row_point(r: dict) -> tuple:
+    """A row's point in the tables, in their order: the standard sweep's by (hdim, causal,
+    seqlen), then the labelled (model) points in MODEL_POINTS order. Keyed by the label, a GQA
+    point stays apart from the MHA point of its hdim, causal and seqlen; a row without a label
+    (or an old CSV's, without the column) is a standard point."""
+    label = r.get("label") or ""
+    if label:
+        return (1, _MODEL_ORDER.get(label, len(MODEL_POINTS)), label)
+    return (0, int(r["hdim"]), int(r["causal"]), int(r["seqlen"]))
+
+
+def _by_point(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
+    cell: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        cell.setdefault(row_point(r), {})[r["impl"]] = r
+    return cell
+
+
+def _point_cells(by: dict[str, dict]) -> list[str]:
+    """A table line's hd, causal and seqlen cells; a model point's label stands in the hd cell."""
+    r = next(iter(by.values()))
+    hd = r.get("label") or str(r["hdim"])
+    return [hd, "yes" if int(r["causal"]) else "no", _k(int(r["seqlen"]))]
 
 
 def _short(row) -> str:

@@ -3,7 +3,8 @@ environment assignments under which bench/bench.py times fa4 alone (or the --imp
 fa4,fa4-det for the deterministic backward too); the variants run in rounds whose order rotates
 (round r starts with variant r), the peers once after the first round. Writes
 sweep.csv (every row, with its variant and round) and table.md (per point: each variant's mean
-TFLOP/s over the rounds, its ratio to the first variant, and the peers), and prints the table.
+TFLOP/s over the rounds, its ratio to the first variant, and the peers; a model point of
+bench.py --model-points is a line of its own, named by its label), and prints the table.
 
   python3 bench/env_sweep.py --out $OUT/orders --rounds 2 \\
       --variants - FA4_TILE_ORDER=first FA4_TILE_ORDER=first,wave \\
@@ -52,14 +53,32 @@ def column(variant: str, impl: str, impls: list[str]) -> str:
     return variant if impl == impls[0] else f"{variant} [{impl}]"
 
 
+def point_key(row: dict, labels: list[str]) -> tuple:
+    """A row's line in the table: per direction, the standard points by (hdim, causal, seqlen),
+    then the model points (bench.py --model-points) by label in run order (labels, extended
+    here): a GQA point apart from the MHA point of its hdim, causal and seqlen. A row without a
+    label (or from a bench.py before the column) is a standard point."""
+    label = row.get("label") or ""
+    if not label:
+        return (row["direction"], 0, int(row["hdim"]), int(row["causal"]), int(row["seqlen"]))
+    if label not in labels:
+        labels.append(label)
+    return (row["direction"], 1, labels.index(label), label)
+
+
 def table(rows: list[dict], variants: list[str], impls: list[str] | None = None) -> str:
-    """Markdown: per (direction, hdim, causal, seqlen), each variant's mean TFLOP/s over its ok
-    rows for each swept impl (ratio to that impl's first variant in brackets) and each peer's."""
+    """Markdown: per direction and point (point_key), each variant's mean TFLOP/s over its ok
+    rows for each swept impl (ratio to that impl's first variant in brackets) and each peer's.
+    A model point's label stands in the hd cell."""
     impls = impls or ["fa4"]
     by_key: dict[tuple, dict[str, list[float]]] = {}
+    shown: dict[tuple, str] = {}  # key -> the line's first four cells
+    labels: list[str] = []
     peers: list[str] = []
     for row in rows:
-        key = (row["direction"], int(row["hdim"]), int(row["causal"]), int(row["seqlen"]))
+        key = point_key(row, labels)
+        hd = row.get("label") or row["hdim"]
+        shown[key] = f"| {row['direction']} | {hd} | {row['causal']} | {row['seqlen']} |"
         swept = row["impl"] in impls
         name = column(row["variant"], row["impl"], impls) if swept else row["impl"]
         if not swept and name not in peers:
@@ -85,8 +104,7 @@ def table(rows: list[dict], variants: list[str], impls: list[str] | None = None)
                 cells.append(f"{mean[c]:.1f} ({mean[c] / base:.3f})")
             else:
                 cells.append(f"{mean[c]:.1f}")
-        d, hd, causal, seqlen = key
-        lines.append(f"| {d} | {hd} | {causal} | {seqlen} | " + " | ".join(cells) + " |")
+        lines.append(f"{shown[key]} " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

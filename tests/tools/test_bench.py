@@ -304,7 +304,9 @@ def test_rounds_report_the_median_in_rotated_order(tmp_path, monkeypatch, capsys
     fake = types.SimpleNamespace(
         environment=lambda: [],
         make_impls=lambda ns: [Impl(n) for n in ns],
-        make_inputs=lambda b, s, h, d, seed, grad: tuple(torch.zeros(2, 3) for _ in range(4)),
+        make_inputs=lambda b, s, h, d, seed, grad, heads_kv=None: tuple(
+            torch.zeros(2, 3) for _ in range(4)
+        ),
         max_abs_diff=lambda impl, got, ref: (0.0, 1.0),
         peak_extra_mib=lambda fn: (fn(), 10.0)[1],
         host_us=lambda fn: (fn(), 7.0)[1],

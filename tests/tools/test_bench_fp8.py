@@ -124,7 +124,7 @@ def test_fp8_columns_ratio_and_ceiling_fraction(tmp_path):
         log.write(r)
     log.close()
     back = bu.read_csv(tmp_path / "results.csv")
-    assert list(back[0]) == bu.CSV_FIELDS and bu.CSV_FIELDS[-4:] == [
+    assert list(back[0]) == bu.CSV_FIELDS and bu.CSV_FIELDS[-6:-2] == [
         "dtype", "ratio_fa4_bf16", "fp8_gemm_ceiling_tflops", "frac_fp8_ceiling"]  # fmt: skip
     assert back[0]["ratio_fa4_bf16"] == "1.500" and bu.is_fp8_rows(back)
     line = bu.fp8_table(back, "fwd").splitlines()[-1]
@@ -194,7 +194,7 @@ def test_main_fp8_mode_with_stand_ins(tmp_path, monkeypatch, capsys):
             assert inputs[0] == "dequantized q", "the reference runs on the dequantized values"
             return super().prepare(*inputs)
 
-    def make_fp8_inputs(b, s, h, d, seed):
+    def make_fp8_inputs(b, s, h, d, seed, heads_kv=None):
         seen["fp8_inputs"] += 1
         return ("q8", "k8", "v8", "scales")
 
@@ -376,7 +376,8 @@ def test_fp8_cache_arguments():
         assert c.memory_bytes(True) > c.memory_bytes() and c.memory_bytes(True) < bd.MEMORY_CAP
     impls = run.make_impls(("fa4", "fa4-fp8cache"), (0, 4))
     assert [(i.name, i.num_splits, i.fp8_cache) for i in impls] == [
-        ("fa4", 0, False), ("fa4-splits4", 4, False), ("fa4-fp8cache", 0, True)]  # fmt: skip
+        ("fa4", 0, False), ("fa4-splits4", 4, False), ("fa4-fp8cache", 0, True),
+        ("fa4-fp8cache-splits4", 4, True)]  # fmt: skip
 
 
 def test_fp8_cache_tokens_per_s_over_the_bf16_cache(tmp_path, capsys):
