@@ -184,15 +184,21 @@ struct Plan {
 // Forced splits on an H100 (2026-12-07, graph replays, hd128 32 q heads; docs/perf.md): 128
 // tiles 175.9 us unsplit against 180.3 with the wave rule's 2 splits; 64 tiles 93.2 against
 // 98.5 (b16 kv8k, 4 kv heads) and 92.6 against 97.7 (b8, 8 kv heads); 32 tiles (b4 kv32k) 261.7
-// unsplit, 179.3 at 2 splits, 179.6 at 4, 182.2 with the wave rule. Measured on SM90 only; the
-// sm_100a build takes the same rule unmeasured.
+// unsplit, 179.3 at 2 splits, 179.6 at 4, 182.2 with the wave rule. At d = 64 the share is
+// 90 % of the SMs (the integer 128 / d times 45 %): a CTA there keeps fewer bytes in flight (its
+// ring, 4 stages of 64 rows, is 72 KB against d = 128's 102 KB), so the HBM rate takes more
+// CTAs. H100 forced splits at d = 64 (2026-12-07, ebc66af, GB/s): 32 tiles 2577 at 2 splits,
+// 2982 at 3 and 4; 16 tiles 2450 at 4, 2767 at 6 (8, which the rule picks, not measured); 64
+// tiles 1940 unsplit, 2044 at 2; 128 tiles best unsplit. Measured on SM90 only; the sm_100a
+// build takes the same rule unmeasured.
 inline int heuristic_splits(int64_t base, int n_blocks, int num_sms, int ctas_per_sm,
-                            bool tma = false) {
+                            bool tma = false, int head_dim = 128) {
   const int64_t slots = int64_t{num_sms} * ctas_per_sm;
   int max_s = n_blocks / 4;
   if (max_s > kMaxSplits) max_s = kMaxSplits;
   if (tma && base > 0 && num_sms > 0) {
-    const int64_t want = (int64_t{num_sms} * 9 + 19) / 20;  // ceil(0.45 num_sms) CTAs
+    const int64_t scale = head_dim > 0 && head_dim < 128 ? 128 / head_dim : 1;
+    const int64_t want = (int64_t{num_sms} * 9 * scale + 19) / 20;  // ceil(0.45 scale num_sms)
     if (base >= want || max_s <= 1) return 1;
     const int64_t s = (want + base - 1) / base;
     return static_cast<int>(s < max_s ? s : max_s);
@@ -238,8 +244,9 @@ Plan make_plan(const Params& p, int num_sms) {
   pl.partial_rows = p.cu_seqlens_q != nullptr ? int64_t{p.total_q} : int64_t{p.batch} * p.seqlen_q;
   const int64_t base = int64_t{p.batch} * p.heads_kv * pl.m_blocks;
   const int per_sm = ctas_per_sm(p.head_dim, p.head_dim_v, pl.warps_n, p.kv_fp8 ? 1 : 2);
-  int s = p.num_splits == 0 ? heuristic_splits(base, pl.n_blocks, num_sms, per_sm, tma_by_sizes(p))
-                            : p.num_splits;
+  int s = p.num_splits == 0
+              ? heuristic_splits(base, pl.n_blocks, num_sms, per_sm, tma_by_sizes(p), p.head_dim)
+              : p.num_splits;
   if (s > pl.n_blocks) s = pl.n_blocks;
   if (s > kMaxSplits) s = kMaxSplits;
   pl.num_splits = s < 1 ? 1 : s;
