@@ -138,7 +138,7 @@ class Fa4(Impl):
         note = f"attention_with_kvcache(cache_seqlens int32 tensor, num_splits={n} ({splits}))"
         if self.fp8_cache:
             note += "; e4m3 cache, k_descale / v_descale (b, h_kv)"
-        skip = getattr(getattr(self._fa4, "dispatch", None), "values_checked", None)
+        skip = getattr(getattr(self._fa4, "value_checks", None), "values_checked", None)
         if self.value_checks or skip is None:
             yield Variant(checked, note + "; value checks on while timed (a host sync a call)")
             return

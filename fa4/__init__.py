@@ -14,7 +14,7 @@ __version__ = (Path(__file__).with_name("VERSION")).read_text().strip()
 
 import torch  # noqa: E402
 
-from . import _ops, dispatch  # noqa: E402
+from . import _ops, dispatch, value_checks  # noqa: E402
 
 __all__ = ["attention", "attention_varlen", "attention_with_kvcache", "__version__"]
 
@@ -187,7 +187,7 @@ def attention_with_kvcache(
     s_new = 0 if k_new is None else k_new.shape[1]
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
-    dispatch.check_cache_append_data(
+    value_checks.check_cache_append_data(
         cache_seqlens, s_new, cache_leftpad, cache_batch_idx, page_table, k_cache, rotary_cos,
         dispatch.rotary_span(q, s_new, opts),
     )  # fmt: skip
@@ -208,7 +208,7 @@ def attention_with_kvcache(
         v_descale=v_descale,
     )  # fmt: skip
     capacity = dispatch.cache_capacity(k_cache, page_table)
-    with dispatch.values_checked():  # check_cache_append_data covered the op's value rules
+    with value_checks.values_checked():  # check_cache_append_data covered the op's value rules
         out, lse = _ops.call_fwd(
             q, k_cache, v_cache, opts, None, None, seqused_k, q.shape[1], capacity, serving
         )

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from . import debug, dispatch, fp8_cache, reference, reference_fp8
+from . import debug, dispatch, fp8_cache, reference, reference_fp8, value_checks
 
 _OPTS = "causal softmax_scale window_left window_right softcap deterministic backend".split()
 
@@ -136,15 +136,15 @@ def takes_decode(cu_k, seqused_k, sv: Serving, arch: str) -> bool:
 
 
 def _check_data(q, k, cu_q, cu_k, seqused_k, max_q, max_k, sv=NO_SERVING):
-    """The value rules of dispatch.check_*_data (one host read of the index tensors; skipped
-    while a CUDA graph is captured)."""
+    """The value rules of value_checks.check_*_data (one host read of the index tensors;
+    skipped while a CUDA graph is captured)."""
     if cu_q is not None:
-        dispatch.check_varlen_data(
+        value_checks.check_varlen_data(
             cu_q, cu_k, seqused_k, q.shape[0], k.shape[0], max_q, max_k,
             seqused_q=sv.seqused_q, page_table=sv.page_table, page_shape=k.shape[:2],
         )  # fmt: skip
     elif _kv_indexed(seqused_k, sv):
-        dispatch.check_kvcache_data(
+        value_checks.check_kvcache_data(
             seqused_k, sv.leftpad_k, sv.cache_batch_idx, sv.page_table, k, q.shape[0]
         )
 

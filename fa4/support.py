@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fa4
 
-from . import _ops, build_info, dispatch, kvcache, manifest
+from . import _ops, build_info, dispatch, kvcache, manifest, value_checks
 
 TESTED = "runs, GPU-tested"
 AWAITING = "written, awaiting GPU run"
@@ -415,7 +415,7 @@ def record(feature: str, direction: str, dims: tuple[int, int], dtype: torch.dty
     grad = direction == "bwd"
     rec = _OpRecorder()
     try:
-        with rec, dispatch.values_checked(), warnings.catch_warnings():
+        with rec, value_checks.values_checked(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out, lse = f.probe("meta", dtype, *dims, grad)
             if grad:

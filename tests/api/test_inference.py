@@ -13,7 +13,7 @@ from helpers import assert_tolerance, randn
 from helpers import naive_attention as naive
 
 import fa4
-from fa4 import _ops, dispatch, reference
+from fa4 import _ops, dispatch, reference, value_checks
 
 BF16 = torch.bfloat16
 I32 = torch.int32
@@ -483,14 +483,14 @@ def test_kvcache_reads_the_index_values_once(monkeypatch):
     """attention_with_kvcache checks the values before its append; the op inside does not read
     them again (one device sync per call on GPU, not two)."""
     reads = []
-    real = dispatch._host
+    real = value_checks._host
 
     def spy(*ts):
         got = real(*ts)
         reads.append(got is not None)
         return got
 
-    monkeypatch.setattr(dispatch, "_host", spy)
+    monkeypatch.setattr(value_checks, "_host", spy)
     q, pool = randn(2, 1, 4, 64), randn(6, 8, 2, 64)
     pt = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=I32)
     fa4.attention_with_kvcache(q, pool, pool, torch.tensor([5, 20], dtype=I32), page_table=pt)
@@ -508,10 +508,10 @@ def test_skip_value_checks_knob(monkeypatch):
     table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=I32)
     full = torch.tensor([5, 24], dtype=I32)  # 24 + an append of 1 > the capacity 24
     monkeypatch.setenv("FA4_SKIP_VALUE_CHECKS", "1")
-    dispatch.check_cache_append_data(full, 1, None, None, table, pool, None, 1)
+    value_checks.check_cache_append_data(full, 1, None, None, table, pool, None, 1)
     monkeypatch.delenv("FA4_SKIP_VALUE_CHECKS")
     with pytest.raises(ValueError, match="fa4: cache_seqlens: entries"):
-        dispatch.check_cache_append_data(full, 1, None, None, table, pool, None, 1)
+        value_checks.check_cache_append_data(full, 1, None, None, table, pool, None, 1)
     monkeypatch.setenv("FA4_SKIP_VALUE_CHECKS", "1")
     with pytest.raises(ValueError, match="fa4: page_table: has 2 rows, expected batch = 3"):
         fa4.attention_with_kvcache(randn(3, 1, 4, 64), pool, pool, 3, page_table=table)

@@ -8,7 +8,7 @@ import torch
 from helpers import randn
 
 import fa4
-from fa4 import dispatch
+from fa4 import dispatch, value_checks
 
 BF16 = torch.bfloat16
 I32 = torch.int32
@@ -429,9 +429,9 @@ def test_rotary_window_q_needs_rows_for_every_q_position():
         )
         == 1
     )
-    dispatch.check_cache_append_data(seqlens, 0, None, None, None, kc, cos, 3)
+    value_checks.check_cache_append_data(seqlens, 0, None, None, None, kc, cos, 3)
     with raises(ValueError, "rotary_cos", "seqlen_ro = 12", "= 12"):
-        dispatch.check_cache_append_data(seqlens + 1, 0, None, None, None, kc, cos, 3)
+        value_checks.check_cache_append_data(seqlens + 1, 0, None, None, None, kc, cos, 3)
     with raises(ValueError, "rotary_cos", "seqlen_ro = 11"):
         fa4.attention_with_kvcache(
             q,
@@ -446,10 +446,10 @@ def test_rotary_window_q_needs_rows_for_every_q_position():
 def test_value_checks_are_skipped_under_graph_capture(monkeypatch):
     """The value rules read the index tensors; while a CUDA graph is captured they cannot, and are
     skipped (shape rules still apply)."""
-    monkeypatch.setattr(dispatch, "_host", lambda *ts: None)
+    monkeypatch.setattr(value_checks, "_host", lambda *ts: None)
     q, pool, pt = _paged()
     bad = torch.tensor([[0, 8, 2], [3, 4, 5]], dtype=I32)
-    dispatch.check_varlen_data(
+    value_checks.check_varlen_data(
         cu([2, 2]),
         None,
         torch.tensor([20, 48], dtype=I32),
@@ -460,9 +460,9 @@ def test_value_checks_are_skipped_under_graph_capture(monkeypatch):
         page_table=bad,
         page_shape=pool.shape[:2],
     )
-    dispatch.check_kvcache_data(torch.tensor([20, 48], dtype=I32), None, None, bad, pool, 2)
+    value_checks.check_kvcache_data(torch.tensor([20, 48], dtype=I32), None, None, bad, pool, 2)
     with raises(ValueError, "cache_batch_idx", "is required when page_table rows (2)"):
-        dispatch.check_kvcache_data(torch.tensor([20], dtype=I32), None, None, bad, pool, 1)
+        value_checks.check_kvcache_data(torch.tensor([20], dtype=I32), None, None, bad, pool, 1)
 
 
 def test_page_entries_past_the_keys_are_not_checked():

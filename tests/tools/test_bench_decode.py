@@ -521,7 +521,7 @@ def test_supervisor_stops_a_worker_past_the_hard_stop(tmp_path, monkeypatch, cap
 def test_fa4_impl_calls_attention_with_kvcache(monkeypatch):
     """fa4's call: the cache (or the pools and page table), cache_seqlens, causal, num_splits,
     backend sm90; the checked first call runs the value checks, the timed calls skip them
-    (fa4.dispatch.values_checked), unless --decode-value-checks."""
+    (fa4.value_checks.values_checked), unless --decode-value-checks."""
     seen = []
     state = {"skip": False}
 
@@ -538,8 +538,8 @@ def test_fa4_impl_calls_attention_with_kvcache(monkeypatch):
                      state["skip"]))  # fmt: skip
         return q.clone()
 
-    dispatch = types.SimpleNamespace(values_checked=values_checked)
-    fake = types.SimpleNamespace(attention_with_kvcache=attention_with_kvcache, dispatch=dispatch)
+    checks = types.SimpleNamespace(values_checked=values_checked)
+    fake = types.SimpleNamespace(attention_with_kvcache=attention_with_kvcache, value_checks=checks)
     monkeypatch.setitem(sys.modules, "fa4", fake)
     case = bd.Case("paged", 2, 64, 1, 2, 16, page_size=16, heads_q=8)
     k, v = run.dense_kv(case, 1, device="cpu")
