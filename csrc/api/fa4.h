@@ -251,7 +251,7 @@ struct RunOptions {
   // or in the variable is kInvalid from run_fwd. It changes which CTA computes a tile, never a
   // result bit (Note [tile order options] in common/tile_scheduler.cuh). run_bwd ignores it.
   const char* tile_order = nullptr;
-  // The SM90 backward's walk over (batch, kv head) pairs, like tile_order: tokens "wave", "l2"
+  // The SM90 and SM100 backwards' walk over (batch, kv head) pairs, like tile_order: "wave", "l2"
   // (sections whose Q / dO / dQ rows fit half the L2), a positive number, "first", "plain" (one
   // pair after another); "" = the built-in default ("first,wave" for causal problems outside
   // deterministic mode, else "plain"). Null = the process default: the environment

@@ -253,7 +253,8 @@ struct TileScheduler {
 // first, because each tile waits only on higher tiles (Note [deterministic dQ],
 // common/bwd_blocks.cuh).
 //
-// Note [bwd tile order options]: RunOptions::bwd_tile_order (the SM90 backward takes it) walks the
+// Note [bwd tile order options]: RunOptions::bwd_tile_order (the SM90 and SM100 backwards take it;
+// SM100 launches one CTA or cluster per item, which the hardware starts in item order) walks the
 // (batch, kv head) pairs in sections instead of one by one: within a section the kv tile runs
 // slowest and the pair fastest, so a section's longest tiles go first, as the forward's Note [LPT
 // order]. Pair by pair, the last pair's longest tile is claimed when ~1/pairs of the work is left
@@ -274,8 +275,14 @@ struct BwdGrid {
   int rotation = 0;         // items before a partial last section walked first, or 0
   int items = 0;            // n_tiles · pairs (section > 1 only)
 
-  // Sections for bwd_tile_order's options; ctas: the CTAs running at once; pair_bytes: the
-  // bytes one pair's tiles share (Q, dO, dQ's fp32 accumulator, LSE and D rows of its group).
+  // The bytes one (batch, kv head) pair's tiles share in L2: its group's Q, dO, dQ's fp32
+  // accumulator and LSE and D rows.
+  static int64_t pair_bytes(int seqlen_q, int group, int d, int dv) {
+    return int64_t(seqlen_q) * group * (d * (2 + 4) + dv * 2 + 2 * int(sizeof(float)));
+  }
+
+  // Sections for bwd_tile_order's options; ctas: the items running at once (CTAs, or clusters
+  // of the SM100 2-CTA kernel); pair_bytes: pair_bytes() of the problem.
   static BwdGrid make(int n_tiles, int heads_kv, int batch, bool descending, int ctas,
                       const TileOrderOptions& opt, int64_t pair_bytes) {
     BwdGrid g{n_tiles, heads_kv, descending};

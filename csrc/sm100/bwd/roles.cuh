@@ -396,7 +396,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
 // ---- Launch --------------------------------------------------------------------------------
 template <class T>
-Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaStream_t stream) {
+Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cudaStream_t stream) {
   using Element = typename T::Element;
   const FwdParams& f = p.fwd;
   KernelParams<T> kp;
@@ -420,7 +420,11 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
     kp.tma_dq = make_tma_dq<T>(kp.ws);
     bwd_preprocess<Element><<<unsigned(pp_blocks), 256, 0, stream>>>(p, kp.ws, row_grid);
   }
-  kp.grid = {(f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.deterministic};
+  // Note [bwd tile order options]: kSplit CTAs of one SM each run an item.
+  kp.grid = BwdGrid::make((f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.batch,
+                          f.deterministic, dev.num_sms / T::kSplit,
+                          dev.tile_order.backward_or_default(f.causal, f.deterministic),
+                          BwdGrid::pair_bytes(f.seqlen_q, kp.group, T::kHeadDim, T::kHeadDimV));
   const int64_t blocks = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch * T::kSplit;
   if (blocks > 0) {
     FA4_SM100_DEBUG_ATTACH(stream);

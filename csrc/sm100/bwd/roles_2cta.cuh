@@ -397,7 +397,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(T::kThreads, 1)
 
 // ---- Launch ------------------------------------------------------------------------------------
 template <class T>
-Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaStream_t stream) {
+Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cudaStream_t stream) {
   using Element = typename T::Element;
   constexpr int D = T::kHeadDim;
   const FwdParams& f = p.fwd;
@@ -425,7 +425,11 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo&, void* workspace, cudaSt
     kp.tma_dq = make_tma_dq<T>(kp.ws);
     bwd_preprocess<Element><<<unsigned(pp_blocks), 256, 0, stream>>>(p, kp.ws, row_grid);
   }
-  kp.grid = {(f.seqlen_k + T::kPairN - 1) / T::kPairN, f.heads_kv, f.deterministic};
+  // Note [bwd tile order options]: a cluster of two SMs runs an item (a pair of kv tiles).
+  kp.grid =
+      BwdGrid::make((f.seqlen_k + T::kPairN - 1) / T::kPairN, f.heads_kv, f.batch, f.deterministic,
+                    dev.num_sms / 2, dev.tile_order.backward_or_default(f.causal, f.deterministic),
+                    BwdGrid::pair_bytes(f.seqlen_q, kp.group, D, D));
   const int64_t blocks = 2 * int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
   if (blocks > 0) {
     FA4_SM100_DEBUG_ATTACH(stream);

@@ -237,12 +237,11 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
   if (pp_blocks > 0) {
     bwd_preprocess<Element><<<unsigned(pp_blocks), 256, 0, stream>>>(p, kp.ws, row_grid);
   }
-  // Note [bwd tile order options]: what one (batch, kv head) pair's tiles share in L2.
-  const int64_t pair_bytes = int64_t(f.seqlen_q) * kp.group *
-                             (T::kHeadDim * (2 + 4) + T::kHeadDimV * 2 + 2 * int(sizeof(float)));
-  kp.grid = BwdGrid::make(
-      (f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.batch, f.deterministic, dev.num_sms,
-      dev.tile_order.backward_or_default(f.causal, f.deterministic), pair_bytes);
+  // Note [bwd tile order options].
+  kp.grid = BwdGrid::make((f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.batch,
+                          f.deterministic, dev.num_sms,
+                          dev.tile_order.backward_or_default(f.causal, f.deterministic),
+                          BwdGrid::pair_bytes(f.seqlen_q, kp.group, T::kHeadDim, T::kHeadDimV));
   const int64_t tiles = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
   kp.tiles = int(tiles);  // < 2^31 as any grid above: 2^31 tiles of K are 2^38 rows
   // Note [persistent bwd]: at most one CTA per SM (one fits), each walking tiles; num_sms at
