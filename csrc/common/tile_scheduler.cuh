@@ -50,7 +50,7 @@
 // 16 pairs on top d = 256 +8 % there (docs/decisions.md, 2026-12-05). It changes only masked
 // problems' order; the SM100 forward takes it too (compiled, not executed; a B200's SMs and L2
 // differ).
-// The backward's default is "first,wave" for every causal problem, unmasked ones keep the plain
+// The backward's default is "first,wave" for every causal problem; unmasked ones keep the plain
 // walk (sections cost them up to 15 % at 512 rows). Before it, "l2,first" for d >= 128 (+5 % at
 // causal 512, d = 128) cut a GQA pair's sections to one pair wherever the group's Q, dO and dQ
 // pass 25 MB (Llama 32:8 or Qwen 28:4 at 8k), which is the plain walk and its tail: the last

@@ -420,7 +420,7 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
     kp.tma_dq = make_tma_dq<T>(kp.ws);
     bwd_preprocess<Element><<<unsigned(pp_blocks), 256, 0, stream>>>(p, kp.ws, row_grid);
   }
-  // Note [bwd tile order options]: kSplit CTAs of one SM each run an item.
+  // Note [bwd tile order options]: an item takes kSplit CTAs, one SM each.
   kp.grid = BwdGrid::make((f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.batch,
                           f.deterministic, dev.num_sms / T::kSplit,
                           dev.tile_order.backward_or_default(f.causal, f.deterministic),
