@@ -5,6 +5,7 @@ tests/gpu_helpers.py."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import re
@@ -132,3 +133,30 @@ def naive_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scal
     lse = torch.logsumexp(s, -1)
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # rows with no key and no sink: 0
     return torch.einsum("hqk,khd->qhd", p[..., :n], vv), lse
+
+
+class BenchStubImpl:
+    """A stand-in for bench_impls' implementations in the bench harness's CPU tests: never
+    skipped, no JIT, its forward a copy of q; `calls` (if given) records each forward's name."""
+
+    jit = False
+
+    def __init__(self, name: str, calls: list | None = None):
+        self.name, self.calls = name, calls
+
+    def skip_reason(self, d, hdim):
+        return None
+
+    def context(self):
+        return contextlib.nullcontext()
+
+    def prepare(self, *inputs):
+        return inputs
+
+    def fwd(self, q, k, v, causal):
+        if self.calls is not None:
+            self.calls.append(self.name)
+        return q.clone()
+
+    def to_bshd(self, x):
+        return x

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import load_script
+from helpers import BenchStubImpl, load_script
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench.py"
 
@@ -256,7 +256,6 @@ def test_rounds_report_the_median_in_rotated_order(tmp_path, monkeypatch, capsys
     row's ms is the median of its three rounds (listed in ms_rounds), memory and host time come
     from the first round, the clocks of every round are kept (reasons joined), and round r at
     point i starts with implementation i + r, so none is always timed first."""
-    import contextlib
     import types
 
     import torch
@@ -266,28 +265,6 @@ def test_rounds_report_the_median_in_rotated_order(tmp_path, monkeypatch, capsys
     script = {"fa4": [5.0, 1.0, 3.0] * 2, "sdpa-cudnn": [2.0, 2.5, 9.0] * 2}
     script["flash-attn-4"] = [4.0] * 6
     calls, timed = [], []  # every fwd call's impl; the impl of every time_ms
-
-    class Impl:
-        jit = False
-
-        def __init__(self, name):
-            self.name = name
-
-        def skip_reason(self, d, hdim):
-            return None
-
-        def context(self):
-            return contextlib.nullcontext()
-
-        def prepare(self, *inputs):
-            return inputs
-
-        def fwd(self, q, k, v, causal):
-            calls.append(self.name)
-            return q.clone()
-
-        def to_bshd(self, x):
-            return x
 
     def time_ms(fn, **kw):
         fn()
@@ -303,7 +280,7 @@ def test_rounds_report_the_median_in_rotated_order(tmp_path, monkeypatch, capsys
 
     fake = types.SimpleNamespace(
         environment=lambda: [],
-        make_impls=lambda ns: [Impl(n) for n in ns],
+        make_impls=lambda ns: [BenchStubImpl(n, calls) for n in ns],
         make_inputs=lambda b, s, h, d, seed, grad, heads_kv=None: tuple(
             torch.zeros(2, 3) for _ in range(4)
         ),

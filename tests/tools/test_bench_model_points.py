@@ -1,7 +1,6 @@
 """CPU tests of the standard sweep's model points (bench.py --model-points): the arguments, the
 GQA inputs, the CSV columns heads_kv and label, the tables and env_sweep keyed by label."""
 
-import contextlib
 import csv
 import sys
 import types
@@ -10,7 +9,7 @@ from unittest import mock
 
 import pytest
 import torch
-from helpers import load_script
+from helpers import BenchStubImpl, load_script
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench.py"
 if str(BENCH.parent) not in sys.path:
@@ -256,28 +255,6 @@ def test_replot_of_a_csv_with_and_without_the_new_columns(tmp_path, capsys):
 # ---- the sweep through main(), with stand-ins for the GPU parts ---------------------------------
 
 
-class _Impl:
-    jit = False
-
-    def __init__(self, name):
-        self.name = name
-
-    def skip_reason(self, d, hdim):
-        return None
-
-    def context(self):
-        return contextlib.nullcontext()
-
-    def prepare(self, *inputs):
-        return inputs
-
-    def fwd(self, q, k, v, causal):
-        return q.clone()
-
-    def to_bshd(self, x):
-        return x
-
-
 def test_main_runs_the_model_points_after_the_standard_ones(tmp_path, monkeypatch, capsys):
     made = []
 
@@ -287,7 +264,7 @@ def test_main_runs_the_model_points_after_the_standard_ones(tmp_path, monkeypatc
 
     fake = types.SimpleNamespace(
         environment=lambda: [],
-        make_impls=lambda ns: [_Impl(n) for n in ns],
+        make_impls=lambda ns: [BenchStubImpl(n) for n in ns],
         make_inputs=make_inputs,
         max_abs_diff=lambda impl, got, ref: (0.0, 1.0),
         peak_extra_mib=lambda fn: (fn(), 10.0)[1],
