@@ -134,15 +134,18 @@ __host__ __device__ inline TmaBlock tma_block(int n, int offset_k, int len_k, in
   return t;
 }
 
-// Whether TMA descriptors can describe the cache (Note [tma blocks], [tma boxes]): 16-byte
-// aligned base and strides (TMA's rule; varlen keys have no batch stride), pages of whole boxes,
-// and no kv_batch_idx on a dense cache (whose batch count FwdParams does not carry, so no
-// descriptor could bound it).
+// The size part of tma_eligible: pages of whole boxes, and no kv_batch_idx on a dense cache
+// (whose batch count FwdParams does not carry, so no descriptor could bound it).
+template <class Params>
+bool tma_sizes_fit(const Params& p) {
+  return p.page_table != nullptr ? p.page_size % kBoxRows == 0 : p.kv_batch_idx == nullptr;
+}
+
+// Whether TMA descriptors can describe the cache (Note [tma blocks], [tma boxes]): tma_sizes_fit
+// and 16-byte aligned base and strides (TMA's rule; varlen keys have no batch stride).
 template <class Params>
 bool tma_eligible(const Params& p) {
-  if (p.page_table != nullptr ? p.page_size % kBoxRows != 0 : p.kv_batch_idx != nullptr) {
-    return false;
-  }
+  if (!tma_sizes_fit(p)) return false;
   const bool varlen = p.cu_seqlens_k != nullptr && p.page_table == nullptr;
   const int64_t bytes = p.kv_fp8 ? 1 : 2;
   const auto aligned = [varlen, bytes](const void* ptr, int64_t row, int64_t head, int64_t batch) {
@@ -226,8 +229,7 @@ inline int heuristic_splits(int64_t base, int n_blocks, int num_sms, int ctas_pe
 // heuristic]'s rule applies.
 template <class Params>
 bool tma_by_sizes(const Params& p) {
-  if (p.kv_fp8) return false;
-  return p.page_table != nullptr ? p.page_size % kBoxRows == 0 : p.kv_batch_idx == nullptr;
+  return !p.kv_fp8 && tma_sizes_fit(p);
 }
 
 template <class Params>
