@@ -42,8 +42,9 @@ docs/numerics.md "FP8"'s bound on rounding P to e4m3, (2^-4 + n·2^-18)·max|v| 
 (bench_util.agrees_fp8). FLOPs as for bf16. The run
 first times the FP8 GEMM ceiling, an 8192³ e4m3 torch._scaled_mm (bf16 out), as the attention
 calls are timed (--rounds included): "fp8 GEMM ceiling X TFLOP/s" = 2·8192³ / t, printed once,
-in fp8_meta.json and in every row's fp8_gemm_ceiling_tflops. Rows add ratio_fa4_bf16 (TFLOP/s
-over fa4-bf16's at the point) and frac_fp8_ceiling (over the ceiling).
+in fp8_meta.json and in every row's fp8_gemm_ceiling_tflops; then the bf16 GEMM ceiling (an
+8192³ bf16 torch.matmul) and the ratio of the two, in fp8_meta.json. Rows add ratio_fa4_bf16
+(TFLOP/s over fa4-bf16's at the point) and frac_fp8_ceiling (over the ceiling).
 """
 
 from __future__ import annotations
@@ -546,6 +547,12 @@ def fp8_notes(meta: dict) -> list[str]:
                      f"({meta.get('fp8_gemm_ceiling_call', '')})")  # fmt: skip
     elif meta.get("fp8_gemm_ceiling_status"):
         lines.append(f"fp8 GEMM ceiling: {meta['fp8_gemm_ceiling_status']}")
+    if meta.get("bf16_gemm_ceiling_tflops") is not None:
+        line = f"bf16 GEMM ceiling {meta['bf16_gemm_ceiling_tflops']:.1f} TFLOP/s"
+        if meta.get("fp8_gemm_ceiling_tflops"):
+            ratio = meta["fp8_gemm_ceiling_tflops"] / meta["bf16_gemm_ceiling_tflops"]
+            line += f"; fp8 / bf16 GEMM ceilings {ratio:.3f}"
+        lines.append(line)
     if meta.get("cudnn_fp8_sdpa"):
         lines.append(meta["cudnn_fp8_sdpa"])
     return lines
@@ -565,18 +572,30 @@ def fp8_setup(bi, torch, args, st: State) -> dict:
         "command": " ".join(sys.argv),
     }
     print(meta["cudnn_fp8_sdpa"], flush=True)
-    try:
-        ms, times, call = bi.fp8_gemm_ceiling(args.rounds, args.warmup_ms, args.rep_ms)
-        st.ceiling = bu.gemm_tflops(ms)
-        meta.update(fp8_gemm_ceiling_tflops=st.ceiling, fp8_gemm_ceiling_ms=ms,
-                    fp8_gemm_ceiling_ms_rounds=times, fp8_gemm_ceiling_call=call,
-                    fp8_gemm_ceiling_mnk=list(bu.CEILING_MNK))  # fmt: skip
-        print(f"fp8 GEMM ceiling {st.ceiling:.1f} TFLOP/s ({ms:.4f} ms, median of "
-              f"{len(times)} round(s): {call})", flush=True)  # fmt: skip
-    except Exception as e:  # noqa: BLE001
-        meta.update(fp8_gemm_ceiling_tflops=None, fp8_gemm_ceiling_status=f"failed: {_err(e)}")
-        print(f"fp8 GEMM ceiling: failed: {_err(e)}", flush=True)
-        torch.cuda.empty_cache()
+    for name in ("fp8", "bf16"):
+        try:
+            ms, times, call = getattr(bi, f"{name}_gemm_ceiling")(
+                args.rounds, args.warmup_ms, args.rep_ms
+            )
+            tflops = bu.gemm_tflops(ms)
+            meta.update({f"{name}_gemm_ceiling_tflops": tflops, f"{name}_gemm_ceiling_ms": ms,
+                         f"{name}_gemm_ceiling_ms_rounds": times,
+                         f"{name}_gemm_ceiling_call": call,
+                         f"{name}_gemm_ceiling_mnk": list(bu.CEILING_MNK)})  # fmt: skip
+            print(f"{name} GEMM ceiling {tflops:.1f} TFLOP/s ({ms:.4f} ms, median of "
+                  f"{len(times)} round(s): {call})", flush=True)  # fmt: skip
+        except Exception as e:  # noqa: BLE001
+            meta.update({f"{name}_gemm_ceiling_tflops": None,
+                         f"{name}_gemm_ceiling_status": f"failed: {_err(e)}"})  # fmt: skip
+            print(f"{name} GEMM ceiling: failed: {_err(e)}", flush=True)
+            torch.cuda.empty_cache()
+    st.ceiling = meta["fp8_gemm_ceiling_tflops"]
+    ceilings = meta["fp8_gemm_ceiling_tflops"], meta["bf16_gemm_ceiling_tflops"]
+    if all(ceilings):
+        ratio = ceilings[0] / ceilings[1]
+        print(f"fp8 / bf16 GEMM ceilings {ratio:.3f} (an FP8 forward as close to its GEMM "
+              "ceiling as the bf16 one is to its own runs this ratio faster)",
+              flush=True)  # fmt: skip
     (st.out / FP8_META).write_text(json.dumps(meta, indent=1) + "\n")
     return meta
 

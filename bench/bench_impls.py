@@ -321,11 +321,26 @@ def fp8_gemm_ceiling(rounds=1, warmup_ms=25, rep_ms=100, mnk=(8192, 8192, 8192))
     def fn():
         return torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 
+    call = (f"torch._scaled_mm(a, b.t(), scale_a=1, scale_b=1, out_dtype=torch.bfloat16), "
+            f"e4m3 {m}x{n}x{k}, use_fast_accum=False")  # fmt: skip
+    return _ceiling(fn, call, rounds, warmup_ms, rep_ms)
+
+
+def bf16_gemm_ceiling(rounds=1, warmup_ms=25, rep_ms=100, mnk=(8192, 8192, 8192)):
+    """As fp8_gemm_ceiling for one bf16 m × n × k torch.matmul (a @ b.t()): the FP8 mode's
+    second ceiling, so that the two GEMM rates are compared on one card in one run."""
+    m, n, k = mnk
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn((m, k), generator=g, device="cuda").to(torch.bfloat16)
+    b = torch.randn((n, k), generator=g, device="cuda").to(torch.bfloat16)
+    return _ceiling(lambda: a @ b.t(), f"torch.matmul(a, b.t()), bf16 {m}x{n}x{k}", rounds,
+                    warmup_ms, rep_ms)  # fmt: skip
+
+
+def _ceiling(fn, call, rounds, warmup_ms, rep_ms):
     fn()
     torch.cuda.synchronize()
     times = [time_ms(fn, warmup_ms=warmup_ms, rep_ms=rep_ms) for _ in range(rounds)]
-    call = (f"torch._scaled_mm(a, b.t(), scale_a=1, scale_b=1, out_dtype=torch.bfloat16), "
-            f"e4m3 {m}x{n}x{k}, use_fast_accum=False")  # fmt: skip
     return statistics.median(times), times, call
 
 

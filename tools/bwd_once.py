@@ -5,7 +5,8 @@
     ncu ... -k regex:BackwardSm90 ... python3 tools/bwd_once.py flash-attn-4 1 16384 0
 
 Arguments: implementation (fa4 or flash-attn-4), batch, seqlen, causal (0/1), and optionally
-head dim (128) and heads (2048 / hd, the bench's 16k-token shapes). bf16, fresh N(0, 1) inputs.
+head dim (128), heads (2048 / hd, the bench's 16k-token shapes) and kv heads (= heads; fewer for
+GQA, as bench_util.MODEL_POINTS). bf16, fresh N(0, 1) inputs.
 """
 
 import sys
@@ -26,9 +27,12 @@ def main():
     b, s, causal = map(int, sys.argv[2:5])
     d = int(sys.argv[5]) if len(sys.argv) > 5 else 128
     h = int(sys.argv[6]) if len(sys.argv) > 6 else 2048 // d
+    h_kv = int(sys.argv[7]) if len(sys.argv) > 7 else h
+    if h % h_kv:
+        raise SystemExit(f"heads {h} is not a multiple of kv heads {h_kv}")
     q, k, v = (
-        torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        for _ in range(3)
+        torch.randn(b, s, heads, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for heads in (h, h_kv, h_kv)
     )
     dout = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
     for _ in range(2):

@@ -207,6 +207,9 @@ def test_main_fp8_mode_with_stand_ins(tmp_path, monkeypatch, capsys):
         seen["ceiling_rounds"] = rounds
         return 1.0, [1.1, 1.0, 0.9][:rounds], "torch._scaled_mm(stand-in)"
 
+    def bf16_gemm_ceiling(rounds, warmup_ms, rep_ms):
+        return 1.6, [1.6] * rounds, "torch.matmul(stand-in)"
+
     def time_ms(fn, **kw):
         fn()
         return _ms_for(p, fp8[current[-1]])
@@ -237,6 +240,7 @@ def test_main_fp8_mode_with_stand_ins(tmp_path, monkeypatch, capsys):
         fp8_v_max=lambda inputs: 4.0,
         CUDNN_FP8_API="stand-in",
         fp8_gemm_ceiling=fp8_gemm_ceiling,
+        bf16_gemm_ceiling=bf16_gemm_ceiling,
         max_abs_diff=lambda impl, got, ref: (1e-3, 1.0),
         peak_extra_mib=lambda fn: (fn(), 10.0)[1],
         host_us=lambda fn: (fn(), 7.0)[1],
@@ -270,6 +274,9 @@ def test_main_fp8_mode_with_stand_ins(tmp_path, monkeypatch, capsys):
     assert meta["fp8_gemm_ceiling_tflops"] == pytest.approx(bu.gemm_tflops(1.0))
     assert meta["fp8_gemm_ceiling_ms_rounds"] == [1.1, 1.0, 0.9]
     assert meta["fp8_gemm_ceiling_mnk"] == [8192, 8192, 8192]
+    assert meta["bf16_gemm_ceiling_tflops"] == pytest.approx(bu.gemm_tflops(1.6))
+    assert text.count("bf16 GEMM ceiling 687.2 TFLOP/s") == 1
+    assert text.count("fp8 / bf16 GEMM ceilings 1.600") == 1
     assert "| 128 | no | 16k | skipped | 900 | 600 | 1.500 | 81.9 |" in text
     assert bench.main(["--replot", str(out / "results.csv")]) == 0
     text = capsys.readouterr().out
