@@ -21,7 +21,7 @@ memory (the real files are only read):
 The SM90 and decode kernels' ops (enumerate_mutants90): ClusterBarrier waits and arrivals,
 CUTLASS pipeline calls (consumer_wait, producer_acquire, producer_tail count as waits,
 consumer_release as an arrival), expect_tx, cp.async arrivals, named barriers (sync: a wait,
-arrive: an arrival; asm bar.sync and the decode's group_sync too); flip-parity of a pipeline
+arrive: an arrival; asm bar.sync too); flip-parity of a pipeline
 state is its start phase (producer <-> consumer state); arrivals+-1 change a barrier init's
 count, and a pipeline's num_consumers changes by +-128 (CUTLASS counts warpgroups).
 Each mutant is extracted and explored in CONFIGS (stop at the first violation):
@@ -457,7 +457,7 @@ EFFECT90_RE = re.compile(
     r"\b(copy|gemm|gemm_zero_acc|cp_async_16|ldmatrix_x4|ldmatrix_x4_trans|arrive|"
     r"consumer_release|cp_async_arrive|arrive_and_expect_tx|producer_acquire|issue_gemm|"
     r"stage_rows|stage_swizzled|write_rows|tma_store_rows)\s*[<(]|"
-    r"\bitems\[|\(\s*epi\s*\+|\bepi_lse\s*\[|bar\.sync|cp\.reduce|\b(dequant_rows|group_sync)\b|"
+    r"\bitems\[|\(\s*epi\s*\+|\bepi_lse\s*\[|bar\.sync|cp\.reduce|"
     r"\bss\.(lse2|dpsum|dq)\s*\["
 )
 # Not the guarded operation: another wait, or the expect_tx that announces the guarded copy.
@@ -532,7 +532,7 @@ def enumerate_mutants90(sources, reached) -> list[Mutant]:
                     mutants.append(Mutant(f"arrivals{delta:+d}", fname, line,
                                           f"init {bar} {c} in {fn}", (edit,)))  # fmt: skip
                 continue
-            kind = "delete-wait" if name in s9.WAITS | {"group_sync"} else "delete-arrive"
+            kind = "delete-wait" if name in s9.WAITS else "delete-arrive"
             mutants.append(Mutant(kind, fname, line, what, ((a, b, " " * (b - a)),)))
             if kind != "delete-wait":
                 continue
@@ -596,7 +596,7 @@ def _walk90(root, fn):
         if n.type == "call_expression":
             name = _callee90(n)
             func = n.child_by_field_name("function")
-            if (name in s9.SYNC_NAMES or name == "group_sync") and not (
+            if name in s9.SYNC_NAMES and not (
                     name == "sync" and "NamedBarrier" not in t):  # fmt: skip
                 out.append((n, fn))
             elif name == "init" and (

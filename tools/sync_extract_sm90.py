@@ -38,9 +38,7 @@ its case):
     with no arrival before the next sync op land on a barrier that never completes. The
     epilogue's shared-memory stores alias the whole ring (a write of every stage) and its
     row statistics (epi_lse) are per-warp buffers read by every warp's merge. The FP8 cache
-    (kKvFp8): each warp dequantizes its part of its key group's rows into the staging block
-    (K16_<wn>_<wm>, V16_<wn>_<wm>), read whole by the group's warps; group_sync's bar.sync
-    orders them.
+    (kKvFp8) is read from the stage as the 16-bit one is (Note [fp8 fragments]).
   - Decode producers (the Config's variant: 2, the gather, kTma false; 3, kTma true, as the
     A/B named them): 2 (copy_block, its destination a lambda of the row and chunk) is a
     cp.async gather of the stage and cp_async_arrive. Variant 3 (Note
@@ -96,7 +94,7 @@ WAITS = {"wait", "wait_barrier", "consumer_wait", "producer_acquire", "producer_
 ARRIVES = {"arrive", "arrive_and_expect_tx", "consumer_release", "cp_async_arrive"}
 SYNC_NAMES = WAITS | ARRIVES
 DATA_NAMES = {"copy", "gemm", "gemm_zero_acc", "cp_async_16", "cp_async_16_free", "ldmatrix_x4",
-              "ldmatrix_x4_trans", "init", "producer_commit", "dequant_rows"}  # fmt: skip
+              "ldmatrix_x4_trans", "init", "producer_commit"}  # fmt: skip
 PRIM_RE = re.compile(
     r"\b(" + "|".join(sorted(SYNC_NAMES | DATA_NAMES)) + r")\s*\(|bar\.sync|cp\.reduce\.async|"
     r"red\.release\.gpu"
@@ -410,15 +408,7 @@ class Interp90(se.Interp):
         if name in ("ldmatrix_x4", "ldmatrix_x4_trans"):
             src = self.expr(args[0], scope)
             if isinstance(src, BufAddr):
-                for buf in self.parts(src):
-                    self.data(pm.Read(buf, self.tag(src.kind, "read")))
-            return None
-        if name == "dequant_rows":  # ring rows -> this warp's part of the group's staging
-            src, dst = self.expr(args[0], scope), self.expr(args[1], scope)
-            if not isinstance(src, BufAddr) or not isinstance(dst, BufAddr):
-                raise ExtractError(f"{self.role}: dequant_rows buffers unknown: {txt(n)[:60]}")
-            self.data(pm.Read(src.buf, self.tag(src.kind, "read")))
-            self.data(pm.Write(f"{dst.buf}_{self.lookup('wm')}", self.tag(dst.kind, "write"), 0))
+                self.data(pm.Read(src.buf, self.tag(src.kind, "read")))
             return None
         if name in ("gemm", "gemm_zero_acc"):
             for a in args:
@@ -471,12 +461,6 @@ class Interp90(se.Interp):
             return super().call_closure(clo, args)
         finally:
             self.file = saved
-
-    def parts(self, addr):
-        """A staging buffer is read whole: every part its key group's warps wrote."""
-        if addr.kind in ("K16", "V16"):
-            return [f"{addr.buf}_{m}" for m in range(self.env.consts["kWarpsM"])]
-        return [addr.buf]
 
     def call_member(self, name, args):
         """A TileRing method: its members full / empty / item in scope."""
@@ -823,7 +807,7 @@ class DecodeConfig:
     # copy_block's gather for the others
     variant: int = 2
     warps_n: int = 1  # kWarpsN (decode/plan.h)
-    fp8: bool = False  # kKvFp8: the ring holds e4m3 rows, dequantized per key group into staging
+    fp8: bool = False  # kKvFp8: the ring holds e4m3 rows (Note [fp8 fragments])
     # Variant 3: each block's path, tma_block(n, ...) of block n of the split: "t" by TMA as one
     # tile, "b" by TMA as boxes of kBoxRows rows (Note [tma boxes]), "g" gathered (a partial
     # last block, a block across pages the boxes cannot take); "" for 2
@@ -859,7 +843,7 @@ def decode_env(cfg: DecodeConfig) -> Env90:
         "blockIdx": se.ThreadIdx(0),
     }  # fmt: skip
     kv = lambda v: ("KV", v("it"))  # noqa: E731 (block it of the CTA's split)
-    tags = {(k, a): kv for k in ("K", "V", "K16", "V16") for a in ("write", "read", "tma")}
+    tags = {(k, a): kv for k in ("K", "V") for a in ("write", "read", "tma")}
     stage = lambda kind: lambda v: BufAddr(f"{kind}{v('stage')}", kind)  # noqa: E731
     decls = {
         "n_blocks": (lambda v: cfg.blocks, None), "n_begin": (lambda v: 0, None),
@@ -868,9 +852,6 @@ def decode_env(cfg: DecodeConfig) -> Env90:
         "k_smem": (stage("K"), "smem_addr"), "v_smem": (stage("V"), "k_smem"),
         "k_base": (stage("K"), "smem_addr"), "v_base": (stage("V"), "k_base"),
         "v_tile": (stage("V"), "k_smem"),  # variant 3's swizzled V tile of the stage
-        # Note [fp8 cache]: key group wn's staging rows, one part per warp of the group
-        "k16": (lambda v: BufAddr(f"K16_{v('wn')}", "K16"), "staging"),
-        "v16": (lambda v: BufAddr(f"V16_{v('wn')}", "V16"), "staging"),
     }  # fmt: skip
 
     def tma_block(interp, n, offset_k, len_k, page_size):  # Note [tma blocks]: the path of

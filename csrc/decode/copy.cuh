@@ -96,6 +96,18 @@ __device__ __forceinline__ void copy_block(Dst dst, const void* base, const int6
   }
 }
 
+// Note [fp8 fragments]: the FP8 cache's MMA operands straight from the ring's e4m3 bytes, with
+// no fp16 copy in shared memory. ldmatrix of an 8-row x 16-byte e4m3 matrix gives lane l the
+// four bytes 4 (l % 4) .. + 3 of row l / 4, where m16n8k16's B fragment wants elements k =
+// 2 (l % 4) + {0, 1} and + {8, 9} of column l / 4.
+// - K (S = Q Kᵀ: rows are keys, n; bytes are d, k): the four bytes become b0 (the first two) and
+//   b1 (the last two), which is the B fragment of the k order in which 16 d's read d 0, 1, 4, 5,
+//   8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15. A reduction may take any order: the query tile is
+//   stored in the same one (fp8_q_order), so S is unchanged.
+// - V (O += P V: rows are keys, k; bytes are d, n): ldmatrix .trans of the same matrix gives lane
+//   l keys 2 (l % 4) + {0, 1} at d 2 (l / 4) + {0, 1}: one byte permute turns the word into the
+//   B fragments of two MMAs, one over the even d's of the 16 and one over the odd ones, so O's
+//   columns come back interleaved (fp8_o_column) and the epilogue puts them in order.
 // Four e4m3 values (one 32-bit word, element 0 in the low byte) as two fp16x2 words, exactly
 // (every e4m3 value, subnormals included, is an fp16 value).
 __device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
@@ -103,6 +115,29 @@ __device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t& lo, uint32
       "cvt.rn.f16x2.e4m3x2 %1, b;\n\t}"
       : "=r"(lo), "=r"(hi)
       : "r"(w));
+}
+
+// Note [fp8 fragments], V: a .trans word (key 2q at d 2g, 2g + 1; key 2q + 1 at d 2g, 2g + 1) as
+// the fp16x2 B words of the even-d MMA (keys 2q, 2q + 1 at d 2g) and the odd-d one (at 2g + 1).
+// kFp8TransPerm: __byte_perm's selector taking bytes (0, 1, 2, 3) to (0, 2, 1, 3).
+constexpr uint32_t kFp8TransPerm = 0x3120;
+__device__ __forceinline__ void e4m3_trans_to_f16(uint32_t w, uint32_t& even, uint32_t& odd) {
+  e4m3x4_to_f16x4(__byte_perm(w, 0, kFp8TransPerm), even, odd);
+}
+
+// Note [fp8 fragments], K: the query tile's 16 fp16 values of d 16 c .. 16 c + 15 (two 16-byte
+// chunks, d order) in the MMAs' k order: the first chunk holds d 0, 1, 4, 5, 8, 9, 12, 13, the
+// second 2, 3, 6, 7, 10, 11, 14, 15.
+__host__ __device__ __forceinline__ void fp8_q_order(uint4& lo, uint4& hi) {
+  const uint4 a = lo, b = hi;
+  lo = make_uint4(a.x, a.z, b.x, b.z);
+  hi = make_uint4(a.y, a.w, b.y, b.w);
+}
+
+// Note [fp8 fragments], V: the d (within 16) of O accumulator register i (0-3: rows g, g, g + 8,
+// g + 8) of the even (odd = 0) or odd (odd = 1) MMA of lane quad q = l % 4.
+__host__ __device__ __forceinline__ int fp8_o_column(int odd, int i, int q) {
+  return 4 * q + 2 * (i % 2) + odd;
 }
 
 // Eight 16-bit values of a query row (Element) as fp16, for the FP8-cache MMAs: bf16 values
@@ -121,30 +156,6 @@ __device__ __forceinline__ uint4 to_f16x8(uint4 v) {
       w[i] = *reinterpret_cast<uint32_t*>(&h);
     }
     return make_uint4(w[0], w[1], w[2], w[3]);
-  }
-}
-
-// Dequantizes rows [row0, row0 + rows) of one ring buffer at src (e4m3 rows of pitch kPitch8,
-// or the TMA variant's swizzled tile when Swizzled is its layout) into fp16 rows (pitch
-// kPitch16), `kChunks` 16-byte chunks per ring row, spread over `threads` threads.
-template <int kChunks, int kPitch8, int kPitch16, class Swizzled = void>
-__device__ __forceinline__ void dequant_rows(uint32_t src, uint32_t dst, int row0, int rows,
-                                             int thread, int threads) {
-  for (int i = thread; i < rows * kChunks; i += threads) {
-    const int r = row0 + i / kChunks, x = i % kChunks;
-    uint32_t w[4], h[8];
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                 : "r"(src + chunk_offset<kPitch8, Swizzled>(r, x)));
-    FA4_UNROLL
-    for (int j = 0; j < 4; ++j) e4m3x4_to_f16x4(w[j], h[2 * j], h[2 * j + 1]);
-    const uint32_t d = dst + r * kPitch16 + x * 32;
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(d), "r"(h[0]), "r"(h[1]),
-                 "r"(h[2]), "r"(h[3])
-                 : "memory");
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(d + 16), "r"(h[4]), "r"(h[5]),
-                 "r"(h[6]), "r"(h[7])
-                 : "memory");
   }
 }
 

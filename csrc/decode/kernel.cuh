@@ -30,11 +30,12 @@
 // limit (docs/decisions.md).
 //
 // Note [fp8 cache]: with an e4m3 cache (FwdParams::kv_fp8) the ring holds the cache's bytes (half
-// the traffic and half the stage: 4 stages of 18 KB at hd128) and the consumer warps that read a
-// key range dequantize it into an fp16 staging block (cvt.rn.f16x2.e4m3x2: exact), on which the
-// unchanged MMA code runs in fp16: Q is converted to fp16 when the tile is loaded (bf16 values
-// beyond +-65504 saturate) and so is P. The descales cost nothing per element: k_descale
-// multiplies the score scale and v_descale the row normalization 1 / l.
+// the traffic and half the stage: 4 stages of 18 KB at hd128), and each consumer warp converts
+// the K and V fragments it loads from them to fp16 in registers (cvt.rn.f16x2.e4m3x2: exact;
+// Note [fp8 fragments] in decode/copy.cuh), so the MMAs run in fp16: Q is converted to fp16
+// when the tile is loaded (bf16 values beyond +-65504 saturate) and so is P. The descales cost
+// nothing per element: k_descale multiplies the score scale and v_descale the row
+// normalization 1 / l.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -71,14 +72,11 @@ struct Traits {
   static constexpr int kPitchK = row_pitch(D * kKvBytes);  // ring rows
   static constexpr int kPitchV = row_pitch(DV * kKvBytes);
   static constexpr int kPitchQ = row_pitch(2 * D);
-  static constexpr int kMmaPitchK = row_pitch(2 * D);  // the rows the MMAs read (ring or staging)
-  static constexpr int kMmaPitchV = row_pitch(2 * DV);
   static constexpr int kStages = num_stages(D, DV, kWarpsN, kKvBytes);
   static constexpr int kStageBytes = stage_bytes(D, DV, kKvBytes);
   static constexpr int kRingBytes = ring_bytes(D, DV, kWarpsN, kKvBytes);
   static constexpr int kQOffset = kRingBytes;
-  static constexpr int kStagingOffset = kQOffset + q_bytes(D, kWarpsN);
-  static constexpr int kBarOffset = kStagingOffset + staging_bytes(D, DV, kKvBytes);
+  static constexpr int kBarOffset = kQOffset + q_bytes(D, kWarpsN);
   static constexpr int kRowOffOffset = kBarOffset + 2 * 4 * 8;  // the producer's row offsets
   static constexpr int kSmemBytes = smem_bytes(D, DV, kWarpsN, kKvBytes);
   static constexpr int kMinBlocks = ctas_per_sm(D, DV, kWarpsN, kKvBytes);
@@ -90,15 +88,14 @@ struct Traits {
   using SFrag = QuadFrag<kWarpN>;
   using OFrag = QuadFrag<DV>;
   static_assert(kWarpN % 16 == 0 && D % 16 == 0 && DV % 16 == 0, "mma.sync k16 / n16 steps");
-  static_assert(kBarOffset % 16 == 0 && kStagingOffset % 16 == 0 && kSmemBytes <= 227 * 1024,
-                "shared memory");
+  static_assert(!kKvFp8 || (D % 32 == 0 && DV % 32 == 0), "Note [fp8 fragments]: 32-byte steps");
+  static_assert(kBarOffset % 16 == 0 && kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(epi_bytes(DV) <= kRingBytes, "the epilogue reuses the ring");
   // Variant 3 (Note [tma blocks]): a stage holds K's and V's blocks as TMA writes them, each
   // in GMMA's K-major swizzled layout (16-byte chunks of a row permuted by the row's index, so
   // that ldmatrix's 8 rows of a matrix meet 8 different bank groups without padding), V at byte
   // kTmaVOffset of the stage; both fit the padded stage, whose base is 1024-byte aligned.
-  // The cache's element: Element, or e4m3 with an FP8 cache (whose swizzled rows the consumers
-  // dequantize into the padded fp16 staging block, which the MMAs read).
+  // The cache's element: Element, or e4m3 with an FP8 cache (Note [fp8 fragments]).
   using KvElement = std::conditional_t<kKvFp8, cutlass::float_e4m3_t, Element>;
   using SmemLayoutK =
       decltype(tile_to_shape(smem_atom_k<KvElement, D>(), Shape<Int<kBlockN>, Int<D>>{}));
@@ -206,17 +203,6 @@ __device__ __forceinline__ void wait_barrier(uint64_t* bar, int phase) {
 
 }  // namespace detail
 
-// Synchronizes the kWarpsM consumer warps that share key group wn (named barriers 2 to 5; 1 is
-// the consumers' epilogue barrier).
-template <int kWarpsM>
-__device__ __forceinline__ void group_sync(int wn) {
-  if constexpr (kWarpsM == 1) {
-    __syncwarp();
-  } else {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(2 + wn), "n"(32 * kWarpsM) : "memory");
-  }
-}
-
 // One sequence's rows and keys, after seqused_q / seqused_k / leftpad_k (api/fa4.h).
 struct SeqRows {
   int offset_q = 0;  // packed row of the sequence's first query (varlen), else 0
@@ -290,8 +276,6 @@ template <int D, int DV, class Element, int kWarpsN, bool kKvFp8, bool kTma>
 __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::kMinBlocks)
     decode_kernel(const __grid_constant__ KernelArgs<D, DV, Element, kWarpsN, kKvFp8, kTma> args) {
   using T = Traits<D, DV, Element, kWarpsN, kKvFp8>;
-  // The MMAs read the swizzled TMA tiles themselves (16-bit cache) or padded rows.
-  constexpr bool kSwizzledMma = kTma && !kKvFp8;
   using KvElement = typename T::KvElement;
   // Byte offsets of (row, col) in the swizzled K and V tiles of a stage (col: an element).
   const auto swz_k = [](int row, int col) {
@@ -343,9 +327,11 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
   // The query tile: packed row r is token
   // (row0 + r) / group of head kv_head * group + (row0 + r) % group; rows past the computed ones
   // are zeros.
+  // With an FP8 cache each thread takes two chunks (16 d's), converted to fp16 and put in the
+  // MMAs' k order (Note [fp8 fragments]).
   constexpr int kQChunks = D / 8;  // 16-byte chunks per row
-  for (int i = threadIdx.x; i < T::kBlockM * kQChunks; i += T::kThreads) {
-    const int r = i / kQChunks, c = i % kQChunks;
+  constexpr int kPer = kKvFp8 ? 2 : 1;
+  const auto q_chunk = [&](int r, int c) {
     const int pr = row0 + r;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (pr < rows_used && c * 8 < p.head_dim) {  // zeros past d: Note [padded head dims]
@@ -357,7 +343,19 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
       v = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.q) + off);
       if constexpr (kKvFp8) v = detail::to_f16x8<Element>(v);
     }
-    *reinterpret_cast<uint4*>(smem + T::kQOffset + r * T::kPitchQ + c * 16) = v;
+    return v;
+  };
+  for (int i = threadIdx.x; i < T::kBlockM * kQChunks / kPer; i += T::kThreads) {
+    const int r = i / (kQChunks / kPer), c = i % (kQChunks / kPer) * kPer;
+    uint4* dst = reinterpret_cast<uint4*>(smem + T::kQOffset + r * T::kPitchQ + c * 16);
+    if constexpr (kKvFp8) {
+      uint4 lo = q_chunk(r, c), hi = q_chunk(r, c + 1);
+      detail::fp8_q_order(lo, hi);
+      dst[0] = lo;
+      dst[1] = hi;
+    } else {
+      dst[0] = q_chunk(r, c);
+    }
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
@@ -499,8 +497,10 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
   // >= 2. B of S (K rows = n, d = k): matrices (n0, k0), (n0, k8), (n8, k0), (n8, k8). B of O
   // (V rows = k, d_v = n), transposed: (k0, n0), (k8, n0), (k0, n8), (k8, n8).
   const int a_row = wm * 16 + (lane % 8) + ((lane / 8) % 2) * 8, a_col = (lane / 16) * 8;
-  const int kb_row = wn * T::kWarpN + (lane % 8) + (lane / 16) * 8, kb_col = ((lane / 8) % 2) * 8;
-  const int vb_row = wn * T::kWarpN + (lane % 8) + ((lane / 8) % 2) * 8, vb_col = (lane / 16) * 8;
+  // K and V: each matrix is 8 rows x 16 bytes (8 16-bit elements, or 16 e4m3 ones: Note [fp8
+  // fragments]), the lane's own column in bytes.
+  const int kb_row = wn * T::kWarpN + (lane % 8) + (lane / 16) * 8, kb_byte = ((lane / 8) % 2) * 16;
+  const int vb_row = wn * T::kWarpN + (lane % 8) + ((lane / 8) % 2) * 8, vb_byte = (lane / 16) * 16;
   // Note [fp8 cache]: the descales fold into the score scale (k) and the row normalization (v).
   float v_scale = 1.0f;
   ScoreScale score = args.score;
@@ -512,62 +512,66 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
     score = ScoreScale::make(p.softmax_scale * k_scale, p.softcap);
   }
   using MmaElement = typename T::MmaElement;
-  // Byte offsets of (row, col) in the K and V blocks the MMAs read: padded rows (the ring's, or
-  // the FP8 cache's fp16 staging block), or the swizzled TMA tiles (Note [tma blocks]).
-  // Both step from the thread's own ldmatrix row and column (Note [swizzle steps]).
-  const int k_own = kSwizzledMma ? swz_k(kb_row, kb_col) : kb_row * T::kMmaPitchK + kb_col * 2;
-  const int v_own = kSwizzledMma ? swz_v(vb_row, vb_col) : vb_row * T::kMmaPitchV + vb_col * 2;
+  constexpr int kB = T::kKvBytes;
+  // Byte offsets of (row, col: an element) in the stage's K and V blocks: the padded rows, or the
+  // swizzled TMA tiles (Note [tma blocks]), which the MMAs read as they are. Both step from the
+  // thread's own ldmatrix row and column (Note [swizzle steps]).
+  const int k_own = kTma ? swz_k(kb_row, kb_byte / kB) : kb_row * T::kPitchK + kb_byte;
+  const int v_own = kTma ? swz_v(vb_row, vb_byte / kB) : vb_row * T::kPitchV + vb_byte;
   const auto k_at = [&](int dr, int dc) {
-    if constexpr (kSwizzledMma)
-      return swizzled_step<typename T::SmemLayoutK, 2, T::kAtomColsK>(k_own, dr, dc);
+    if constexpr (kTma)
+      return swizzled_step<typename T::SmemLayoutK, kB, T::kAtomColsK>(k_own, dr, dc);
     else
-      return k_own + dr * T::kMmaPitchK + dc * 2;
+      return k_own + dr * T::kPitchK + dc * kB;
   };
   const auto v_at = [&](int dr, int dc) {
-    if constexpr (kSwizzledMma)
-      return swizzled_step<typename T::SmemLayoutV, 2, T::kAtomColsV>(v_own, dr, dc);
+    if constexpr (kTma)
+      return swizzled_step<typename T::SmemLayoutV, kB, T::kAtomColsV>(v_own, dr, dc);
     else
-      return v_own + dr * T::kMmaPitchV + dc * 2;
+      return v_own + dr * T::kPitchV + dc * kB;
   };
 
   for (int it = 0; it < n_blocks; ++it) {
     const int stage = it % T::kStages;
     detail::wait_barrier(&full[stage], (it / T::kStages) & 1);
-    uint32_t k_base = detail::smem_addr(smem + stage * T::kStageBytes);
-    uint32_t v_base = k_base + (kTma ? T::kTmaVOffset : kBlockN * T::kPitchK);
-    if constexpr (kKvFp8) {
-      // Note [fp8 cache]: the kWarpsM warps that read keys [wn kWarpN, (wn + 1) kWarpN) of every
-      // block dequantize those rows into the staging block, after all of them have finished
-      // reading the previous block's there, and read them once all have written.
-      const uint32_t staging = detail::smem_addr(smem + T::kStagingOffset);
-      const uint32_t k16 = staging, v16 = staging + kBlockN * T::kMmaPitchK;
-      const int group_thread = wm * 32 + lane;
-      group_sync<T::kWarpsM>(wn);
-      using SwK = std::conditional_t<kTma, typename T::SmemLayoutK, void>;
-      using SwV = std::conditional_t<kTma, typename T::SmemLayoutV, void>;
-      detail::dequant_rows<D / 16, T::kPitchK, T::kMmaPitchK, SwK>(
-          k_base, k16, wn * T::kWarpN, T::kWarpN, group_thread, 32 * T::kWarpsM);
-      detail::dequant_rows<DV / 16, T::kPitchV, T::kMmaPitchV, SwV>(
-          v_base, v16, wn * T::kWarpN, T::kWarpN, group_thread, 32 * T::kWarpsM);
-      cutlass::arch::ClusterBarrier::arrive(&empty[stage]);  // this thread's ring reads are done
-      group_sync<T::kWarpsM>(wn);
-      k_base = k16;
-      v_base = v16;
-    }
+    const uint32_t k_base = detail::smem_addr(smem + stage * T::kStageBytes);
+    const uint32_t v_base = k_base + (kTma ? T::kTmaVOffset : kBlockN * T::kPitchK);
 
     float s[T::SFrag::kSize];
     FA4_UNROLL
     for (int i = 0; i < T::SFrag::kSize; ++i) s[i] = 0.0f;
-    FA4_UNROLL
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4];
-      detail::ldmatrix_x4(q_base + a_row * T::kPitchQ + (kk * 16 + a_col) * 2, a);
+    if constexpr (kKvFp8) {
+      // Note [fp8 fragments]: per 32 d's, one ldmatrix of 16 keys feeds four MMAs: matrices (keys
+      // 0-7, d 0-15), (0-7, 16-31), (8-15, 0-15), (8-15, 16-31).
       FA4_UNROLL
-      for (int np = 0; np < T::kWarpN / 16; ++np) {
-        uint32_t bk[4];
-        detail::ldmatrix_x4(k_base + k_at(np * 16, kk * 16), bk);
-        detail::mma_16816<MmaElement>(&s[(2 * np) * 4], a, bk[0], bk[1]);
-        detail::mma_16816<MmaElement>(&s[(2 * np + 1) * 4], a, bk[2], bk[3]);
+      for (int kk = 0; kk < D / 32; ++kk) {
+        uint32_t a0[4], a1[4];
+        detail::ldmatrix_x4(q_base + a_row * T::kPitchQ + (kk * 32 + a_col) * 2, a0);
+        detail::ldmatrix_x4(q_base + a_row * T::kPitchQ + (kk * 32 + 16 + a_col) * 2, a1);
+        FA4_UNROLL
+        for (int np = 0; np < T::kWarpN / 16; ++np) {
+          uint32_t k8[4], bk[8];
+          detail::ldmatrix_x4(k_base + k_at(np * 16, kk * 32), k8);
+          FA4_UNROLL
+          for (int j = 0; j < 4; ++j) detail::e4m3x4_to_f16x4(k8[j], bk[2 * j], bk[2 * j + 1]);
+          detail::mma_16816<MmaElement>(&s[(2 * np) * 4], a0, bk[0], bk[1]);
+          detail::mma_16816<MmaElement>(&s[(2 * np) * 4], a1, bk[2], bk[3]);
+          detail::mma_16816<MmaElement>(&s[(2 * np + 1) * 4], a0, bk[4], bk[5]);
+          detail::mma_16816<MmaElement>(&s[(2 * np + 1) * 4], a1, bk[6], bk[7]);
+        }
+      }
+    } else {
+      FA4_UNROLL
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4];
+        detail::ldmatrix_x4(q_base + a_row * T::kPitchQ + (kk * 16 + a_col) * 2, a);
+        FA4_UNROLL
+        for (int np = 0; np < T::kWarpN / 16; ++np) {
+          uint32_t bk[4];
+          detail::ldmatrix_x4(k_base + k_at(np * 16, kk * 16), bk);
+          detail::mma_16816<MmaElement>(&s[(2 * np) * 4], a, bk[0], bk[1]);
+          detail::mma_16816<MmaElement>(&s[(2 * np + 1) * 4], a, bk[2], bk[3]);
+        }
       }
     }
     if (score.softcap) apply_softcap<typename T::SFrag>(s, score.pre);
@@ -588,18 +592,37 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
       a[1] = detail::pack2<MmaElement>(s[8 * kc + 2], s[8 * kc + 3]);
       a[2] = detail::pack2<MmaElement>(s[8 * kc + 4], s[8 * kc + 5]);
       a[3] = detail::pack2<MmaElement>(s[8 * kc + 6], s[8 * kc + 7]);
-      FA4_UNROLL
-      for (int dp = 0; dp < DV / 16; ++dp) {
-        uint32_t bv[4];
-        detail::ldmatrix_x4_trans(v_base + v_at(kc * 16, dp * 16), bv);
-        detail::mma_16816<MmaElement>(&o[(2 * dp) * 4], a, bv[0], bv[1]);
-        detail::mma_16816<MmaElement>(&o[(2 * dp + 1) * 4], a, bv[2], bv[3]);
+      if constexpr (kKvFp8) {
+        // Note [fp8 fragments]: per 32 d's, matrices (keys 0-7, d 0-15), (8-15, 0-15), (0-7,
+        // 16-31), (8-15, 16-31); O's n-tiles 2c and 2c + 1 take the even and odd d's of 16 c.
+        FA4_UNROLL
+        for (int t = 0; t < DV / 32; ++t) {
+          uint32_t v8[4];
+          detail::ldmatrix_x4_trans(v_base + v_at(kc * 16, t * 32), v8);
+          FA4_UNROLL
+          for (int h = 0; h < 2; ++h) {
+            const int c = 2 * t + h;
+            uint32_t even[2], odd[2];
+            detail::e4m3_trans_to_f16(v8[2 * h], even[0], odd[0]);
+            detail::e4m3_trans_to_f16(v8[2 * h + 1], even[1], odd[1]);
+            detail::mma_16816<MmaElement>(&o[(2 * c) * 4], a, even[0], even[1]);
+            detail::mma_16816<MmaElement>(&o[(2 * c + 1) * 4], a, odd[0], odd[1]);
+          }
+        }
+      } else {
+        FA4_UNROLL
+        for (int dp = 0; dp < DV / 16; ++dp) {
+          uint32_t bv[4];
+          detail::ldmatrix_x4_trans(v_base + v_at(kc * 16, dp * 16), bv);
+          detail::mma_16816<MmaElement>(&o[(2 * dp) * 4], a, bv[0], bv[1]);
+          detail::mma_16816<MmaElement>(&o[(2 * dp + 1) * 4], a, bv[2], bv[3]);
+        }
       }
     }
     // Every consumer thread releases the stage after its own last ldmatrix of it (mbarrier
     // arrive has release semantics for the arriving thread's reads): one elected arrive per warp
     // after __syncwarp drew compute-sanitizer racecheck hazards against the next bulk copy.
-    if constexpr (!kKvFp8) cutlass::arch::ClusterBarrier::arrive(&empty[stage]);
+    cutlass::arch::ClusterBarrier::arrive(&empty[stage]);
   }
 
   // Epilogue. Each warp's rows, normalized over its keys, with their LSE (log2 units), into the
@@ -615,10 +638,20 @@ __global__ void __launch_bounds__(160, Traits<D, DV, Element, kWarpsN, kKvFp8>::
   FA4_UNROLL
   for (int r = 0; r < 2; ++r) {
     const int slot = warp * 16 + lane / 4 + 8 * r;  // (wm, wn) row slot
-    FA4_UNROLL
-    for (int g = 0; g < DV / 8; ++g) {
-      *reinterpret_cast<float2*>(epi + slot * T::kEpiPitch + 8 * g + 2 * (lane % 4)) =
-          make_float2(o[g * 4 + 2 * r], o[g * 4 + 2 * r + 1]);
+    if constexpr (kKvFp8) {
+      // Note [fp8 fragments]: n-tiles 2c (even d's) and 2c + 1 (odd) hold d 16 c + 4 q .. + 3.
+      FA4_UNROLL
+      for (int c = 0; c < DV / 16; ++c) {
+        const float* e = o + 8 * c + 2 * r;
+        *reinterpret_cast<float4*>(epi + slot * T::kEpiPitch + 16 * c + 4 * (lane % 4)) =
+            make_float4(e[0], e[4], e[1], e[5]);
+      }
+    } else {
+      FA4_UNROLL
+      for (int g = 0; g < DV / 8; ++g) {
+        *reinterpret_cast<float2*>(epi + slot * T::kEpiPitch + 8 * g + 2 * (lane % 4)) =
+            make_float2(o[g * 4 + 2 * r], o[g * 4 + 2 * r + 1]);
+      }
     }
     if (lane % 4 == 0) epi_lse[slot] = lse[r] * kLog2e;  // log2 units
   }

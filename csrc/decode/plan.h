@@ -36,8 +36,7 @@ inline int warps_n_for(int packed_rows) {
 
 // Shared memory of one CTA (decode/kernel.cuh): a ring of key blocks, each K and V row padded
 // by 16 bytes so that ldmatrix's 8 rows of a matrix start in 8 different bank groups; the query
-// tile (same padding); with an FP8 cache, the fp16 staging block the consumers dequantize a stage
-// into (Note [fp8 cache]); the pipeline barriers. The epilogue's fp32 rows reuse the ring.
+// tile (same padding); the pipeline barriers. The epilogue's fp32 rows reuse the ring.
 // Stages: as many as keep the CTA within half an SM's 228 KB (two CTAs per SM overlap one's
 // prologue and epilogue with the other's stream), between 2 and 4. hd128: 3 stages of 34,816
 // bytes (bf16), 4 of 18,432 (fp8). kv_bytes: bytes per K / V element, 2 or 1 (e4m3).
@@ -46,9 +45,6 @@ constexpr int row_pitch(int bytes) {
 }
 constexpr int stage_bytes(int d, int dv, int kv_bytes = 2) {
   return kBlockN * (row_pitch(d * kv_bytes) + row_pitch(dv * kv_bytes));
-}
-constexpr int staging_bytes(int d, int dv, int kv_bytes) {
-  return kv_bytes == 2 ? 0 : stage_bytes(d, dv, 2);
 }
 constexpr int q_bytes(int d, int warps_n) {
   return 16 * (4 / warps_n) * row_pitch(2 * d);
@@ -60,8 +56,7 @@ constexpr int epi_bytes(int dv) {
   return 64 * epi_pitch(dv) * 4 + 64 * 4;
 }
 constexpr int num_stages(int d, int dv, int warps_n, int kv_bytes = 2) {
-  const int s = (113 * 1024 - q_bytes(d, warps_n) - staging_bytes(d, dv, kv_bytes) - 64) /
-                stage_bytes(d, dv, kv_bytes);
+  const int s = (113 * 1024 - q_bytes(d, warps_n) - 64) / stage_bytes(d, dv, kv_bytes);
   return s < 2 ? 2 : s > 4 ? 4 : s;
 }
 constexpr int ring_bytes(int d, int dv, int warps_n, int kv_bytes = 2) {
@@ -69,12 +64,19 @@ constexpr int ring_bytes(int d, int dv, int warps_n, int kv_bytes = 2) {
   return ring > epi_bytes(dv) ? ring : epi_bytes(dv);
 }
 constexpr int smem_bytes(int d, int dv, int warps_n, int kv_bytes = 2) {
-  return ring_bytes(d, dv, warps_n, kv_bytes) + q_bytes(d, warps_n) +
-         staging_bytes(d, dv, kv_bytes) + 2 * 4 * 8 + kBlockN * 2 * 8;
+  return ring_bytes(d, dv, warps_n, kv_bytes) + q_bytes(d, warps_n) + 2 * 4 * 8 + kBlockN * 2 * 8;
 }
+// CTAs per SM by shared memory, capped by registers. The launch bounds leave a thread 128
+// registers at 3 CTAs (a sub-partition's 16384 over 4 of the 15 warps), 168 at 2 and 255 at 1;
+// a consumer thread holds O (d_v / 2 registers) and S (kBlockN / warps_n / 2) plus ~64 of
+// fragments, addresses and row state. FP8 caches, whose stages are half as large, reach the cap:
+// one CTA more than it spilled 60-428 bytes of their loops (hd64 at 4 CTAs, hd96 at 3, hd192 and
+// hd256 at 2, on sm_90a). 16-bit caches stay below it.
 constexpr int ctas_per_sm(int d, int dv, int warps_n, int kv_bytes = 2) {
   const int n = (228 * 1024) / (smem_bytes(d, dv, warps_n, kv_bytes) + 1024);
-  return n < 1 ? 1 : n > 4 ? 4 : n;
+  const int regs = dv / 2 + kBlockN / warps_n / 2 + 64;
+  const int cap = regs <= 128 ? 3 : regs <= 168 ? 2 : 1;
+  return n < 1 ? 1 : n > cap ? cap : n;
 }
 
 template <class Params>

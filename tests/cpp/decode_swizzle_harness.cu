@@ -5,9 +5,9 @@
 // to (64-element... column blocks of 128-byte rows, 16-byte chunk index XOR row % 8), where the
 // tile takes the 128-byte swizzle; (2) a bijection of the tile's 16-byte chunks onto its bytes;
 // (3) free of bank conflicts for ldmatrix (8 consecutive rows at one column: 8 distinct 16-byte
-// bank groups); (4) for 16-bit tiles, reached by the consumers' steps (swizzled_step, Note
-// [swizzle steps]) from each lane's own ldmatrix row and column. Prints "ok <case>" per case, or
-// the first mismatch, and exits non-zero on any.
+// bank groups); (4) reached by the consumers' steps (swizzled_step, Note [swizzle steps]) from
+// each lane's own ldmatrix row and column (e4m3 tiles too: Note [fp8 fragments]). Prints "ok
+// <case>" per case, or the first mismatch, and exits non-zero on any.
 #include <cstdio>
 #include <set>
 
@@ -61,26 +61,25 @@ void check(const char* name) {
     }
   }
   // Note [swizzle steps]: every consumer ldmatrix address as a step from the lane's own (row,
-  // col), for the 16-bit tiles the MMAs read (rows step by 16 within the block, columns by 16).
-  if constexpr (kBytes == 2) {
-    for (int lane = 0; lane < 32; ++lane) {
-      for (int w = 0; w < fa4::decode::kBlockN; w += 16) {
-        const int own_r[2] = {w + (lane % 8) + (lane / 16) * 8,
-                              w + (lane % 8) + ((lane / 8) % 2) * 8};
-        const int own_c[2] = {((lane / 8) % 2) * 8, (lane / 16) * 8};
-        for (int k = 0; k < 2; ++k) {
-          const int own = fa4::decode::swizzled<Layout, kBytes>(own_r[k], own_c[k]);
-          for (int dr = 0; own_r[k] + dr < fa4::decode::kBlockN; dr += 16) {
-            for (int dc = 0; dc < D; dc += 16) {
-              const int got =
-                  fa4::decode::swizzled_step<Layout, kBytes, T::kAtomColsK>(own, dr, dc);
-              const int want = fa4::decode::swizzled<Layout, kBytes>(own_r[k] + dr, own_c[k] + dc);
-              if (got != want) {
-                std::printf("FAIL %s: step (%d, %d) from (%d, %d) -> %d, layout %d\n", name, dr, dc,
-                            own_r[k], own_c[k], got, want);
-                ++g_failed;
-                return;
-              }
+  // col), as the MMAs read the tiles: rows step by 16 within the block; columns by 16 elements
+  // (16-bit tiles) or 32 (e4m3 tiles, Note [fp8 fragments]), the lane's own column 16 bytes in.
+  constexpr int kStep = kBytes == 2 ? 16 : 32;
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int w = 0; w < fa4::decode::kBlockN; w += 16) {
+      const int own_r[2] = {w + (lane % 8) + (lane / 16) * 8,
+                            w + (lane % 8) + ((lane / 8) % 2) * 8};
+      const int own_c[2] = {((lane / 8) % 2) * kChunkElems, (lane / 16) * kChunkElems};
+      for (int k = 0; k < 2; ++k) {
+        const int own = fa4::decode::swizzled<Layout, kBytes>(own_r[k], own_c[k]);
+        for (int dr = 0; own_r[k] + dr < fa4::decode::kBlockN; dr += 16) {
+          for (int dc = 0; dc < D; dc += kStep) {
+            const int got = fa4::decode::swizzled_step<Layout, kBytes, T::kAtomColsK>(own, dr, dc);
+            const int want = fa4::decode::swizzled<Layout, kBytes>(own_r[k] + dr, own_c[k] + dc);
+            if (got != want) {
+              std::printf("FAIL %s: step (%d, %d) from (%d, %d) -> %d, layout %d\n", name, dr, dc,
+                          own_r[k], own_c[k], got, want);
+              ++g_failed;
+              return;
             }
           }
         }
@@ -99,7 +98,9 @@ int main() {
   check<cutlass::bfloat16_t, 192>("bf16 d192");
   check<cutlass::bfloat16_t, 256>("bf16 d256");
   check<cutlass::float_e4m3_t, 64>("e4m3 d64");
+  check<cutlass::float_e4m3_t, 96>("e4m3 d96");
   check<cutlass::float_e4m3_t, 128>("e4m3 d128");
+  check<cutlass::float_e4m3_t, 192>("e4m3 d192");
   check<cutlass::float_e4m3_t, 256>("e4m3 d256");
   return g_failed == 0 ? 0 : 1;
 }

@@ -15,4 +15,13 @@ def test_decode_swizzle_matches_tma(tmp_path):
     out = run_host_harness(tmp_path, "decode_swizzle_harness.cu")
     names = [line.removeprefix("ok ") for line in out.splitlines()]
     assert names == ["bf16 d64", "bf16 d96", "bf16 d128", "bf16 d192", "bf16 d256", "e4m3 d64",
-                     "e4m3 d128", "e4m3 d256"]  # fmt: skip
+                     "e4m3 d96", "e4m3 d128", "e4m3 d192", "e4m3 d256"]  # fmt: skip
+
+
+def test_decode_fp8_fragments(tmp_path):
+    """Note [fp8 fragments]: the FP8 cache's K and V fragments, converted in registers from the
+    stage's e4m3 bytes, give Q Kᵀ (with the query tile in fp8_q_order) and P V (with O's columns
+    as fp8_o_column and the epilogue take them), lane by lane as ldmatrix and mma.sync
+    distribute them (tests/cpp/decode_fp8_fragment_harness.cu)."""
+    out = run_host_harness(tmp_path, "decode_fp8_fragment_harness.cu")
+    assert out.split() == ["ok", "S", "ok", "O"]
