@@ -182,7 +182,7 @@ struct Plan {
 // split count is the smallest s (of at most n_blocks / 4 blocks' worth: a split of fewer than 4
 // blocks spends more on its prologue and the combine than it gains) whose waves are at least
 // 85 % full: base * s / (ceil(base * s / slots) * slots) >= 0.85, preferring one full wave.
-// Note [tma split heuristic]: a 16-bit cache the TMA producer streams (tma_by_sizes) needs no
+// Note [tma split heuristic]: a cache the TMA producer streams (tma_by_sizes) needs no
 // wave of CTA slots: one CTA on each of fewer than half the SMs already streams at the HBM rate,
 // and every split adds its prologue, more partials and the combine. So such a problem splits
 // only while its tiles fill less than 45 % of the SMs, into the fewest splits that reach it.
@@ -194,15 +194,21 @@ struct Plan {
 // ring, 4 stages of 64 rows, is 72 KB against d = 128's 102 KB), so the HBM rate takes more
 // CTAs. H100 forced splits at d = 64 (2026-12-07, ebc66af, GB/s): 32 tiles 2577 at 2 splits,
 // 2982 at 3 and 4; 16 tiles 2450 at 4, 2767 at 6 (8, which the rule picks, not measured); 64
-// tiles 1940 unsplit, 2044 at 2; 128 tiles best unsplit. Measured on SM90 only; the sm_100a
-// build takes the same rule unmeasured.
+// tiles 1940 unsplit, 2044 at 2; 128 tiles best unsplit. An e4m3 cache (Note [fp8 fragments])
+// takes the 90 % share at every head dim: its hd128 ring holds 72 KB too. H100 forced splits
+// (2026-12-07, graph replays, GB/s of its bytes; docs/perf.md): hd128 128 tiles 2462 unsplit
+// against 2264 with the wave rule's 2, 64 tiles 1936 at 2 against 1876 at 4, 32 tiles 2888 at 4
+// against 2727; hd64 128 tiles 1884 unsplit against 1689 at 3, 256 tiles 2704 unsplit against
+// 2159 at 3, 32 tiles 2385 at 4 against 1939. Measured on SM90 only; the sm_100a build takes
+// the same rule unmeasured.
 inline int heuristic_splits(int64_t base, int n_blocks, int num_sms, int ctas_per_sm,
-                            bool tma = false, int head_dim = 128) {
+                            bool tma = false, int head_dim = 128, bool kv_fp8 = false) {
   const int64_t slots = int64_t{num_sms} * ctas_per_sm;
   int max_s = n_blocks / 4;
   if (max_s > kMaxSplits) max_s = kMaxSplits;
   if (tma && base > 0 && num_sms > 0) {
-    const int64_t scale = head_dim > 0 && head_dim < 128 ? 128 / head_dim : 1;
+    int64_t scale = head_dim > 0 && head_dim < 128 ? 128 / head_dim : 1;
+    if (kv_fp8 && scale < 2) scale = 2;
     const int64_t want = (int64_t{num_sms} * 9 * scale + 19) / 20;  // ceil(0.45 scale num_sms)
     if (base >= want || max_s <= 1) return 1;
     const int64_t s = (want + base - 1) / base;
@@ -226,12 +232,12 @@ inline int heuristic_splits(int64_t base, int n_blocks, int num_sms, int ctas_pe
   return best;
 }
 
-// Whether the TMA producer streams this 16-bit cache, judged from the sizes alone (tma_eligible
+// Whether the TMA producer streams this cache, judged from the sizes alone (tma_eligible
 // without the pointers' alignment, which fwd_workspace_size may not know): Note [tma split
 // heuristic]'s rule applies.
 template <class Params>
 bool tma_by_sizes(const Params& p) {
-  return !p.kv_fp8 && tma_sizes_fit(p);
+  return tma_sizes_fit(p);
 }
 
 template <class Params>
@@ -248,9 +254,9 @@ Plan make_plan(const Params& p, int num_sms) {
   pl.partial_rows = p.cu_seqlens_q != nullptr ? int64_t{p.total_q} : int64_t{p.batch} * p.seqlen_q;
   const int64_t base = int64_t{p.batch} * p.heads_kv * pl.m_blocks;
   const int per_sm = ctas_per_sm(p.head_dim, p.head_dim_v, pl.warps_n, p.kv_fp8 ? 1 : 2);
-  int s = p.num_splits == 0
-              ? heuristic_splits(base, pl.n_blocks, num_sms, per_sm, tma_by_sizes(p), p.head_dim)
-              : p.num_splits;
+  int s = p.num_splits == 0 ? heuristic_splits(base, pl.n_blocks, num_sms, per_sm, tma_by_sizes(p),
+                                               p.head_dim, p.kv_fp8)
+                            : p.num_splits;
   if (s > pl.n_blocks) s = pl.n_blocks;
   if (s > kMaxSplits) s = kMaxSplits;
   pl.num_splits = s < 1 ? 1 : s;

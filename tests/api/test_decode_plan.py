@@ -68,10 +68,10 @@ def test_packed_tile_shape(plan, s_q, h, h_kv, warps_n, block_m):
 
 
 def test_split_heuristic_fills_one_wave(plan):
-    # Note [split heuristic], the caches the TMA producer cannot stream by their sizes (an e4m3
-    # cache; pages of 8 rows): (batch, s_k, h_kv) of the decode bench, tiles = batch * h_kv
+    # Note [split heuristic], the caches the TMA producer cannot stream by their sizes (pages of
+    # 8 rows, 16-bit or e4m3): (batch, s_k, h_kv) of the decode bench, tiles = batch * h_kv
     shapes = [(16, 8192, 8), (64, 32768, 8), (4, 131072, 8), (16, 8192, 4), (1, 65536, 8)]
-    for flags in ("k8", "kpx"):
+    for flags in ("kpx8", "kpx"):
         out = plan([_row(b, 1, s_k, 32, h_kv, flags=flags) for b, s_k, h_kv in shapes])
         for (b, s_k, h_kv), o in zip(shapes, out, strict=True):
             tiles, splits, slots = b * h_kv, o[5], 132 * o[7]
@@ -100,8 +100,6 @@ def test_split_heuristic_of_tma_caches(plan):
     out = plan([_row(b, 1, s_k, 32, h_kv, flags=f) for b, s_k, h_kv, f in cases])
     for (key, want), o in zip(cases.items(), out, strict=True):
         assert o[5] == want, (key, o[5])
-    # the same sizes with an e4m3 cache keep the wave rule (it picks the best measured count)
-    assert plan([_row(16, 1, 8192, 32, 8, flags="k8")])[0][5] > 1
 
 
 def test_split_heuristic_of_tma_caches_at_hd64(plan):
@@ -116,6 +114,23 @@ def test_split_heuristic_of_tma_caches_at_hd64(plan):
         (16, 8192, 4, 256): 1,
     }
     out = plan([_row(b, 1, s_k, 32, h_kv, d=d) for b, s_k, h_kv, d in cases])
+    for (key, want), o in zip(cases.items(), out, strict=True):
+        assert o[5] == want, (key, o[5])
+
+
+def test_split_heuristic_of_tma_fp8_caches(plan):
+    # Note [tma split heuristic] with an e4m3 cache: the 90 % share (119 of 132 SMs) at d = 128
+    # and 64, the counts measured best on an H100 (1 at 128 and 256 tiles, 2 at 64, 4 at 32)
+    cases = {  # (batch, s_k, h_kv, d): splits
+        (16, 8192, 8, 128): 1,  # 128 tiles (the wave rule split them in 2)
+        (16, 8192, 4, 128): 2,  # 64 tiles (the wave rule: 4)
+        (4, 131072, 8, 128): 4,  # 32 tiles (the wave rule: 8)
+        (16, 8192, 8, 64): 1,  # 128 tiles (the wave rule: 3)
+        (32, 32768, 8, 64): 1,  # 256 tiles
+        (4, 131072, 8, 64): 4,  # 32 tiles
+        (64, 32768, 8, 128): 1,
+    }
+    out = plan([_row(b, 1, s_k, 32, h_kv, d=d, flags="k8") for b, s_k, h_kv, d in cases])
     for (key, want), o in zip(cases.items(), out, strict=True):
         assert o[5] == want, (key, o[5])
 
