@@ -133,6 +133,10 @@ def test_split_heuristic_of_tma_fp8_caches(plan):
     out = plan([_row(b, 1, s_k, 32, h_kv, d=d, flags="k8") for b, s_k, h_kv, d in cases])
     for (key, want), o in zip(cases.items(), out, strict=True):
         assert o[5] == want, (key, o[5])
+    # pages of 64 rows hold whole blocks and take the rule; pages of 16 (boxes) and 8 keep the
+    # wave rule's 2 splits at 128 tiles, where a 16-bit cache in pages of 16 takes the rule
+    paged = plan([_row(16, 1, 8192, 32, 8, flags=f) for f in ("k8p", "k8py", "k8px", "kpy")])
+    assert [o[5] for o in paged] == [1, 2, 2, 1]
 
 
 def test_forced_splits_and_workspace(plan):

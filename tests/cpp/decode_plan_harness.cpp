@@ -3,7 +3,7 @@
 //   in:  batch seqlen_q seqlen_k heads_q heads_kv d d_v varlen total_q num_splits num_sms cc
 //        flags   (flags: a string of letters, '-' for none: q seqused_q, p page_table,
 //                 i kv_batch_idx, l leftpad_k, s learnable_sink, k seqused_k, c cu_seqlens_k,
-//                 8 an e4m3 cache, x pages of 8 rows (else 64))
+//                 8 an e4m3 cache, x pages of 8 rows, y of 16 (else 64))
 //   out: takes_decode warps_n block_m m_blocks n_blocks num_splits workspace_bytes ctas_per_sm
 #include <cstdio>
 #include <cstring>
@@ -49,7 +49,7 @@ int main() {
     p.learnable_sink = has('s') ? &kSomeF : nullptr;
     p.seqused_k = has('k') ? &kSome : nullptr;
     p.kv_fp8 = has('8');
-    p.page_size = has('x') ? 8 : 64;
+    p.page_size = has('x') ? 8 : has('y') ? 16 : 64;
     const fa4::decode::Plan pl = fa4::decode::make_plan(p, num_sms);
     std::printf("%d %d %d %d %d %d %zu %d\n", fa4::decode::takes_decode(p, cc) ? 1 : 0, pl.warps_n,
                 pl.block_m, pl.m_blocks, pl.n_blocks, pl.num_splits, pl.workspace_bytes(),
