@@ -7,7 +7,8 @@ mbarrier, no spills, and registers within the occupancy that decode/plan.h's cta
 promises (__launch_bounds__ enforces it; this pins it). Each tile shape (warps_n 4, 2, 1) has a
 16-bit-cache kernel and an FP8-cache one (Note [fp8 cache]), each with the TMA producer
 (variant 3) and the gather it falls back to where the cache admits no descriptor (variant 2);
-the FP8 ones unpack e4m3 pairs to fp16 (F2FP.F16.E4M3.UNPACK_B) and run fp16 MMAs.
+the FP8 ones unpack e4m3 pairs to fp16 in registers (F2FP.F16.E4M3.UNPACK_B, Note [fp8
+fragments]) and run fp16 MMAs.
 """
 
 import re
@@ -18,13 +19,17 @@ from sass_helpers import compile_ahead, compile_instance, entries, functions
 pytestmark = pytest.mark.build
 
 CASES = [("128", "bf16", "90a"), ("256", "bf16", "90a"), ("128", "fp16", "100a"),
-         ("128", "bf16", "100a"), ("256", "bf16", "100a"), ("64", "bf16", "90a")]  # fmt: skip
+         ("128", "bf16", "100a"), ("256", "bf16", "100a"), ("64", "bf16", "90a"),
+         ("96", "bf16", "90a"), ("192", "bf16", "90a")]  # fmt: skip
 compile_ahead(__name__, [("decode", "fwd", h, t) for h, t, _ in CASES])
 
-# decode/plan.h's ctas_per_sm per (head dim, FP8 cache), the same for every tile shape: 65536
-# registers per SM over that many CTAs of 160 threads, at most 255 (the ISA's cap).
-CTAS_PER_SM = {("64", False): 2, ("64", True): 3, ("128", False): 2, ("128", True): 2,
-               ("256", False): 1, ("256", True): 1}  # fmt: skip
+# decode/plan.h's ctas_per_sm per (head dim, FP8 cache), for warps_n 4, 2 and 1: 65536
+# registers per SM over that many CTAs of 160 threads, at most 255 (the ISA's cap). The FP8
+# caches' counts are the register cap's (their shared memory would allow more).
+CTAS_PER_SM = {("64", False): (2, 2, 2), ("64", True): (3, 3, 3), ("96", False): (2, 2, 2),
+               ("96", True): (3, 3, 2), ("128", False): (2, 2, 2), ("128", True): (2, 2, 2),
+               ("192", False): (2, 1, 1), ("192", True): (2, 1, 1), ("256", False): (1, 1, 1),
+               ("256", True): (1, 1, 1)}  # fmt: skip
 NAME = re.compile(r"decode_kernelILi\d+ELi\d+EN7cutlass\w+ELi([124])ELb([01])ELb([01])EE")
 
 
@@ -45,7 +50,9 @@ def test_decode_sass(tmp_path_factory, hdim, dtype, arch):
     assert shapes == want, f"two kernels per tile shape and cache type, got {list(reports)}"
     for name, r in reports.items():
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, (name, r)
-        cap = min(255, 65536 // (CTAS_PER_SM[hdim, _shape(name)[1]] * 160) // 8 * 8)
+        warps_n, fp8, _ = _shape(name)
+        ctas = CTAS_PER_SM[hdim, fp8][(4, 2, 1).index(warps_n)]
+        cap = min(255, 65536 // (ctas * 160) // 8 * 8)
         assert r["registers"] <= cap, (name, r, cap)
     kernels = {n: f for n, f in functions(sass).items() if "decode_kernel" in n}
     assert len(kernels) == 12
@@ -54,7 +61,8 @@ def test_decode_sass(tmp_path_factory, hdim, dtype, arch):
         assert "LDSM" in text, f"{name}: no ldmatrix"
         assert "LDGSTS" in text, f"{name}: no cp.async (Note [row gather])"
         assert ("UTMALDG" in text) == tma, f"{name}: TMA iff the TMA producer"
-        assert _longest_copy_run(text) >= 8, f"{name}: copies not batched (copy_block)"
+        want = _copy_batch(int(hdim), fp8)
+        assert _longest_copy_run(text) >= want, f"{name}: copies not batched (copy_block)"
         assert "SYNCS" in text, f"{name}: no mbarrier operation"
         # fp16 MMAs with an FP8 cache whatever q's dtype; else the cache's type
         mma = (
@@ -62,6 +70,13 @@ def test_decode_sass(tmp_path_factory, hdim, dtype, arch):
         )
         assert re.search(mma, text), f"{name}: no m16n8k16 tensor-core MMA of the expected type"
         assert ("F2FP.F16.E4M3.UNPACK_B" in text) == fp8, f"{name}: e4m3 unpack iff an FP8 cache"
+
+
+def _copy_batch(hdim, fp8):
+    """copy_block's kBatch: the copies whose offsets it loads before issuing any (decode/copy.cuh),
+    8 where a block's 16-byte chunks per lane divide by 8 (4 for an hd96 e4m3 block: 12)."""
+    iters = 64 * (hdim * (1 if fp8 else 2) // 16) // 32
+    return next(b for b in (8, 4, 2, 1) if iters % b == 0)
 
 
 def _longest_copy_run(text):
