@@ -38,17 +38,6 @@ __host__ __device__ __forceinline__ int swizzled_step(int base, int dr, int dc) 
   return (base ^ swizzled<Layout, kBytes>(0, in_row)) + swizzled<Layout, kBytes>(dr, dc - in_row);
 }
 
-// Byte offset of 16-byte chunk x of row r of a ring buffer: rows of kPitch bytes, or the TMA
-// variant's swizzled tile when Swizzled is its layout (of kBytes-byte elements).
-template <int kPitch, class Swizzled, int kBytes = 1>
-__device__ __forceinline__ int chunk_offset(int r, int x) {
-  if constexpr (std::is_void_v<Swizzled>) {
-    return r * kPitch + x * 16;
-  } else {
-    return swizzled<Swizzled, kBytes>(r, 16 * x / kBytes);
-  }
-}
-
 namespace detail {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -108,6 +97,7 @@ __device__ __forceinline__ void copy_block(Dst dst, const void* base, const int6
 //   l keys 2 (l % 4) + {0, 1} at d 2 (l / 4) + {0, 1}: one byte permute turns the word into the
 //   B fragments of two MMAs, one over the even d's of the 16 and one over the odd ones, so O's
 //   columns come back interleaved (fp8_o_column) and the epilogue puts them in order.
+
 // Four e4m3 values (one 32-bit word, element 0 in the low byte) as two fp16x2 words, exactly
 // (every e4m3 value, subnormals included, is an fp16 value).
 __device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {

@@ -201,14 +201,14 @@ struct Plan {
 // against 2727; hd64 128 tiles 1884 unsplit against 1689 at 3, 256 tiles 2704 unsplit against
 // 2159 at 3, 32 tiles 2385 at 4 against 1939. Measured on SM90 only; the sm_100a build takes
 // the same rule unmeasured.
+// tma_scale: 0 for the wave rule, else the share's multiple of 45 % (tma_split_scale).
 inline int heuristic_splits(int64_t base, int n_blocks, int num_sms, int ctas_per_sm,
-                            bool tma = false, int head_dim = 128, bool kv_fp8 = false) {
+                            int tma_scale = 0) {
   const int64_t slots = int64_t{num_sms} * ctas_per_sm;
   int max_s = n_blocks / 4;
   if (max_s > kMaxSplits) max_s = kMaxSplits;
-  if (tma && base > 0 && num_sms > 0) {
-    int64_t scale = head_dim > 0 && head_dim < 128 ? 128 / head_dim : 1;
-    if (kv_fp8 && scale < 2) scale = 2;
+  if (tma_scale > 0 && base > 0 && num_sms > 0) {
+    const int64_t scale = tma_scale;
     const int64_t want = (int64_t{num_sms} * 9 * scale + 19) / 20;  // ceil(0.45 scale num_sms)
     if (base >= want || max_s <= 1) return 1;
     const int64_t s = (want + base - 1) / base;
@@ -242,6 +242,15 @@ bool tma_by_sizes(const Params& p) {
   return tma_sizes_fit(p) && !(p.kv_fp8 && p.page_table != nullptr && p.page_size % kBlockN != 0);
 }
 
+// Note [tma split heuristic]'s share of the SMs as a multiple of 45 %: 0 where the wave rule
+// applies (!tma_by_sizes), 1 at d >= 128, the integer 128 / d below it, at least 2 for e4m3.
+template <class Params>
+int tma_split_scale(const Params& p) {
+  if (!tma_by_sizes(p)) return 0;
+  const int scale = p.head_dim > 0 && p.head_dim < 128 ? 128 / p.head_dim : 1;
+  return p.kv_fp8 && scale < 2 ? 2 : scale;
+}
+
 template <class Params>
 Plan make_plan(const Params& p, int num_sms) {
   Plan pl;
@@ -256,9 +265,9 @@ Plan make_plan(const Params& p, int num_sms) {
   pl.partial_rows = p.cu_seqlens_q != nullptr ? int64_t{p.total_q} : int64_t{p.batch} * p.seqlen_q;
   const int64_t base = int64_t{p.batch} * p.heads_kv * pl.m_blocks;
   const int per_sm = ctas_per_sm(p.head_dim, p.head_dim_v, pl.warps_n, p.kv_fp8 ? 1 : 2);
-  int s = p.num_splits == 0 ? heuristic_splits(base, pl.n_blocks, num_sms, per_sm, tma_by_sizes(p),
-                                               p.head_dim, p.kv_fp8)
-                            : p.num_splits;
+  int s = p.num_splits == 0
+              ? heuristic_splits(base, pl.n_blocks, num_sms, per_sm, tma_split_scale(p))
+              : p.num_splits;
   if (s > pl.n_blocks) s = pl.n_blocks;
   if (s > kMaxSplits) s = kMaxSplits;
   pl.num_splits = s < 1 ? 1 : s;
