@@ -109,6 +109,14 @@ def parse_args(argv=None):
         "GEMM ceiling measured in the same run",
     )
     ap.add_argument("--warmup-ms", type=float, default=25.0)
+    ap.add_argument(
+        "--flush",
+        choices=("zero", "read"),
+        default="zero",
+        help="how the L2 is emptied before each timed call: zero (triton do_bench's zero_() of "
+        "256 MiB, which leaves up to an L2 of dirty lines for the timed call to write back) or "
+        "read (a sum over the same buffer: clean lines only); the CSV's flush column says which",
+    )
     ap.add_argument("--rep-ms", type=float, default=100.0)
     ap.add_argument(
         "--budget-s",
@@ -640,6 +648,7 @@ def main(argv=None) -> int:
         return 2
     import bench_impls as bi
 
+    bi.set_flush(args.flush)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print("\n".join(bi.environment()))

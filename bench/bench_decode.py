@@ -102,7 +102,7 @@ CSV_FIELDS = (
     "impl case kind batch seqlen_q seqlen_k heads_q heads_kv hdim page_size causal num_splits "
     "kv_bytes ms gbps peak_frac best_peer best_peer_gbps ratio_best_peer vs_unpaged target "
     "max_abs_diff rel_diff status note gpu hbm_peak_gbps peak_extra_mib host_us sm_mhz "
-    "clock_reasons ms_rounds kv_dtype vs_bf16_cache"
+    "clock_reasons ms_rounds kv_dtype vs_bf16_cache flush"
 ).split()
 DERIVED = ("best_peer", "best_peer_gbps", "ratio_best_peer", "vs_unpaged", "target",
            "vs_bf16_cache")  # fmt: skip

@@ -554,6 +554,7 @@ def worker(args, cfg: dict, state_path: Path, bi=None) -> int:
         return 2
     if bi is None:
         import bench_impls as bi
+    bi.set_flush(getattr(args, "flush", "zero"))
     first_worker = state["start"] == 0 and not state["exclude"]
     if first_worker:
         print("\n".join(bi.environment()))
@@ -642,7 +643,9 @@ def worker(args, cfg: dict, state_path: Path, bi=None) -> int:
                 raise
             finally:
                 if rows is not None:
-                    _write_rows(csv_path, rows, timed, impls, case, gpu, peak, elapsed())
+                    _write_rows(
+                        csv_path, rows, timed, impls, case, gpu, peak, elapsed(), bi.flush_mode()
+                    )
             del t, ref, ref8, timed, rows
             res = None  # the last Timed holds this case's tensors
             last = idx + 1 == len(cfg["cases"]) or cfg["cases"][idx + 1].kv_key != kv_key
@@ -675,13 +678,14 @@ def _fp8_cache(case, k, v):
     return (k8, v8, kd, vd), None
 
 
-def _write_rows(path, rows, timed, impls, case, gpu, peak, elapsed) -> None:
-    """Appends one case's rows to the CSV in the order of --impls, and prints them."""
+def _write_rows(path, rows, timed, impls, case, gpu, peak, elapsed, flush) -> None:
+    """Appends one case's rows to the CSV in the order of --impls, and prints them; flush: how
+    time_ms emptied the L2 (bench_impls.set_flush)."""
     rows = rows + [tm.row(case, gpu, peak) for tm in timed]
     rank = {i.name: n for n, i in enumerate(impls)}
     rows.sort(key=lambda r: rank.get(r["impl"], len(rank)))
     for r in rows:
-        r["gpu"], r["hbm_peak_gbps"] = gpu, bd._fmt(peak, ".0f")
+        r["gpu"], r["hbm_peak_gbps"], r["flush"] = gpu, bd._fmt(peak, ".0f"), flush
         _print_row(elapsed, r)
     bd.append_rows(path, rows)
 

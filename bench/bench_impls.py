@@ -399,46 +399,73 @@ def peak_extra_mib(fn) -> float:
 
 
 _flush_buf = None
+# How time_ms empties the L2 before each timed call (bench.py --flush): "zero" is triton do_bench's
+# zero_() of a 256 MiB buffer, which leaves the L2 full of dirty lines whose write-back the timed
+# call pays for (up to the L2's 50 MB on an H100: ~16 µs at 3 TB/s, a fixed cost that weighs on
+# short bandwidth-bound calls such as small-batch decode); "read" sums the same buffer instead,
+# which leaves only clean lines (the state a serving step's weight-reading GEMMs leave).
+FLUSHES = ("zero", "read")
+_flush_mode = "zero"
+
+
+def set_flush(mode: str) -> None:
+    global _flush_mode
+    if mode not in FLUSHES:
+        raise ValueError(f"flush {mode!r}: choose from {FLUSHES}")
+    _flush_mode = mode
+
+
+def flush_mode() -> str:
+    return _flush_mode
 
 
 def time_ms(fn, warmup_ms=25, rep_ms=100) -> float:
-    """Median ms of fn(): triton.testing.do_bench (flushes L2 before each call) if installed."""
+    """Median ms of fn(), the L2 emptied before each call (set_flush): with "zero",
+    triton.testing.do_bench if installed; with "read", the same loop with a read flush."""
+    if _flush_mode == "read":
+        return _events_ms(fn, warmup_ms, rep_ms, lambda buf: buf.view(torch.int32).sum())
     try:
         from triton.testing import do_bench
     except ImportError:
-        return _events_ms(fn, warmup_ms, rep_ms)
+        return _events_ms(fn, warmup_ms, rep_ms, lambda buf: buf.zero_())
     return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
 def flush_buffer() -> torch.Tensor:
-    """The 256 MiB buffer whose zero_() flushes the L2 (> 60 MB) before a timed call."""
+    """The 256 MiB buffer whose zero_() (or sum) flushes the L2 (> 60 MB) before a timed call."""
     global _flush_buf
     if _flush_buf is None:
-        _flush_buf = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+        _flush_buf = torch.zeros(256 * 2**20, dtype=torch.int8, device="cuda")
     return _flush_buf
 
 
-def _events_ms(fn, warmup_ms, rep_ms) -> float:
-    flush = flush_buffer()
+def _events_ms(fn, warmup_ms, rep_ms, flush) -> float:
+    """do_bench's loop: a cost estimate from five flushed calls, warm-up calls, then
+    rep_ms / estimate calls, each after flush(buffer) and between its own two events, read
+    after one synchronize; the median."""
+    buf = flush_buffer()
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    fn()
+    for _ in range(5):
+        flush(buf)
+        fn()
     end.record()
     torch.cuda.synchronize()
-    est = max(start.elapsed_time(end), 1e-3)
+    est = max(start.elapsed_time(end) / 5, 1e-3)
     for _ in range(max(1, int(warmup_ms / est))):
         fn()
-    times = []
-    for _ in range(max(5, int(rep_ms / est))):
-        flush.zero_()
-        start.record()
+    n = max(5, int(rep_ms / est))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        flush(buf)
+        starts[i].record()
         fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
 
 
 def host_us(fn, calls=20) -> float:

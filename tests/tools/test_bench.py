@@ -289,6 +289,7 @@ def test_rounds_report_the_median_in_rotated_order(tmp_path, monkeypatch, capsys
         host_us=lambda fn: (fn(), 7.0)[1],
         time_ms=time_ms,
         clocked=clocked,
+        set_flush=lambda mode: None,
     )
     monkeypatch.setitem(sys.modules, "bench_impls", fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -288,8 +288,11 @@ def _fake_bi():
     def measured(what, value):
         return lambda fn, **kw: (seen[what].append(fn), fn(), value)[2]
 
+    flush = ["zero"]  # what set_flush was last given
     return types.SimpleNamespace(
         environment=lambda: ["stand-in environment"],
+        set_flush=lambda mode: flush.__setitem__(0, mode),
+        flush_mode=lambda: flush[0],
         clocked=clocked,
         peak_extra_mib=measured("peak", 5.0),
         time_ms=measured("time", 0.25),
@@ -362,10 +365,39 @@ def test_worker_end_to_end_with_stand_ins(tmp_path, monkeypatch, capsys):
     assert "| decode b2 kv64 hd16 gqa4 |" in bd.table(rows)
     # without --decode-graphs: eager calls timed, nothing captured
     assert bi.graph_replay.captured == [] and bi.seen["time"]
+    assert {r["flush"] for r in rows} == {"zero"}, "do_bench's flush by default"
     assert all(isinstance(f, types.FunctionType) for f in bi.seen["time"] + bi.seen["host"])
     assert "timing eager calls" in capsys.readouterr().out
     bd.report(rows, None)
     assert "CUDA-graph" not in capsys.readouterr().out
+
+
+def test_read_flush_reaches_the_timing_and_the_rows(tmp_path, monkeypatch):
+    """--flush read: the worker sets it before timing and every row's flush column says it."""
+    bi = _fake_bi()
+    rows = _run_worker(tmp_path, monkeypatch, [_Stand("fa4")], SMALL[:1], ["--flush", "read"], bi)
+    assert bi.flush_mode() == "read"
+    assert [r["flush"] for r in rows] == ["read"]
+
+
+def test_time_ms_flush_modes(monkeypatch):
+    """set_flush rejects unknown modes; "read" times through the event loop with a pure read of
+    the flush buffer (sum), never a write."""
+    import bench_impls as bi
+
+    with pytest.raises(ValueError, match="choose from"):
+        bi.set_flush("none")
+    calls = []
+    monkeypatch.setattr(bi, "_events_ms", lambda fn, w, r, flush: calls.append(flush) or 1.5)
+    bi.set_flush("read")
+    try:
+        assert bi.time_ms(lambda: None) == 1.5
+    finally:
+        bi.set_flush("zero")
+    buf = torch.arange(16, dtype=torch.int8)
+    before = buf.clone()
+    assert int(calls[0](buf)) == int(before.view(torch.int32).sum())
+    assert torch.equal(buf, before), "the read flush leaves the buffer as it was"
 
 
 def test_decode_graphs_argument():

@@ -246,6 +246,7 @@ def test_main_fp8_mode_with_stand_ins(tmp_path, monkeypatch, capsys):
         host_us=lambda fn: (fn(), 7.0)[1],
         time_ms=time_ms,
         clocked=clocked,
+        set_flush=lambda mode: None,
     )
     monkeypatch.setitem(sys.modules, "bench_impls", fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -369,7 +370,7 @@ def test_fp8_cache_byte_count_and_gbps():
     r8 = bd.make_row("fa4-fp8cache", c, ms=ms, hbm_peak=3350.0)
     assert (r8["kv_bytes"], r8["gbps"], r8["peak_frac"]) == (2**28, "3000.0", "0.896")
     assert r8["kv_dtype"] == "e4m3" and bd.make_row("fa4", c)["kv_dtype"] == "bf16"
-    assert bd.CSV_FIELDS[-2:] == ["kv_dtype", "vs_bf16_cache"], "columns appended"
+    assert bd.CSV_FIELDS[-3:] == ["kv_dtype", "vs_bf16_cache", "flush"], "columns appended"
     skipped = bd.make_row("fa4-fp8cache", c, status="skipped: x")
     assert skipped["kv_bytes"] == 2**28 and skipped["gbps"] == ""
 
@@ -545,7 +546,8 @@ def test_worker_measures_the_fp8_cache(tmp_path, monkeypatch):
     fake_bi = types.SimpleNamespace(
         environment=lambda: [], clocked=lambda fn: (fn(), "", ""),
         peak_extra_mib=lambda fn: (fn(), 1.0)[1], time_ms=time_ms,
-        host_us=lambda fn: (fn(), 5.0)[1],
+        host_us=lambda fn: (fn(), 5.0)[1], set_flush=lambda mode: None,
+        flush_mode=lambda: "zero",
     )  # fmt: skip
     assert run.worker(args, cfg, state, bi=fake_bi) == 0
     rows = bd.finalize(bd.read_csv(out / "results.csv"))

@@ -271,6 +271,7 @@ def test_main_runs_the_model_points_after_the_standard_ones(tmp_path, monkeypatc
         host_us=lambda fn: (fn(), 7.0)[1],
         time_ms=lambda fn, **kw: (fn(), 2.0)[1],
         clocked=lambda fn: (fn(), "", ""),
+        set_flush=lambda mode: None,
     )
     monkeypatch.setitem(sys.modules, "bench_impls", fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

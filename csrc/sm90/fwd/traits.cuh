@@ -90,6 +90,18 @@ struct TileRing {
   __device__ TileCoord take(int n) { return take_item(full, empty, item, n); }
 };
 
+// Vᵀ as the B operand of P·V (FwdTraits::SmemLayoutVt). A specialization, so that the FP8 kernel,
+// whose V buffer is already Vᵀ, never instantiates the transposed view of its (d_v, kBlockN)
+// layout (which does not divide at kBlockN 160).
+template <bool kFp8, class SmemLayoutV, int kBlockN, int kHeadDimV, int kStages>
+struct VtSmemOf {
+  using type = TransposedSmem<SmemLayoutV, kBlockN, kHeadDimV, kStages>;
+};
+template <class SmemLayoutV, int kBlockN, int kHeadDimV, int kStages>
+struct VtSmemOf<true, SmemLayoutV, kBlockN, kHeadDimV, kStages> {
+  using type = SmemLayoutV;
+};
+
 // Compile-time options of one forward kernel; kConsumerWGs_ and kBlockN_ 0 take the head dim's
 // defaults (sm90/fwd/heuristics.cuh); kCtasPerSm_ > 1 is Note [several CTAs per SM];
 // kEmuSixteenths_ is Note [SM90 exp2 split]'s variant.
@@ -180,8 +192,7 @@ struct FwdTraits {
                              Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}))>;
   // Vᵀ as the B operand of P·V: (d_v, kBlockN); 16-bit: d_v contiguous, i.e. MN-major, a view of
   // V; FP8: K-major, the buffer itself.
-  using SmemLayoutVt = std::conditional_t<kFp8, SmemLayoutV,
-                                          TransposedSmem<SmemLayoutV, kBlockN, kHeadDimV, kStages>>;
+  using SmemLayoutVt = typename VtSmemOf<kFp8, SmemLayoutV, kBlockN, kHeadDimV, kStages>::type;
 
   // Note [TMA-store epilogue]: each consumer warpgroup puts its 64 rows of O in shared memory
   // and one of its threads stores them with a TMA store, so the warpgroup moves on to the next
