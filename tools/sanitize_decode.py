@@ -5,8 +5,8 @@
 
 Each tile shape (16, 32 and 64 packed rows), key splits with the combine, paged K/V with page
 sizes 1 and 16 (a key count ending inside a page), the sink, leftpad, kv_batch_idx and varlen
-queries with seqused_q, an FP8 cache, each small enough that the instrumented run takes
-seconds. Exits non-zero if a result is not finite.
+queries with seqused_q, an FP8 cache, rings that wrap, each small enough that the instrumented
+run takes seconds. Exits non-zero if a result is not finite.
 """
 
 import torch
@@ -78,6 +78,21 @@ def main():
     q = torch.randn(3, 1, 8, d, device=dev, dtype=bf)
     out = fa4.attention_with_kvcache(q, pool8, pool8, lens, page_table=table, backend="sm90")
     check("fp8 paged", out)
+    # Rings that wrap several times (Note [stage bytes]: up to 10 stages of e4m3 rows at hd64):
+    # 2000 keys are 32 blocks, unsplit, both producers (dense: TMA; paged 8: the gather).
+    for dh in (64, 128):
+        q = torch.randn(2, 1, 8, dh, device=dev, dtype=bf)
+        k = torch.randn(2, 2000, 2, dh, device=dev, dtype=bf)
+        lens = torch.tensor([2000, 1999], dtype=torch.int32, device=dev)
+        for cache in (k, k.to(torch.float8_e4m3fn)):
+            out = fa4.attention_with_kvcache(q, cache, cache, lens, num_splits=1, backend="sm90")
+            check(f"wrap d={dh} {cache.dtype}", out)
+        pool = k.reshape(500, 8, 2, dh)
+        table = torch.randperm(500, device=dev, dtype=torch.int32).view(2, 250).contiguous()
+        out = fa4.attention_with_kvcache(
+            q, pool, pool, lens, page_table=table, num_splits=1, backend="sm90"
+        )
+        check(f"wrap d={dh} paged 8", out)
 
 
 if __name__ == "__main__":

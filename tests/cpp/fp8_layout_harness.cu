@@ -78,5 +78,6 @@ int check_varlen_layout() {
 }
 
 int main() {
-  return check<128, 128>() | check<128, 64>() | check<64, 256>() | check_varlen_layout();
+  return check<128, 128>() | check<192, 128>() | check<128, 64>() | check<96, 256>() |
+         check<64, 256>() | check_varlen_layout();
 }

@@ -18,7 +18,9 @@ def test_fp8_p_layout_matches_cute(tmp_path):
     lines = out.split("\n")
     assert [line.split(" elements")[0] for line in lines if line] == [
         "ok kBlockN=128 d_v=128",
+        "ok kBlockN=192 d_v=128",
         "ok kBlockN=128 d_v=64",
+        "ok kBlockN=96 d_v=256",
         "ok kBlockN=64 d_v=256",
         "ok varlen Vt layout",
     ]

@@ -20,6 +20,20 @@ constexpr int default_block_n(int head_dim) {
   return head_dim <= 128 ? 128 : (head_dim == 256 ? 80 : 64);
 }
 
+// Note [fp8 kBlockN]: keys per KV block of the FP8 forward (P·V's K steps by 32): 192 at hd128
+// (S 96 + P 48 + O 64 registers; highest register R214 of 224, no spill) and 96 at hd256 (12 bytes
+// of spills). H100, 16k, one call: hd128 888 / 827 TFLOP/s non-causal / causal against 845 / 804
+// with 128 (160: 829 / 814); hd256 1065 / 1033 against 1008 / 959 with 64 (128: 48 bytes of
+// spills, 899 / 857). Larger blocks amortize the per-block chain of a warpgroup (row max, turns,
+// waits) over more keys; FA3's FP8 tiles are 128 × 224 / 128 × 128 likewise. Other head dims keep
+// the 16-bit blocks (hd192: 64, hd64 and hd96: 128; not measured).
+constexpr int fp8_block_n(int head_dim) {
+  return head_dim == 128   ? 192
+         : head_dim == 256 ? 96
+         : head_dim > 128  ? 64
+                           : default_block_n(head_dim);
+}
+
 // Note [hd256 narrow blocks]: the 64-key kernel runs where 80-key blocks compute more than this
 // many times its key columns (80-key blocks at 1k waste 1.6 % and run ~4 % faster per column).
 constexpr double kNarrowWaste = 1.04;

@@ -125,9 +125,9 @@ struct FwdTraits {
   // Note [hd256 kBlockN 80]: at hd 256, 80 keys per block (S 40 registers per thread, K and V
   // 2 × 40 KB each, 224 KB of shared memory with Q) run +8 % at 16k against 64; hd 192 keeps 64.
   // Short problems may take 64 instead (Note [hd256 narrow blocks], sm90/fwd/kernel.cuh).
-  // FP8: P·V's K (kBlockN) is a multiple of 32; hd 256 takes 64 (S 32 + O 128 registers).
+  // FP8: Note [fp8 kBlockN] (sm90/fwd/heuristics.cuh), a multiple of 32.
   static constexpr int kBlockN =
-      kBlockN_ != 0 ? kBlockN_ : (kFp8 && kHeadDim > 128 ? 64 : default_block_n(kHeadDim));
+      kBlockN_ != 0 ? kBlockN_ : (kFp8 ? fp8_block_n(kHeadDim) : default_block_n(kHeadDim));
   static_assert(!kFp8 || kBlockN % 32 == 0, "FP8 P·V: 32 keys per wgmma K step");
   // Note [three-CTA stages]: the three-CTA kernel has 75 KB of shared memory per CTA, of which
   // two 8 KB K and V stages at hd64 use 32 KB; a third stage fits (72 KB with both Q buffers and
