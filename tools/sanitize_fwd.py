@@ -10,6 +10,7 @@ if a result is not finite where it must be.
 import torch
 
 import fa4
+from fa4.reference_fp8 import quantize
 
 
 def run(name, q, k, v, varlen=None, **kw):
@@ -60,6 +61,29 @@ def main():
         v = torch.randn(4, 600, 4, d_v, device=dev, dtype=bf)
         run(f"many tiles causal d={d},{d_v}", q, k, v, causal=True)
         run(f"many tiles d={d},{d_v}", q, k, v)
+    # The FP8 forward (Note [fp8 forward], Note [fp8 kBlockN]) where the build has e4m3
+    # instances: partial key blocks, GQA, causal, varlen, and more KV blocks than stages.
+    fp8 = sorted(
+        {
+            i.dims
+            for i in fa4.build_info.INSTANCES
+            if i.family == "sm90" and i.dtype == "e4m3" and i.direction == "fwd"
+        }
+    )
+    for d, d_v in fp8:
+        q, k, v = (
+            torch.randn(2, s, h, x, device=dev)
+            for s, h, x in ((130, 4, d), (1000, 2, d), (1000, 2, d_v))
+        )
+        (q8, qd), (k8, kd), (v8, vd) = (quantize(x, 2) for x in (q, k, v))
+        ds = {"q_descale": qd, "k_descale": kd, "v_descale": vd}
+        run(f"fp8 d={d},{d_v}", q8, k8, v8, **ds)
+        run(f"fp8 causal d={d},{d_v}", q8, k8, v8, causal=True, **ds)
+        cu_q = torch.tensor([0, 50, 130], dtype=torch.int32, device=dev)
+        cu_k = torch.tensor([0, 333, 1000], dtype=torch.int32, device=dev)
+        run(
+            f"fp8 varlen d={d},{d_v}", q8[0], k8[0], v8[0], (cu_q, cu_k, 80, 667), causal=True, **ds
+        )
 
 
 if __name__ == "__main__":
