@@ -36,16 +36,10 @@ inline int warps_n_for(int packed_rows) {
 
 // Shared memory of one CTA (decode/kernel.cuh): a ring of key blocks, each K and V row padded
 // by 16 bytes so that ldmatrix's 8 rows of a matrix start in 8 different bank groups; the query
-// tile (same padding); the pipeline barriers; the producer's row offsets. The epilogue's fp32
-// rows reuse the ring. kv_bytes: bytes per K / V element, 2 or 1 (e4m3).
-// Note [stage bytes]: stages are as many as keep the CTA within half an SM's shared memory (two
-// CTAs per SM overlap one's prologue and epilogue with the other's stream; 228 KB less 1 KB per
-// CTA), at least 2 and at most kMaxStages: hd128 3 stages of 34,816 bytes (bf16), 5 of 18,432
-// (e4m3); hd64 6 of 18,432 (bf16), 10 of 10,240 (e4m3). At one CTA per SM (small batch) the bytes
-// a CTA keeps in flight set its stream rate: with at most 4 stages the e4m3 and hd64 rings held
-// 40-72 KB against hd128 bf16's 102 KB and read 0.72-0.93 of its GB/s at b16 kv8k (H100).
-constexpr int kMaxStages = 12;
-constexpr int kSmemPerCta = 228 * 1024 / 2 - 1024;
+// tile (same padding); the pipeline barriers. The epilogue's fp32 rows reuse the ring.
+// Stages: as many as keep the CTA within half an SM's 228 KB (two CTAs per SM overlap one's
+// prologue and epilogue with the other's stream), between 2 and 4. hd128: 3 stages of 34,816
+// bytes (bf16), 4 of 18,432 (fp8). kv_bytes: bytes per K / V element, 2 or 1 (e4m3).
 constexpr int row_pitch(int bytes) {
   return bytes + 16;
 }
@@ -61,33 +55,23 @@ constexpr int epi_pitch(int dv) {
 constexpr int epi_bytes(int dv) {
   return 64 * epi_pitch(dv) * 4 + 64 * 4;
 }
-// The pipeline barriers (full and empty per stage, room for kMaxStages) and the producer's row
-// offsets (two per key of a block).
-constexpr int bar_bytes() {
-  return 2 * kMaxStages * 8;
-}
-constexpr int row_off_bytes() {
-  return kBlockN * 2 * 8;
-}
 constexpr int num_stages(int d, int dv, int warps_n, int kv_bytes = 2) {
-  const int s = (kSmemPerCta - q_bytes(d, warps_n) - bar_bytes() - row_off_bytes()) /
-                stage_bytes(d, dv, kv_bytes);
-  return s < 2 ? 2 : s > kMaxStages ? kMaxStages : s;
+  const int s = (113 * 1024 - q_bytes(d, warps_n) - 64) / stage_bytes(d, dv, kv_bytes);
+  return s < 2 ? 2 : s > 4 ? 4 : s;
 }
 constexpr int ring_bytes(int d, int dv, int warps_n, int kv_bytes = 2) {
   const int ring = num_stages(d, dv, warps_n, kv_bytes) * stage_bytes(d, dv, kv_bytes);
   return ring > epi_bytes(dv) ? ring : epi_bytes(dv);
 }
 constexpr int smem_bytes(int d, int dv, int warps_n, int kv_bytes = 2) {
-  return ring_bytes(d, dv, warps_n, kv_bytes) + q_bytes(d, warps_n) + bar_bytes() + row_off_bytes();
+  return ring_bytes(d, dv, warps_n, kv_bytes) + q_bytes(d, warps_n) + 2 * 4 * 8 + kBlockN * 2 * 8;
 }
 // CTAs per SM by shared memory, capped by registers. The launch bounds leave a thread 128
 // registers at 3 CTAs (a sub-partition's 16384 over 4 of the 15 warps), 168 at 2 and 255 at 1;
 // a consumer thread holds O (d_v / 2 registers) and S (kBlockN / warps_n / 2) plus ~64 of
-// fragments, addresses and row state. With Note [stage bytes]'s rings shared memory allows 2 at
-// most; the cap binds where registers allow fewer (hd192 and hd256 with 32 or 64 rows: one CTA
-// more spilled 60-428 bytes of their loops on sm_90a, as hd64 FP8 caches did at 4 and hd96 at 3
-// when their 4-stage rings left room for them).
+// fragments, addresses and row state. FP8 caches, whose stages are half as large, reach the cap:
+// one CTA more than it spilled 60-428 bytes of their loops (hd64 at 4 CTAs, hd96 at 3, hd192 and
+// hd256 at 2, on sm_90a). 16-bit caches stay below it.
 constexpr int ctas_per_sm(int d, int dv, int warps_n, int kv_bytes = 2) {
   const int n = (228 * 1024) / (smem_bytes(d, dv, warps_n, kv_bytes) + 1024);
   const int regs = dv / 2 + kBlockN / warps_n / 2 + 64;
