@@ -44,15 +44,20 @@ def _instances() -> list[manifest.Instance]:
 INSTANCES: list[manifest.Instance] = _instances()
 
 
+def instance_dims(arch: str, direction: str, dtype: str) -> list[tuple[int, int]]:
+    """The (d, d_v) pairs of the compiled instances of (arch, direction, dtype), sorted."""
+    return sorted(
+        {i.dims for i in INSTANCES if (i.family, i.direction, i.dtype) == (arch, direction, dtype)}
+    )
+
+
 def missing_instance(arch: str, direction: str, hdims: tuple[int, int], dtype: str) -> str | None:
     """None when an instance of (arch, direction, dtype) covering hdims is compiled in (dtype a
     kernels.json "dtypes" key, e.g. "e4m3"; Note [padded head dims]: the C++ dispatch picks the
     covering instance of the problem's dtype), else the reason."""
     if not CONFIG.get("built"):
         return f"the CUDA extension was not built: {CONFIG.get('reason')}"
-    have = [
-        i.dims for i in INSTANCES if (i.family, i.direction, i.dtype) == (arch, direction, dtype)
-    ]
+    have = instance_dims(arch, direction, dtype)
     if not have:
         return f"this build has no {arch} {direction} kernels of dtype {dtype}"
     if manifest.cover(have, *hdims) is None:

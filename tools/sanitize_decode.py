@@ -78,7 +78,7 @@ def main():
     q = torch.randn(3, 1, 8, d, device=dev, dtype=bf)
     out = fa4.attention_with_kvcache(q, pool8, pool8, lens, page_table=table, backend="sm90")
     check("fp8 paged", out)
-    # Rings that wrap several times (Note [stage bytes]: up to 10 stages of e4m3 rows at hd64):
+    # Rings that wrap several times (2-4 stages, decode/plan.h num_stages), at both head dims:
     # 2000 keys are 32 blocks, unsplit, both producers (dense: TMA; paged 8: the gather).
     for dh in (64, 128):
         q = torch.randn(2, 1, 8, dh, device=dev, dtype=bf)

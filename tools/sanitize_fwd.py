@@ -63,14 +63,7 @@ def main():
         run(f"many tiles d={d},{d_v}", q, k, v)
     # The FP8 forward (Note [fp8 forward], Note [fp8 kBlockN]) where the build has e4m3
     # instances: partial key blocks, GQA, causal, varlen, and more KV blocks than stages.
-    fp8 = sorted(
-        {
-            i.dims
-            for i in fa4.build_info.INSTANCES
-            if i.family == "sm90" and i.dtype == "e4m3" and i.direction == "fwd"
-        }
-    )
-    for d, d_v in fp8:
+    for d, d_v in fa4.build_info.instance_dims("sm90", "fwd", "e4m3"):
         q, k, v = (
             torch.randn(2, s, h, x, device=dev)
             for s, h, x in ((130, 4, d), (1000, 2, d), (1000, 2, d_v))

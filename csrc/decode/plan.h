@@ -208,8 +208,8 @@ inline int heuristic_splits(int64_t base, int n_blocks, int num_sms, int ctas_pe
   int max_s = n_blocks / 4;
   if (max_s > kMaxSplits) max_s = kMaxSplits;
   if (tma_scale > 0 && base > 0 && num_sms > 0) {
-    const int64_t scale = tma_scale;
-    const int64_t want = (int64_t{num_sms} * 9 * scale + 19) / 20;  // ceil(0.45 scale num_sms)
+    // ceil(0.45 tma_scale num_sms)
+    const int64_t want = (int64_t{num_sms} * 9 * tma_scale + 19) / 20;
     if (base >= want || max_s <= 1) return 1;
     const int64_t s = (want + base - 1) / base;
     return static_cast<int>(s < max_s ? s : max_s);

@@ -20,13 +20,7 @@ from fa4.reference_fp8 import attention_fp8_ref, dequantize, quantize
 
 pytestmark = pytest.mark.gpu
 
-HDIMS = sorted(
-    {
-        i.dims
-        for i in build_info.INSTANCES
-        if (i.family, i.direction, i.dtype) == ("sm90", "fwd", "e4m3")
-    }
-)
+HDIMS = build_info.instance_dims("sm90", "fwd", "e4m3")
 
 
 @pytest.fixture(autouse=True)
