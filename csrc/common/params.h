@@ -75,6 +75,43 @@ Status launch_kernel(const char* name, Kernel kernel, dim3 grid, int threads, in
   }
   return Status::kOk;
 }
+
+// launch_kernel for a programmatic dependent launch (PDL; SM90+): the kernel may start while the
+// stream's previous kernel still runs, once every CTA of that kernel has executed
+// griddepcontrol.launch_dependents (or exited), and must execute griddepcontrol.wait
+// (pdl_wait) before it reads anything that kernel writes. Captured into CUDA graphs as a
+// programmatic edge. Kernels without shared memory only (no opt-in).
+template <class Kernel, class... Args>
+Status launch_dependent(const char* name, Kernel kernel, dim3 grid, int threads,
+                        cudaStream_t stream, const Args&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, args...);
+  if (e != cudaSuccess) {
+    return kernel_fail(Status::kCudaError, "%s launch: %s", name, cudaGetErrorString(e));
+  }
+  return Status::kOk;
+}
+
+// The two sides of launch_dependent, as device code (no-ops for a kernel launched without it).
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
 #endif
 
 }  // namespace fa4

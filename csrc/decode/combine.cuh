@@ -2,6 +2,15 @@
 // merges the num_splits partial rows of the workspace: lse = log(sum_s exp(lse_s) + exp(sink)),
 // out = sum_s exp(lse_s - lse) o_s. Bandwidth-bound: it reads num_splits * (d_v + 1) floats per
 // row and writes d_v 16-bit values (batch 4, 32 heads, 8 splits, hd128: 0.5 MB).
+//
+// Note [pdl combine]: the combine is a programmatic dependent launch (launch_dependent in
+// common/params.h). Every decode CTA executes griddepcontrol.launch_dependents as it starts, so
+// once the last one is resident the combine's CTAs are launched into the SMs' free slots and
+// wait in griddepcontrol.wait for the decode grid to finish and its writes to be visible: the
+// combine's launch latency overlaps the decode kernel instead of following it. H100, graph
+// replays with the read flush, against a plain launch (2026-12-07): +0.8-2.1 % where b16 kv8k
+// splits (2-4 splits of 55-95 us calls), +0.2-0.6 % at b4 kv128k; ncu timed the combine itself
+// at 5.0-5.3 us against a 51 us decode kernel (b16 kv8k hd64 gqa8, 2 splits).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,6 +37,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   const int dv = p.head_dim_v;
   const int splits = args.num_splits;
   const bool used = tk < seq.used_q;
+  pdl_wait();  // Note [pdl combine]: the partials are the decode kernel's
 
   // The merged LSE in log2 units: max, then the sum of the weights over the lanes.
   float m = -INFINITY;

@@ -81,8 +81,8 @@ Status fwd_instance(const FwdParams& p, const DeviceInfo& dev, cudaStream_t stre
   }
   if (s != Status::kOk || pl.num_splits == 1) return s;
   const dim3 grid((p.seqlen_q * p.heads_q + kCombineWarps - 1) / kCombineWarps, p.batch);
-  return launch_kernel("decode_combine", combine_kernel<Element>, grid, kCombineWarps * 32, 0,
-                       stream, args);
+  return launch_dependent("decode_combine", combine_kernel<Element>, grid, kCombineWarps * 32,
+                          stream, args);
 }
 
 }  // namespace fa4::decode

@@ -70,6 +70,22 @@ def test_decode_sass(tmp_path_factory, hdim, dtype, arch):
         )
         assert re.search(mma, text), f"{name}: no m16n8k16 tensor-core MMA of the expected type"
         assert ("F2FP.F16.E4M3.UNPACK_B" in text) == fp8, f"{name}: e4m3 unpack iff an FP8 cache"
+        # Note [pdl combine]: griddepcontrol.launch_dependents, before any global load
+        assert _first_index(text, r"\bPREEXIT\b") < _first_index(text, r"\bLDG\b"), name
+    combines = [f for n, f in functions(sass).items() if "combine_kernel" in n]
+    assert len(combines) == 1, "one combine kernel per instance"
+    # Note [pdl combine]: griddepcontrol.wait before the partials are used (their float4 loads,
+    # the exp2 of their LSEs); the sequence lengths may be read before it.
+    at = _first_index(combines[0], r"\bACQBULK\b")
+    assert at < len(combines[0].splitlines()), "combine without griddepcontrol.wait"
+    assert at < _first_index(combines[0], r"\bLDG\.E\.128\b"), "partials loaded before the wait"
+    assert at < _first_index(combines[0], r"\bMUFU\.EX2\b"), "LSEs used before the wait"
+
+
+def _first_index(text, pattern):
+    """The first SASS line matching pattern (never-taken `@!PT` padding aside); len(lines) if none."""
+    lines = [x for x in text.splitlines() if "@!PT" not in x]
+    return next((i for i, x in enumerate(lines) if re.search(pattern, x)), len(lines))
 
 
 def _copy_batch(hdim, fp8):
