@@ -83,7 +83,7 @@ def test_decode_sass(tmp_path_factory, hdim, dtype, arch):
 
 
 def _first_index(text, pattern):
-    """The first SASS line matching pattern (never-taken `@!PT` padding aside); len(lines) if none."""
+    """Index of the first SASS line matching pattern (`@!PT` padding aside); len(lines) if none."""
     lines = [x for x in text.splitlines() if "@!PT" not in x]
     return next((i for i, x in enumerate(lines) if re.search(pattern, x)), len(lines))
 
