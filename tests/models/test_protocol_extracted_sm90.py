@@ -142,7 +142,8 @@ def test_decode_equals_ring_formula(blocks, stages):
     # Cross-check against the ring of tests/models/test_decode_ring_model.py: the producer
     # waits on empty[it % S] with parity (it / S - 1) & 1 once it >= S, then fills the stage
     # (32 lanes' cp.async arrivals on full); each consumer warp waits on full[it % S] with
-    # parity (it / S) & 1 and releases empty; then the epilogue's two bar.sync 1.
+    # parity (it / S) & 1 and releases empty; before the loop, the bar.sync 1 that publishes the
+    # query tile the consumers load (Note [stream first]); after it, the epilogue's two.
     # Variant 3 (Note [tma blocks]): a TMA block's fill is lane 0's transaction (one arrival
     # when K's and V's tiles land) and lanes 1-31's 31 plain arrivals, after the same wait; by
     # boxes (Note [tma boxes]) the same step, its boxes parts of the same K and V writes.
@@ -170,7 +171,7 @@ def test_decode_equals_ring_formula(blocks, stages):
                if isinstance(st, pm.Tma) else st for st in steps]  # fmt: skip
         assert got == [(w.bar, w.idx, w.parity) if isinstance(w, pm.Wait) else w for w in prod]
         for w in range(4):
-            want = []
+            want = [("Arrive", "named1", 0), ("Wait", "named1", 0)]
             for it in range(blocks):
                 want += [("Wait", "full", it % stages), ("Arrive", "empty", it % stages)]
             want += [("Arrive", "named1", 0), ("Wait", "named1", 0)] * 2
@@ -293,7 +294,8 @@ def test_decode_tma_mutants_killed(kernels, decode_v3, op, what, kind):
         ("sm90bwd", "delete-wait", "sync(T::kConsumerThreads) in stage_dk_dv_tma", "overwrite"),
         ("sm90bwd", "delete-wait", "sync(T::kConsumerThreads) in bwd_consumer_split", "stale read"),
         ("sm90bwd", "delete-wait", "sync(threads) in dq_turn_pass_all", "overwrite"),
-        ("decode", "delete-wait", "bar.sync in decode_kernel", "overwrite"),
+        ("decode", "delete-wait", "bar.sync in decode_kernel", "phase"),  # Q's (stream first)
+        ("decode", "delete-wait", "bar.sync in decode_kernel #2", "overwrite"),
         ("decode", "flip-parity", "wait_barrier(&empty[stage]) in decode_kernel", "phase"),
     ],
 )
