@@ -34,7 +34,12 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 from collections import OrderedDict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tile_order_model import sections  # noqa: E402  (BwdGrid's section sizes)
 
 
 class Cache:
@@ -98,14 +103,12 @@ def fa4_items(heads_q: int, heads_kv: int, n_tiles: int, ctas: int, heads_per: i
     slices = [list(range(s, min(s + heads_per, group))) for s in range(0, group, heads_per)]
     pairs = [(kv, sl) for kv in range(heads_kv) for sl in slices]
     section = max(1, min(len(pairs), ctas // n_tiles))
-    first = len(pairs) % section or section
-    items, base, size = [], 0, first
-    while base < len(pairs):
-        size = min(size, len(pairs) - base)
+    items, base = [], 0
+    for size in sections(len(pairs), section, len(pairs) % section or section):
         for n in range(n_tiles):
             for kv, sl in pairs[base : base + size]:
                 items.append((kv, n, [kv * group + g for g in sl]))
-        base, size = base + size, section
+        base += size
     return items
 
 

@@ -802,7 +802,7 @@ def _fwd90_tags():
 @dataclass
 class DecodeConfig:
     blocks: int = 3  # KV blocks of the CTA's split
-    stages: int = 2  # T::kStages (num_stages: 2..4)
+    stages: int = 2  # T::kStages (num_stages: 2..kMaxStages)
     # the producer (kTma = variant 3): 2 copy_block's gather, 3 TMA blocks (Note [tma blocks]) with
     # copy_block's gather for the others
     variant: int = 2

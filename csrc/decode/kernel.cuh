@@ -86,7 +86,7 @@ struct Traits {
   static constexpr int kRingBytes = ring_bytes(D, DV, kWarpsN, kKvBytes);
   static constexpr int kQOffset = kRingBytes;
   static constexpr int kBarOffset = kQOffset + q_bytes(D, kWarpsN);
-  static constexpr int kRowOffOffset = kBarOffset + 2 * 4 * 8;  // the producer's row offsets
+  static constexpr int kRowOffOffset = kBarOffset + bar_bytes();  // the producer's row offsets
   static constexpr int kSmemBytes = smem_bytes(D, DV, kWarpsN, kKvBytes);
   static constexpr int kMinBlocks = ctas_per_sm(D, DV, kWarpsN, kKvBytes);
   // The MMAs' 16-bit type: the cache's with a 16-bit cache; fp16 with an FP8 one, into which

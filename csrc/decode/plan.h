@@ -38,8 +38,16 @@ inline int warps_n_for(int packed_rows) {
 // by 16 bytes so that ldmatrix's 8 rows of a matrix start in 8 different bank groups; the query
 // tile (same padding); the pipeline barriers. The epilogue's fp32 rows reuse the ring.
 // Stages: as many as keep the CTA within half an SM's 228 KB (two CTAs per SM overlap one's
-// prologue and epilogue with the other's stream), between 2 and 4. hd128: 3 stages of 34,816
-// bytes (bf16), 4 of 18,432 (fp8). kv_bytes: bytes per K / V element, 2 or 1 (e4m3).
+// prologue and epilogue with the other's stream), between 2 and kMaxStages. hd128: 3 stages of
+// 34,816 bytes (bf16), 4 of 18,432 (fp8). kv_bytes: bytes per K / V element, 2 or 1 (e4m3).
+constexpr int kMaxStages = 4;
+// The pipeline barriers (full and empty per stage) and the producer's row offsets (two per key).
+constexpr int bar_bytes() {
+  return 2 * kMaxStages * 8;
+}
+constexpr int row_off_bytes() {
+  return kBlockN * 2 * 8;
+}
 constexpr int row_pitch(int bytes) {
   return bytes + 16;
 }
@@ -56,15 +64,15 @@ constexpr int epi_bytes(int dv) {
   return 64 * epi_pitch(dv) * 4 + 64 * 4;
 }
 constexpr int num_stages(int d, int dv, int warps_n, int kv_bytes = 2) {
-  const int s = (113 * 1024 - q_bytes(d, warps_n) - 64) / stage_bytes(d, dv, kv_bytes);
-  return s < 2 ? 2 : s > 4 ? 4 : s;
+  const int s = (113 * 1024 - q_bytes(d, warps_n) - bar_bytes()) / stage_bytes(d, dv, kv_bytes);
+  return s < 2 ? 2 : s > kMaxStages ? kMaxStages : s;
 }
 constexpr int ring_bytes(int d, int dv, int warps_n, int kv_bytes = 2) {
   const int ring = num_stages(d, dv, warps_n, kv_bytes) * stage_bytes(d, dv, kv_bytes);
   return ring > epi_bytes(dv) ? ring : epi_bytes(dv);
 }
 constexpr int smem_bytes(int d, int dv, int warps_n, int kv_bytes = 2) {
-  return ring_bytes(d, dv, warps_n, kv_bytes) + q_bytes(d, warps_n) + 2 * 4 * 8 + kBlockN * 2 * 8;
+  return ring_bytes(d, dv, warps_n, kv_bytes) + q_bytes(d, warps_n) + bar_bytes() + row_off_bytes();
 }
 // CTAs per SM by shared memory, capped by registers. The launch bounds leave a thread 128
 // registers at 3 CTAs (a sub-partition's 16384 over 4 of the 15 warps), 168 at 2 and 255 at 1;
