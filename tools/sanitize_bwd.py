@@ -40,6 +40,9 @@ def main():
             run(f"dense d={d},{d_v}", q, k, v)
             run(f"causal d={d},{d_v}", q, k, v, causal=True)
             run(f"deterministic d={d},{d_v}", q, k, v, causal=True, deterministic=True)
+            # Note [GQA head slices]: groups of 5 dealt as 2, 2, 1 q heads per item
+            q5 = torch.randn(2, s_q, 10, d, device=dev, dtype=bf)
+            run(f"gqa slices d={d},{d_v}", q5, k, v, causal=True)
     feature_cases(run, *compiled[0])
 
 

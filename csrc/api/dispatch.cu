@@ -584,17 +584,20 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept {
 // The dQ accumulator's row width: the head dim of the backward instance that runs the problem
 // (Note [padded head dims]), the widest over the archs this build compiled, since the size is
 // asked without a device. Its kernel lays the workspace out with its own width, which is <= it.
+// With dv: the widest max(d, d_v), the dK / dV accumulators' width (Note [GQA head slices]).
 namespace {
-int workspace_head_dim(const FwdParams& f) {
-  int width = f.head_dim;
+int workspace_head_dim(const FwdParams& f, bool dv = false) {
+  int width = dv ? std::max(f.head_dim, f.head_dim_v) : f.head_dim;
+  auto widen = [&](HeadDims h) { width = std::max(width, dv ? std::max(h.d, h.dv) : h.d); };
 #if defined(FA4_INSTANCES_SM90_BWD)
   constexpr HeadDims kSm90[] = {FA4_INSTANCES_SM90_BWD(FA4_HEAD_DIMS_ENTRY)};
-  width = std::max(width, cover(kSm90, f.head_dim, f.head_dim_v).d);
+  widen(cover(kSm90, f.head_dim, f.head_dim_v));
 #endif
 #if defined(FA4_INSTANCES_SM100_BWD)
   constexpr HeadDims kSm100[] = {FA4_INSTANCES_SM100_BWD(FA4_HEAD_DIMS_ENTRY)};
-  width = std::max(width, cover(kSm100, f.head_dim, f.head_dim_v).d);
+  widen(cover(kSm100, f.head_dim, f.head_dim_v));
 #endif
+  (void)widen;
   return width;
 }
 }  // namespace
@@ -606,9 +609,9 @@ size_t bwd_workspace_size(const BwdParams& p) noexcept {
   if (!c.ok()) return 0;
   const FwdParams& f = p.fwd;
   if (q_rows(f) == 0) return 0;
-  return static_cast<size_t>(BwdWorkspace::bytes(is_varlen(f), f.batch, f.seqlen_q, f.total_q,
-                                                 f.heads_q, workspace_head_dim(f),
-                                                 f.deterministic));
+  return static_cast<size_t>(BwdWorkspace::bytes(
+      is_varlen(f), f.batch, f.seqlen_q, f.total_q, f.heads_q, workspace_head_dim(f),
+      f.deterministic, f.seqlen_k, f.total_k, f.heads_kv, workspace_head_dim(f, true)));
 }
 
 Status run_bwd(const BwdParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,

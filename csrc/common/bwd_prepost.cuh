@@ -20,10 +20,13 @@
 namespace fa4 {
 
 // Make the workspace view of the problem `f` over `ws`, for a kernel instance of head dim
-// kernel_d (>= f.head_dim: Note [padded head dims]), the dQ accumulator's row width.
-__host__ __device__ inline BwdWorkspace workspace_of(const FwdParams& f, void* ws, int kernel_d) {
+// kernel_d (>= f.head_dim: Note [padded head dims]), the dQ accumulator's row width, and
+// kv_dim (0: kernel_d), the dK / dV accumulators' (Note [GQA head slices]).
+__host__ __device__ inline BwdWorkspace workspace_of(const FwdParams& f, void* ws, int kernel_d,
+                                                     int kv_dim = 0) {
   return BwdWorkspace::make(f.cu_seqlens_q != nullptr, f.batch, f.seqlen_q, f.total_q, f.heads_q,
-                            kernel_d, ws);
+                            kernel_d, f.deterministic, f.seqlen_k, f.total_k, f.heads_kv,
+                            kv_dim > 0 ? kv_dim : kernel_d, ws);
 }
 
 // Grid of the preprocess kernel: (row blocks of 128, heads_q, batch) flattened into x with

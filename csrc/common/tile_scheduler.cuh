@@ -274,6 +274,9 @@ struct BwdGrid {
   int pairs = 0;            // batch · heads_kv (section > 1 only)
   int rotation = 0;         // items before a partial last section walked first, or 0
   int items = 0;            // n_tiles · pairs (section > 1 only)
+  // Note [GQA head slices] (sm90/bwd/kernel.cuh): each kv head's q heads dealt over this many
+  // items per kv tile; a "pair" is then a (batch, kv head, slice), slices of a kv head adjacent.
+  int slices = 1;
 
   // The bytes one (batch, kv head) pair's tiles share in L2: its group's Q, dO, dQ's fp32
   // accumulator and LSE and D rows.
@@ -284,9 +287,10 @@ struct BwdGrid {
   // Sections for bwd_tile_order's options; ctas: the items running at once (CTAs, or clusters
   // of the SM100 2-CTA kernel); pair_bytes: pair_bytes() of the problem.
   static BwdGrid make(int n_tiles, int heads_kv, int batch, bool descending, int ctas,
-                      const TileOrderOptions& opt, int64_t pair_bytes) {
+                      const TileOrderOptions& opt, int64_t pair_bytes, int slices = 1) {
     BwdGrid g{n_tiles, heads_kv, descending};
-    const int64_t pairs = int64_t(batch) * heads_kv;
+    g.slices = slices;
+    const int64_t pairs = int64_t(batch) * heads_kv * slices;
     int64_t s = 0;  // 0: no cap given
     auto cap = [&](int64_t c) { s = s == 0 || c < s ? (c < 1 ? 1 : c) : s; };
     if (opt.max_pairs > 0) cap(opt.max_pairs);
@@ -305,6 +309,10 @@ struct BwdGrid {
   // 32-bit divisions: int64 ones tested the high word and carried a 64-bit slow path, per tile
   // in the SM90 consumers, which decode each tile twice.
   __host__ __device__ void decode(int bid, int& n, int& head_kv, int& b) const {
+    int slice;
+    decode(bid, n, head_kv, b, slice);
+  }
+  __host__ __device__ void decode(int bid, int& n, int& head_kv, int& b, int& slice) const {
     int pair;
     if (section <= 1) {
       n = bid % n_tiles;
@@ -320,6 +328,8 @@ struct BwdGrid {
       pair = first + (r - n * size);
     }
     if (descending) n = n_tiles - 1 - n;
+    slice = pair % slices;
+    pair /= slices;
     head_kv = pair % heads_kv;
     b = pair / heads_kv;
   }

@@ -17,4 +17,4 @@ def test_workspace_layout(tmp_path_factory):
         ROOT / "tests/cpp/bwd_workspace_harness.cpp", tmp_path_factory.mktemp("ws") / "ws"
     )
     res = subprocess.run([str(exe)], capture_output=True, text=True)
-    assert res.returncode == 0 and res.stdout.startswith("ok 56"), res.stdout + res.stderr
+    assert res.returncode == 0 and res.stdout.startswith("ok 112"), res.stdout + res.stderr

@@ -603,20 +603,25 @@ void test_invalid_bwd() {
 
 // Note [bwd workspace] in common/bwd_workspace.h: per query head, fp32 dq (rows x head_dim), lse2
 // and dpsum (rows each), and with deterministic int32 turn counters (rows / 64); rows padded to
-// 128.
+// 128. GQA outside deterministic mode adds fp32 dK and dV accumulators per kv head over the
+// padded key rows, max(d, d_v) wide (Note [GQA head slices]).
 void test_workspace_formula() {
   // Dense b=2, s_q=200 -> 2 * 256 = 512 rows; 8 heads, d=128:
-  //   8 * 512 * (128 + 1 + 1) * 4 = 2,129,920 bytes; deterministic adds 8 * 512 / 64 * 4.
-  CHECK(fa4::bwd_workspace_size(bwd_of(base())) == size_t{2129920});
+  //   8 * 512 * (128 + 1 + 1) * 4 = 2,129,920 bytes; s_k=300 -> 2 * 384 = 768 key rows, 2 kv
+  //   heads: dK and dV 2 * 2 * 768 * 128 * 4 = 1,572,864 more.
+  CHECK(fa4::bwd_workspace_size(bwd_of(base())) == size_t{2129920 + 1572864});
+  // Deterministic: no dK / dV accumulators, 8 * 512 / 64 * 4 bytes of turn counters.
   fa4::BwdParams det = bwd_of(base());
   det.fwd.deterministic = true;
   CHECK(fa4::bwd_workspace_size(det) == size_t{2130176});
   // Varlen, 3 sequences, total_q=300 -> round_up(300 + 3*128, 128) = 768 rows; 8 heads, d=128:
-  //   8 * 768 * 130 * 4 = 3,194,880 bytes.
-  CHECK(fa4::bwd_workspace_size(bwd_of(varlen())) == size_t{3194880});
+  //   8 * 768 * 130 * 4 = 3,194,880 bytes; total_k=500 -> round_up(500 + 384, 128) = 896 key
+  //   rows: 2 * 2 * 896 * 128 * 4 = 1,835,008 more.
+  CHECK(fa4::bwd_workspace_size(bwd_of(varlen())) == size_t{3194880 + 1835008});
   // d=192 / d_v=128: the accumulator follows head_dim (dQ's width), not head_dim_v.
-  // 6 heads * 128 rows * (192 + 2) * 4 = 595,968 bytes.
-  CHECK(fa4::bwd_workspace_size(bwd_of(dense(1, 64, 64, 6, 1, 192, 128))) == size_t{595968});
+  // 6 heads * 128 rows * (192 + 2) * 4 = 595,968 bytes; 6:1 GQA: 2 * 128 * 192 * 4 = 196,608.
+  CHECK(fa4::bwd_workspace_size(bwd_of(dense(1, 64, 64, 6, 1, 192, 128))) ==
+        size_t{595968 + 196608});
   // Exactly 128 rows: no padding. 1 * 128 * (64 + 2) * 4 = 33,792.
   CHECK(fa4::bwd_workspace_size(bwd_of(dense(1, 128, 7, 1, 1, 64, 64))) == size_t{33792});
   // Only sizes matter: it works before the tensors exist.

@@ -13,17 +13,20 @@ from gpu_helpers import (
     bwd_dense_case,
     bwd_varlen_case,
     compiled_hdims,
+    cu_seqlens,
     default_and_deterministic_case,
     deterministic_case,
     grads,
     make,
     many_ctas_case,
+    poison,
     reference_grads,
     tiny_model_case,
 )
 from helpers import assert_tolerance
 
-from fa4 import build_info, manifest
+import fa4
+from fa4 import build_info, manifest, reference
 
 pytestmark = pytest.mark.gpu
 
@@ -158,3 +161,36 @@ def test_persistent_walk_with_few_ctas(monkeypatch, sms):
         capped = grads(q, k, v, dout, "sm90", causal=True, deterministic=True)
         for name, a, b in zip(("dq", "dk", "dv"), ref, capped, strict=True):
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"d={d},{d_v}: {name}"
+
+
+@pytest.mark.parametrize("sms", [0, 3])
+def test_gqa_head_slices(monkeypatch, sms):
+    """Note [GQA head slices]: outside deterministic mode a kv head's q heads are dealt over
+    items of kBwdSliceHeads (2), whose dK / dV go through fp32 accumulators and a postprocess.
+    Groups of 5 (slices 2, 2, 1) and 7, varlen with empty and partial sequences, causal and a
+    window, every compiled head dim, on the full grid and on 3 CTAs (FA4_NUM_SMS: each CTA walks
+    many slices); the dK / dV of a kv head is the sum over all its q heads."""
+    if sms:
+        monkeypatch.setenv("FA4_NUM_SMS", str(sms))
+    lens_q, lens_k = [0, 130, 17, 300], [5, 260, 0, 301]
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
+    dims = _bwd_hdims()
+    for (d, d_v), (h, h_kv), kw in (
+        (dims[0], (10, 2), {"causal": True}),
+        (dims[0], (7, 1), {"window_size": (100, 20)}),
+        (dims[-1], (10, 2), {"causal": True}),
+    ):
+        q, k, v = make((sum(lens_q), h, d), (sum(lens_k), h_kv, d), d_v, torch.bfloat16, seed=d)
+        dout = torch.randn(sum(lens_q), h, d_v, device="cuda").to(torch.bfloat16)
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        poison()
+        out = fa4.attention_varlen(*leaves, cu_q, cu_k, max(lens_q), max(lens_k), backend="sm90",
+                                   **kw)  # fmt: skip
+        out.backward(dout)
+        ref_out, ref_lse = reference.attention_varlen_ref(q, k, v, cu_q, cu_k, **kw)
+        ref = reference.attention_varlen_ref_bwd(dout, q, k, v, ref_out, ref_lse, cu_q, cu_k, **kw)
+        low = reference.attention_varlen_ref_bwd(
+            dout, q, k, v, ref_out, ref_lse, cu_q, cu_k, upcast=False, **kw
+        )
+        for name, x, r, lo in zip(("dq", "dk", "dv"), leaves, ref, low, strict=True):
+            assert_tolerance(f"d={d},{d_v} {h}:{h_kv} {name}", x.grad, r, lo, torch.bfloat16)

@@ -285,6 +285,8 @@ static_assert(kDkDvStaged + cutlass::arch::NamedBarrier::ReservedNamedBarrierCou
                   cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
               "named barrier ids of the backward exceed the hardware's 16");
 constexpr int kReducerThreads = 32;  // one warp of the producer warpgroup
+// Note [GQA head slices] (sm90/bwd/kernel.cuh): q heads per backward item at GQA.
+constexpr int kBwdSliceHeads = 2;
 
 // The TMA stores of dK and dV (Note [TMA-store dK/dV]); on: set for dense problems.
 template <class T, bool = T::kTmaStoreDkDv>
@@ -319,14 +321,17 @@ struct BwdKernelParams {
   ScoreScale score;
   BwdGrid grid;
   int group;
-  int tiles;  // kv tiles of the whole problem (the grid's items, Note [persistent bwd])
+  int slice_heads;  // q heads per item (Note [GQA head slices]); group when grid.slices == 1
+  int tiles;        // the grid's items (Note [persistent bwd])
   BwdTmaStores<T> out;
 };
 
 // One kv tile (an item of the grid) as every role needs it; skip: past its sequence's keys
-// (varlen grids are sized by the longest sequence), nothing to load or write.
+// (varlen grids are sized by the longest sequence), nothing to load or write. The item's q heads
+// are head0 .. head0 + heads - 1 (the whole group, or a slice: Note [GQA head slices]).
 struct BwdTile {
   int n, head_kv, b;
+  int head0, heads;
   SeqInfo seq;
   Mask mask;
   bool skip;
@@ -334,7 +339,11 @@ struct BwdTile {
   __device__ static BwdTile of(const KP& kp, int item, int kBlockN) {
     BwdTile t;
     const FwdParams& f = kp.p.fwd;
-    kp.grid.decode(item, t.n, t.head_kv, t.b);
+    int slice;
+    kp.grid.decode(item, t.n, t.head_kv, t.b, slice);
+    const int first = slice * kp.slice_heads;
+    t.head0 = t.head_kv * kp.group + first;
+    t.heads = min(kp.slice_heads, kp.group - first);
     t.seq = SeqInfo::get(t.b, f.cu_seqlens_q, f.cu_seqlens_k, f.seqused_k, f.seqlen_q, f.seqlen_k);
     t.mask = Mask::from_params(f, t.seq.seqlen_q, t.seq.seqlen_k);
     t.skip = t.n * kBlockN >= t.seq.seqlen_k;
@@ -409,8 +418,8 @@ __device__ __forceinline__ void bwd_producer_tile(const BwdKernelParams<T>& kp,
   const int64_t row0_ws = kp.ws.row_offset(b, seq.offset_q, 0);
   int m_begin, m_end;
   q_blocks_seeing<T>(mask, n, m_begin, m_end);
-  for (int g = 0; g < kp.group; ++g) {
-    const int head = head_kv * kp.group + g;
+  for (int g = 0; g < t.heads; ++g) {
+    const int head = t.head0 + g;
     Tensor gQ = local_tile(domain_offset(make_coord(seq.offset_q, _0{}), mQ(_, _, head, bidb)),
                            Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{}, make_coord(_, _0{}));
     Tensor gDO = local_tile(domain_offset(make_coord(seq.offset_q, _0{}), mDO(_, _, head, bidb)),
@@ -580,16 +589,16 @@ __device__ __forceinline__ void bwd_dq_reducer_tile(const BwdKernelParams<T>& kp
                                                     bool leader) {
   const SeqInfo& seq = t.seq;
   const Mask& mask = t.mask;
-  const int n = t.n, head_kv = t.head_kv, b = t.b;
+  const int n = t.n, b = t.b;
   constexpr int kHalfBarrierThreads = 128 + kReducerThreads;  // one consumer warpgroup + this warp
   const int64_t row0_ws = kp.ws.row_offset(b, seq.offset_q, 0);
   const uint32_t src = cute::cast_smem_ptr_to_uint(ss.dq);
   int m_begin, m_end;
   q_blocks_seeing<T>(mask, n, m_begin, m_end);
-  const int blocks = kp.group * (m_end - m_begin);
+  const int blocks = t.heads * (m_end - m_begin);
   const bool skip = T::kDqFromRegisters && !kp.p.fwd.deterministic;  // Note [dQ from registers]
   for (int i = 0; i < (skip ? 0 : blocks); ++i) {
-    const int head = head_kv * kp.group + i / (m_end - m_begin);
+    const int head = t.head0 + i / (m_end - m_begin);
     const int64_t row = row0_ws + int64_t(m_begin + i % (m_end - m_begin)) * T::kBlockM;
     cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, kDqFull);
     cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, kDqFull1);

@@ -92,10 +92,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     clear(acc_dk);
     int m_begin, m_end;
     q_blocks_seeing<T>(mask, n, m_begin, m_end);
-    const int blocks = kp.group * (m_end - m_begin);
+    const int blocks = tile.heads * (m_end - m_begin);
     // This thread's float4s of the tile's first query head's dQ rows (fragment order, Note [dQ
-    // reduce]); g: the block's query head within the group.
-    float* const dq_tile = kp.ws.dq(tile.head_kv * kp.group) +
+    // reduce]); g: the block's query head within the item's.
+    float* const dq_tile = kp.ws.dq(tile.head0) +
                            kp.ws.row_offset(tile.b, tile.seq.offset_q, 0) * T::kHeadDim + 4 * tid;
     int g = 0;
     ss.kv_full.wait(uint32_t(t & 1));
@@ -228,7 +228,19 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     ss.kv_empty.arrive();
     ss.trace.cta_mark(leader, wg == 0 ? 4 : 7);
     const BwdTile out = BwdTile::of(kp, item, T::kBlockN);
-    if constexpr (kDkDvRegs) {
+    if (kp.grid.slices > 1) {  // Note [GQA head slices]
+      if constexpr (kDkDvRegs) {
+        ds_use += blocks;
+        red_dk_dv(kp, out, tid, acc_dk, acc_dv);
+      } else {
+        // As the staged epilogue: the reducer has read the last dQ (the next tile's first dQ
+        // store does not wait), and both warpgroups' GEMMs are done before either stores the
+        // next tile's dS, whose stages restart per tile.
+        if (blocks > 0 && !reds) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
+        red_dk_dv(kp, out, tid, acc_dk, acc_dv);
+        cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
+      }
+    } else if constexpr (kDkDvRegs) {
       ds_use += blocks;
       store_dk_dv_regs(kp, out.seq, n, out.head_kv, out.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
     } else {

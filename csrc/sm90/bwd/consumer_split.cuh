@@ -118,13 +118,13 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
     const int64_t row0_ws = kp.ws.row_offset(tile.b, tile.seq.offset_q, 0);
     int m_begin, m_end;
     q_blocks_seeing<T>(mask, n, m_begin, m_end);
-    const int blocks = kp.group * (m_end - m_begin);
+    const int blocks = tile.heads * (m_end - m_begin);
     ss.kv_full.wait(uint32_t(t & 1));
     // Note [split issue order]: as the d <= 128 consumer up to dS (P computed while dPᵀ runs);
     // then both warpgroups' Pᵀ and dSᵀ must be in smem before any of the three GEMMs that read
     // them, which go out together under one wait.
-    // (head, m) walk the group's query heads and their Q blocks, counted rather than divided.
-    int head = tile.head_kv * kp.group, m = m_begin;
+    // (head, m) walk the item's query heads and their Q blocks, counted rather than divided.
+    int head = tile.head0, m = m_begin;
     for (int i = 0; i < blocks; ++i, ++k, m = m + 1 == m_end ? (++head, m_begin) : m + 1) {
       const bool masked = block_needs_mask<kM, kN>(mask, m, n);  // Note [block needs mask]
       pipe_q.consumer_wait(q_state);
@@ -162,9 +162,14 @@ __device__ __forceinline__ void bwd_consumer_split(const BwdKernelParams<T>& kp,
       ++do_state;
     }
     // Every GEMM of the tile has completed (the loop's last wait): K and V may be reloaded
-    // while dK and dV leave from registers (Note [split epilogue]).
+    // while dK and dV leave from registers (Note [split epilogue]), or are added to the
+    // workspace (Note [GQA head slices]).
     ss.kv_empty.arrive();
-    store_dk_dv_regs(kp, tile.seq, n, tile.head_kv, tile.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
+    if (kp.grid.slices > 1) {
+      red_dk_dv(kp, tile, tid, acc_dk, acc_dv);
+    } else {
+      store_dk_dv_regs(kp, tile.seq, n, tile.head_kv, tile.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
+    }
   }
 }
 

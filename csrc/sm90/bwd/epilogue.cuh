@@ -261,4 +261,16 @@ __device__ __forceinline__ void store_dk_dv_regs(const BwdKernelParams<T>& kp, c
                              tid % 4);
 }
 
+// Note [GQA head slices] (sm90/bwd/kernel.cuh): an item holds a slice of its kv head's q heads,
+// so its dK and dV are partial sums; each consumer thread adds its fragments to the tile's
+// fp32 accumulator blocks in the workspace (fragment order, as Note [dQ reduce]; dK unscaled),
+// and bwd_postprocess_kv_sm90 writes the sums as the dtype.
+template <class T, class AccK, class AccV>
+__device__ __forceinline__ void red_dk_dv(const BwdKernelParams<T>& kp, const BwdTile& t, int tid,
+                                          const AccK& acc_dk, const AccV& acc_dv) {
+  const int64_t at = kp.ws.row_offset_k(t.b, t.seq.offset_k, t.n * T::kBlockN) * kp.ws.kv_dim;
+  red_add_fragment<T::kConsumerThreads>(kp.ws.dk(t.head_kv) + at + 4 * tid, acc_dk);
+  red_add_fragment<T::kConsumerThreads>(kp.ws.dv(t.head_kv) + at + 4 * tid, acc_dv);
+}
+
 }  // namespace fa4::sm90

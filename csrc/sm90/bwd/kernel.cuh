@@ -4,9 +4,10 @@
 //
 // Work items: (kv tile of kBlockN rows, kv head, batch); one CTA per SM walks them (Note
 // [persistent bwd], sm90/bwd/common.cuh), in both variants. K and V
-// stay in shared memory for the item; the CTA loops over every query head of the GQA group and
-// every Q block of kBlockM rows that sees the tile, so dK and dV are summed over the group in
-// registers and written once (no atomics, exact and deterministic). Per Q block, each consumer
+// stay in shared memory for the item; the CTA loops over the item's query heads (the GQA group,
+// or a slice of it: Note [GQA head slices]) and every Q block of kBlockM rows that sees the tile,
+// so dK and dV are summed over them in registers and written once (with slices, added to fp32
+// accumulators that a postprocess casts). Per Q block, each consumer
 // warpgroup (64 of the kv rows) computes, with the scores transposed so that kv rows are the wgmma
 // M dimension:
 //   Sᵀ  = K·Qᵀ                 (SS)      Pᵀ = exp2(Sᵀ·c − lse₂)           (common/softmax.cuh exp2)
@@ -193,9 +194,62 @@ __global__ void __launch_bounds__(T::kConsumerThreads)
 #endif
 }
 
-}  // namespace fa4::sm90
+// Note [GQA head slices]: dK and dV of one kv tile from the workspace's accumulators (fragment
+// order, red_dk_dv) to the dtype, through the consumers' register epilogue (store_dk_dv_regs:
+// dK scaled, rows past seqlen_k skipped). One CTA of kConsumerThreads per (kv tile, kv head,
+// batch), flattened, tile fastest.
+template <class T>
+__global__ void __launch_bounds__(T::kConsumerThreads)
+    bwd_postprocess_kv_sm90(const __grid_constant__ BwdKernelParams<T> kp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kN = T::kBlockN;
+  const FwdParams& f = kp.p.fwd;
+  const int n_tiles = (f.seqlen_k + kN - 1) / kN;
+  const int n = int(blockIdx.x % n_tiles);
+  const int head_kv = int(blockIdx.x / n_tiles % f.heads_kv);
+  const int b = int(blockIdx.x / n_tiles / f.heads_kv);
+  const SeqInfo seq =
+      SeqInfo::get(b, f.cu_seqlens_q, f.cu_seqlens_k, f.seqused_k, f.seqlen_q, f.seqlen_k);
+  if (n * kN >= seq.seqlen_k) return;
+  const int tid = threadIdx.x;
+  typename T::MmaDK mma_dk;
+  typename T::MmaDV mma_dv;
+  Tensor acc_dk = partition_fragment_C(mma_dk, Shape<Int<kN>, Int<T::kHeadDim>>{});
+  Tensor acc_dv = partition_fragment_C(mma_dv, Shape<Int<kN>, Int<T::kHeadDimV>>{});
+  const int64_t at = kp.ws.row_offset_k(b, seq.offset_k, n * kN) * kp.ws.kv_dim + 4 * tid;
+  auto load = [&](const float* src, auto& acc) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < size(acc) / 4; ++j) {
+      const float4 v = reinterpret_cast<const float4*>(src)[j * T::kConsumerThreads];
+      acc(4 * j) = v.x;
+      acc(4 * j + 1) = v.y;
+      acc(4 * j + 2) = v.z;
+      acc(4 * j + 3) = v.w;
+    }
+  };
+  load(kp.ws.dk(head_kv) + at, acc_dk);
+  load(kp.ws.dv(head_kv) + at, acc_dv);
+  store_dk_dv_regs(kp, seq, n, head_kv, b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
+#endif
+}
 
-namespace fa4::sm90 {
+// Note [GQA head slices]: a backward CTA walks, for its kv tile, the Q blocks of every q head of
+// the item in turn, and the persistent CTAs drift apart along that walk (a causal tile n sees
+// n_tiles - n blocks per head), so at GQA the running CTAs span every head of the group's Q, dO
+// and dQ rows. ncu (docs/perf.md, "Backward against flash-attn-4 under ncu") had fa4 moving
+// 2.7-5.8x flash-attn-4's DRAM bytes at 32:8 .. 28:4 with 68-86 % L2 hits against 95 %, and
+// tools/bwd_l2_model.py reproduced it. So, outside deterministic mode, each kv head's group is
+// dealt over `slices` items of bwd_slice_heads() q heads each (BwdGrid: slices of a kv head
+// adjacent, so a section's running CTAs share one slice's rows); their partial dK and dV are
+// added to fp32 accumulators (red_dk_dv, 16-byte reduce-adds in fragment order, zeroed by a
+// memset) and bwd_postprocess_kv_sm90 casts them. The model puts the bytes at flash-attn-4's
+// with one or two heads per item. Deterministic mode keeps whole groups: the reduce-adds'
+// order would vary.
+inline int bwd_slice_heads(const FwdParams& f, const BwdWorkspace& ws) {
+  const int group = f.heads_q / f.heads_kv;
+  if (ws.kv_base == nullptr) return group;
+  return std::min(group, kBwdSliceHeads);
+}
 
 // Pre/main/postprocess on `stream`.
 template <class T>
@@ -204,9 +258,11 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
   const FwdParams& f = p.fwd;
   BwdKernelParams<T> kp;
   kp.p = p;
-  kp.ws = workspace_of(f, workspace, T::kHeadDim);
+  kp.ws = workspace_of(f, workspace, T::kHeadDim, std::max(T::kHeadDim, T::kHeadDimV));
   kp.score = ScoreScale::make(f.softmax_scale, f.softcap);
   kp.group = f.heads_q / f.heads_kv;
+  kp.slice_heads = bwd_slice_heads(f, kp.ws);  // Note [GQA head slices]
+  const int slices = (kp.group + kp.slice_heads - 1) / kp.slice_heads;
   const auto [q, dout, k, v] = bwd_views(p);
   kp.shape_q = q.shape();
   kp.shape_do = dout.shape();
@@ -216,8 +272,8 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
   kp.tma_do = make_tma_tile<Element, typename T::SmemLayoutDO, T::kBlockM, T::kHeadDimV>(dout);
   kp.tma_k = make_tma_tile<Element, typename T::SmemLayoutK, T::kBlockN, T::kHeadDim>(k);
   kp.tma_v = make_tma_tile<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(v);
-  if constexpr (T::kTmaStoreDkDv) {  // Note [TMA-store dK/dV]: dense problems
-    if (f.cu_seqlens_q == nullptr) {
+  if constexpr (T::kTmaStoreDkDv) {  // Note [TMA-store dK/dV]: dense problems, whole groups
+    if (f.cu_seqlens_q == nullptr && slices == 1) {
       const GmemView dk = gmem_view(f, p.dk, true, f.head_dim, p.dk_row_stride, p.dk_head_stride,
                                     p.dk_batch_stride);
       const GmemView dv = gmem_view(f, p.dv, true, f.head_dim_v, p.dv_row_stride, p.dv_head_stride,
@@ -238,11 +294,19 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
     bwd_preprocess<Element><<<unsigned(pp_blocks), 256, 0, stream>>>(p, kp.ws, row_grid);
   }
   // Note [bwd tile order options].
-  kp.grid = BwdGrid::make((f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.batch,
-                          f.deterministic, dev.num_sms,
-                          dev.tile_order.backward_or_default(f.causal, f.deterministic),
-                          BwdGrid::pair_bytes(f.seqlen_q, kp.group, T::kHeadDim, T::kHeadDimV));
-  const int64_t tiles = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
+  kp.grid = BwdGrid::make(
+      (f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.batch, f.deterministic,
+      dev.num_sms, dev.tile_order.backward_or_default(f.causal, f.deterministic),
+      BwdGrid::pair_bytes(f.seqlen_q, kp.slice_heads, T::kHeadDim, T::kHeadDimV), slices);
+  const int64_t kv_tiles = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
+  const int64_t tiles = kv_tiles * slices;
+  if (slices > 1 && kv_tiles > 0) {
+    const cudaError_t e = cudaMemsetAsync(kp.ws.kv_base, 0, size_t(kp.ws.kv_bytes()), stream);
+    if (e != cudaSuccess) {
+      return kernel_fail(Status::kCudaError, "bwd_sm90 dK/dV accumulators: cudaMemsetAsync: %s",
+                         cudaGetErrorString(e));
+    }
+  }
   kp.tiles = int(tiles);  // < 2^31 as any grid above: 2^31 tiles of K are 2^38 rows
   // Note [persistent bwd]: at most one CTA per SM (one fits), each walking tiles; num_sms at
   // least the tile count gives one CTA per tile.
@@ -250,6 +314,11 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
   if (blocks > 0) {
     const Status s = launch_kernel("bwd_sm90", bwd_kernel<T>, dim3(unsigned(blocks)), T::kThreads,
                                    T::kSmemBytes, stream, kp);
+    if (s != Status::kOk) return s;
+  }
+  if (slices > 1 && kv_tiles > 0) {
+    const Status s = launch_kernel("bwd_sm90 postprocess kv", bwd_postprocess_kv_sm90<T>,
+                                   dim3(unsigned(kv_tiles)), T::kConsumerThreads, 0, stream, kp);
     if (s != Status::kOk) return s;
   }
   // As bwd_postprocess_sm90 decodes it: kBlockM-row blocks of the longest sequence, heads, batch.
