@@ -74,6 +74,9 @@ class BwdConfig90:
     stages: int = 2  # T::kStages
     split: bool = False  # T::kSplitD (d > 128: bwd_consumer_split)
     deterministic: bool = False  # the split consumers' turns around their dQ reduce-adds
+    # Note [GQA head slices]: kp.grid.slices > 1, dK / dV added to the workspace (red_dk_dv)
+    # instead of stored; `group` is then the item's q heads
+    slices: bool = False
 
 
 def hd128(tiles=(2,), **kw):
@@ -98,6 +101,8 @@ class Tile:  # BwdTile, as far as the roles read it
     skip: bool = False
     head_kv: object = OPAQUE
     b: object = OPAQUE
+    heads: int = 1  # the item's q heads (BwdConfig90.group)
+    head0: object = OPAQUE
     seq: object = OPAQUE
     mask: object = OPAQUE
 
@@ -169,7 +174,8 @@ class InterpBwd(s9.Interp90):
             return None
         if name == "of" and "BwdTile" in txt(fn):
             item = self.expr(args[1], scope)
-            return Tile(item, self.env.tiles[item], mask=s9.MaskObj(self.env.tiles[item]))
+            blocks = self.env.tiles[item]
+            return Tile(item, blocks, heads=self.env.group, mask=s9.MaskObj(blocks))
         if name == "dq_turn_wait":
             self.turn("held", 0)
             return None
@@ -253,6 +259,8 @@ def _bwd_tags():
 
 
 def bwd90_env(cfg: BwdConfig90, sources) -> s9.Env90:
+    if cfg.slices and cfg.tma_store:
+        raise ValueError("slices: kp.out.on is false (launch_bwd), so tma_store=False")
     common = sources["csrc/sm90/bwd/common.cuh"]
     enum = re.search(r"enum BwdBarrier : uint32_t \{(.*?)\};", common, re.S)
     if not enum:
@@ -271,6 +279,7 @@ def bwd90_env(cfg: BwdConfig90, sources) -> s9.Env90:
     }  # fmt: skip
     kp = {
         "kp.tiles": len(cfg.tiles), "kp.group": cfg.group, "kp.out.on": cfg.tma_store,
+        "kp.grid.slices": 2 if cfg.slices else 1,
         "kp.p.fwd.deterministic": False, "kp.p.fwd.tile_counter": None,
         "kp.p.fwd.cu_seqlens_q": None,
     }  # fmt: skip
@@ -293,8 +302,9 @@ def bwd90_env(cfg: BwdConfig90, sources) -> s9.Env90:
     env.plain_views = {"tSrK": "sK", "tQrKt": "sK", "tPrV": "sV"}
     env.aliases = {} if cfg.split else ALIASES  # the split variant stages nothing
     env.turns = cfg.split and cfg.deterministic
+    env.group = cfg.group
     env.prims = {"q_blocks_seeing", "issue_gemm", "stage_rows", "stage_swizzled", "write_rows",
-                 "tma_store_rows", "dq_turn_wait", "red_add_fragment"}  # fmt: skip
+                 "tma_store_rows", "dq_turn_wait", "red_add_fragment", "red_dk_dv"}  # fmt: skip
     return env
 
 
@@ -316,6 +326,9 @@ def main(argv):
         ("hd64, deterministic", hd64(tiles, dq_regs=False)),
         ("hd256 (split)", hd256(tiles)),
         ("hd256 (split), deterministic", hd256(tiles, deterministic=True)),
+        ("hd128, GQA head slices", hd128(tiles, tma_store=False, group=2, slices=True)),
+        ("hd64, GQA head slices", hd64(tiles, slices=True)),
+        ("hd256 (split), GQA head slices", hd256(tiles, slices=True)),
     )
     for label, cfg in configs:
         res, _ = s9.explore(extract_bwd90, cfg, sources)

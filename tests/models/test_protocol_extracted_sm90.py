@@ -77,9 +77,14 @@ def test_sm90_fwd_barrier_table():
         sb.hd64((1, 2), dq_regs=False),
         sb.hd256((1, 2)),
         sb.hd256((2, 1), deterministic=True),
+        sb.hd128((2, 1), tma_store=False, group=2, slices=True),
+        sb.hd128((1, 0, 2), tma_store=False, slices=True),
+        sb.hd64((2, 1), slices=True),
+        sb.hd256((1, 2), slices=True),
     ],
     ids=["hd128-tma-store", "hd128-row-stores", "hd128-gqa", "hd64", "hd64-deterministic",
-         "split", "split-deterministic"],
+         "split", "split-deterministic", "hd128-slices", "hd128-slices-empty-tile", "hd64-slices",
+         "split-slices"],
 )  # fmt: skip
 def test_extracted_sm90_bwd_is_clean(cfg):
     progs = sb.extract_bwd90(cfg, BWD)

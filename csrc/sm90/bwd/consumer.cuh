@@ -233,12 +233,13 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
         ds_use += blocks;
         red_dk_dv(kp, out, tid, acc_dk, acc_dv);
       } else {
-        // As the staged epilogue: the reducer has read the last dQ (the next tile's first dQ
-        // store does not wait), and both warpgroups' GEMMs are done before either stores the
-        // next tile's dS, whose stages restart per tile.
+        // As the staged epilogue, the reducer must have read the last dQ (the next tile's
+        // first dQ store does not wait). No barrier between the warpgroups: the next tile's dS
+        // stores (stages restarted per tile) come after its kv_full, whose load waited for both
+        // warpgroups' kv_empty, after their last GEMMs (the protocol model's hd128-slices case
+        // finds no race without one).
         if (blocks > 0 && !reds) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
         red_dk_dv(kp, out, tid, acc_dk, acc_dv);
-        cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, kEpilogue);
       }
     } else if constexpr (kDkDvRegs) {
       ds_use += blocks;
