@@ -28,9 +28,8 @@ int check(bool varlen, const std::vector<int>& lens, int heads, int heads_kv, in
   std::vector<int64_t> owner(size_t(floats), -1);
   std::vector<float> buffer(size_t(floats) + 1);  // + 1: a one-past-the-end pointer stays valid
   float* base = buffer.data();
-  const fa4::BwdWorkspace ws =
-      fa4::BwdWorkspace::make(varlen, batch, max_len, total, heads, d, det, max_len + 3, total_k,
-                              heads_kv, kv_dim, base);
+  const fa4::BwdWorkspace ws = fa4::BwdWorkspace::make(
+      varlen, batch, max_len, total, heads, d, det, max_len + 3, total_k, heads_kv, kv_dim, base);
   const bool kv = heads > heads_kv && !det;
   if (kv != (ws.kv_base != nullptr)) return std::printf("kv accumulators %d\n", int(kv));
   // The per-query-head part: the turn counters' place when deterministic, the kv accumulators'
@@ -79,7 +78,8 @@ int check(bool varlen, const std::vector<int>& lens, int heads, int heads_kv, in
         const int64_t tag = ((int64_t(1) << 40) + ((int64_t(b) * heads_kv + h) << 20) + i) * 4;
         for (int c = 0; c < kv_dim; ++c) {
           if (!claim(ws.dk(h) + row * kv_dim + c, tag)) return std::printf("dk b%d h%d\n", b, h);
-          if (!claim(ws.dv(h) + row * kv_dim + c, tag + 1)) return std::printf("dv b%d h%d\n", b, h);
+          if (!claim(ws.dv(h) + row * kv_dim + c, tag + 1))
+            return std::printf("dv b%d h%d\n", b, h);
         }
       }
     }

@@ -295,8 +295,8 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
   }
   // Note [bwd tile order options].
   kp.grid = BwdGrid::make(
-      (f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.batch, f.deterministic,
-      dev.num_sms, dev.tile_order.backward_or_default(f.causal, f.deterministic),
+      (f.seqlen_k + T::kBlockN - 1) / T::kBlockN, f.heads_kv, f.batch, f.deterministic, dev.num_sms,
+      dev.tile_order.backward_or_default(f.causal, f.deterministic),
       BwdGrid::pair_bytes(f.seqlen_q, kp.slice_heads, T::kHeadDim, T::kHeadDimV), slices);
   const int64_t kv_tiles = int64_t(kp.grid.n_tiles) * f.heads_kv * f.batch;
   const int64_t tiles = kv_tiles * slices;
