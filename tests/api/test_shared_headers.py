@@ -356,6 +356,10 @@ BWD_GRID_CASES = [
     ((7, 1, 1, 0, 132, 1 << 20, "wave"), (1, 0)),  # one pair: nothing to order
     ((3, 5, 2, 0, 1, 1 << 20, "wave"), (1, 0)),  # 1 CTA / 3 tiles: one pair a section
     ((16, 16, 8, 0, 132, 2 << 20, "wave,x"), None),  # unknown token
+    # Note [GQA head slices]: (batch, kv head, slice) pairs, slices of a kv head adjacent
+    ((16, 4, 1, 0, 132, 2 << 20, "wave", 4), (8, 0)),  # 16 pairs, 132 / 16
+    ((16, 2, 3, 0, 132, 2 << 20, "l2,first", 3), (12, 192)),  # 18 pairs = 12 + 6: 12 * 16 before
+    ((5, 3, 1, 1, 132, 1 << 20, "-", 2), (1, 0)),  # pair by pair, n descending
 ]
 
 
@@ -364,30 +368,30 @@ def _parse_bwdgrid(text: str):
         lines = blk.strip().splitlines()
         ok, section, rotation = (int(x) for x in lines[0].split())
         items = np.array([[int(x) for x in ln.split()] for ln in lines[1:]], dtype=np.int64)
-        yield ok, section, rotation, items.reshape(-1, 3)
+        yield ok, section, rotation, items.reshape(-1, 4)
 
 
 def test_bwd_grid_orders(harness, tmp_path):
-    """Note [bwd tile order options]: every kv tile of every (batch, kv head) once; sections of
-    pairs, each walked with the kv tile slowest (ascending, or descending in deterministic mode)
-    and the pair fastest; the partial section first under "first"."""
-    (tmp_path / "in.txt").write_text(
-        "".join(" ".join(map(str, c)) + "\n" for c, _ in BWD_GRID_CASES)
-    )
+    """Note [bwd tile order options]: every kv tile of every (batch, kv head, slice) once
+    (Note [GQA head slices]: a case's 8th value, 1 when absent); sections of pairs, each walked
+    with the kv tile slowest (ascending, or descending in deterministic mode) and the pair
+    fastest; the partial section first under "first"."""
+    cases = [(c if len(c) == 8 else (*c, 1), want) for c, want in BWD_GRID_CASES]
+    (tmp_path / "in.txt").write_text("".join(" ".join(map(str, c)) + "\n" for c, _ in cases))
     _run(harness, "bwdgrid", tmp_path / "in.txt", tmp_path / "out.txt")
     parsed = list(_parse_bwdgrid((tmp_path / "out.txt").read_text()))
     assert len(parsed) == len(BWD_GRID_CASES)
-    for (case, want), (ok, section, rotation, items) in zip(BWD_GRID_CASES, parsed, strict=True):
+    for (case, want), (ok, section, rotation, items) in zip(cases, parsed, strict=True):
         if want is None:
             assert ok == 0, case
             continue
-        n_tiles, heads_kv, batch, descending, *_ = case
+        n_tiles, heads_kv, batch, descending, *_, slices = case
         assert ok == 1 and (section, rotation) == want, case
-        n, h, b = items.T
-        pair = b * heads_kv + h
+        n, h, b, sl = items.T
+        pair = (b * heads_kv + h) * slices + sl
         key = pair * n_tiles + n
-        assert np.array_equal(np.sort(key), np.arange(n_tiles * heads_kv * batch)), case
-        pairs = heads_kv * batch
+        pairs = heads_kv * batch * slices
+        assert np.array_equal(np.sort(key), np.arange(n_tiles * pairs)), case
         sec = pair // section
         if rotation:  # the partial last section is walked first
             sec = np.where(sec == pairs // section, -1, sec)

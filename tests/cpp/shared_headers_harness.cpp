@@ -301,19 +301,19 @@ int run_order(const char* in_path, const char* out_path) {
 int run_bwdgrid(const char* in_path, const char* out_path) {
   FILE* in = open_or_die(in_path, "r");
   FILE* out = open_or_die(out_path, "w");
-  int n_tiles, heads_kv, batch, descending, ctas;
+  int n_tiles, heads_kv, batch, descending, ctas, slices;
   long long pair_bytes;
   char text[64];
-  while (std::fscanf(in, "%d %d %d %d %d %lld %63s", &n_tiles, &heads_kv, &batch, &descending,
-                     &ctas, &pair_bytes, text) == 7) {
+  while (std::fscanf(in, "%d %d %d %d %d %lld %63s %d", &n_tiles, &heads_kv, &batch, &descending,
+                     &ctas, &pair_bytes, text, &slices) == 8) {
     const fa4::TileOrderOptions opt = options_of(text);
-    const fa4::BwdGrid g =
-        fa4::BwdGrid::make(n_tiles, heads_kv, batch, descending != 0, ctas, opt, pair_bytes);
+    const fa4::BwdGrid g = fa4::BwdGrid::make(n_tiles, heads_kv, batch, descending != 0, ctas, opt,
+                                              pair_bytes, slices);
     std::fprintf(out, "case %d %d %d\n", int(opt.ok), g.section, g.rotation);
-    for (int bid = 0; bid < n_tiles * heads_kv * batch; ++bid) {
-      int n, h, b;
-      g.decode(bid, n, h, b);
-      std::fprintf(out, "%d %d %d\n", n, h, b);
+    for (int bid = 0; bid < n_tiles * heads_kv * batch * slices; ++bid) {
+      int n, h, b, slice;
+      g.decode(bid, n, h, b, slice);
+      std::fprintf(out, "%d %d %d %d\n", n, h, b, slice);
     }
   }
   std::fclose(in);
