@@ -281,9 +281,10 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream, const RunOptions& option
 Status run_fwd(const FwdParams& p, cudaStream_t stream) noexcept;
 
 // Bytes of device workspace run_bwd needs for this problem. Depends only on the size fields
-// (batch, seqlen_q, total_q, heads_q, head_dim, varlen or not) and on deterministic (its turn
-// counters), so it may be called before the tensors exist. Returns 0 when there are no query rows,
-// and 0 with last_error() set when a size field is invalid.
+// (batch, seqlen_q, total_q, heads_q, head_dim, varlen or not; with GQA also seqlen_k, total_k,
+// heads_kv and head_dim_v: the dK / dV accumulators) and on deterministic (its turn counters,
+// and no dK / dV accumulators), so it may be called before the tensors exist. Returns 0 when there
+// are no query rows, and 0 with last_error() set when a size field is invalid.
 size_t bwd_workspace_size(const BwdParams& p) noexcept;
 
 // Runs the backward on `stream`, on the current device like run_fwd. `workspace` must hold at least
