@@ -11,9 +11,10 @@ Walks (one batch entry, causal, seqlen_q = seqlen_k, 128-row kv tiles, Q blocks 
 d > 64 and 128 at d <= 64, as BwdTraits):
 - fa4: persistent CTAs (132) claim kv tiles in BwdGrid's causal walk (sections of "first,wave":
   ctas // n_tiles pairs, at least one; n ascending, pair fastest); a CTA walks its tile's q
-  heads one after another (sm90/bwd/kernel.cuh) and, per head, the Q blocks that see the tile.
-- fa4-headsK: the same with each tile's group dealt over CTAs K heads at a time (the candidate
-  of docs/perf.md; the dK / dV sum across them is not modelled).
+  heads one after another (sm90/bwd/kernel.cuh) and, per head, the Q blocks that see the tile:
+  the whole group, as in deterministic mode.
+- fa4-headsK: the same with each tile's group dealt over items K heads at a time (Note [GQA
+  head slices]: K = 2 outside deterministic mode), their dK / dV reduce-added.
 - flash-attn-4: a CTA per (q head, kv tile), launched head by head (tiles fastest), one per SM
   at a time, each walking its head's Q blocks.
 Time advances in steps of one Q block per running CTA; at each step every running CTA reads its
@@ -26,8 +27,10 @@ partitions).
 
 Against the H100's ncu (2026-12-07, docs/perf.md; read + write, defaults): flash-attn-4 0.53 /
 0.65 / 0.48 / 0.66 GB measured at Qwen 28:4, Llama 32:8, gpt-oss 64:8 hd64 (8k) and MHA 16k,
-0.50 / 0.60 / 0.48 / 0.65 modelled; fa4 3.06 / 1.79 / 2.43 / 0.66 measured, 4.50 / 1.40 / 1.33 /
-0.65 modelled: the MHA equality and the GQA excess hold, fa4's GQA values within 2x only.
+0.72 / 0.91 / 0.61 / 0.65 modelled with its dK / dV accumulators (0.50 / 0.60 / 0.48 without);
+fa4's whole-group walk 3.06 / 1.79 / 2.43 / 0.66 measured, 4.50 / 1.40 / 1.33 / 0.65 modelled: the
+MHA equality and the GQA excess hold, the GQA values within 2x only. Note [GQA head slices] (two
+q heads per item, fa4-heads2): 0.65 / 0.78 / 0.59 modelled, not yet measured.
 """
 
 from __future__ import annotations
@@ -118,11 +121,17 @@ def flash_items(heads_q: int, heads_kv: int, n_tiles: int) -> list:
     return [(h // group, n, [h]) for h in range(heads_q) for n in range(n_tiles)]
 
 
-def simulate(items, *, n_tiles, hdim, block_m, ctas, l2_mb, policy) -> tuple[float, float]:
+def simulate(
+    items, *, n_tiles, hdim, block_m, ctas, l2_mb, policy, kv_acc=False
+) -> tuple[float, float]:
     """(DRAM read GB, DRAM write GB) of the items run by `ctas` CTAs, each claiming the next item
-    when its own ends, one Q block per CTA per step."""
+    when its own ends, one Q block per CTA per step. kv_acc: fp32 dK / dV accumulators (Note [GQA
+    head slices], flash-attn-4's dk_accum / dv_accum at GQA) reduce-added by each item as it
+    ends; their zeroing and the postprocess that reads them are other kernels, outside the
+    count, as in the ncu measurements of the main kernel."""
     cache = Cache(l2_mb * 1e6, policy)
     row = hdim * 2  # bytes of a bf16 row of Q or dO
+    acc = 128 * hdim * 4  # one kv tile's fp32 dK (or dV) accumulator
     walks = [
         [(h, m) for h in heads for m in q_blocks(n, n_tiles, block_m)] for _, n, heads in items
     ]
@@ -141,6 +150,11 @@ def simulate(items, *, n_tiles, hdim, block_m, ctas, l2_mb, policy) -> tuple[flo
             cache.touch(("do", h, m), block_m * row)
             cache.touch(("dq", h, m), block_m * hdim * 4, dirty=True)
             slot[1] += 1
+        for slot in running if kv_acc else ():
+            if slot[1] == len(walks[slot[0]]):
+                kv, n, _ = items[slot[0]]
+                cache.touch(("dkacc", kv, n), acc, dirty=True)
+                cache.touch(("dvacc", kv, n), acc, dirty=True)
         running = [s for s in running if s[1] < len(walks[s[0]])]
     cache.flush()
     return cache.read / 1e9, cache.written / 1e9
@@ -149,16 +163,20 @@ def simulate(items, *, n_tiles, hdim, block_m, ctas, l2_mb, policy) -> tuple[flo
 def run(seqlen, heads_q, heads_kv, hdim, walk, *, ctas=132, l2_mb=50.0, policy="random"):
     n_tiles = seqlen // 128
     block_m = 128 if hdim <= 64 else 64
-    if walk == "flash-attn-4":
+    if walk == "flash-attn-4":  # GQA: its dk_accum / dv_accum, reduce-added per q head
         items = flash_items(heads_q, heads_kv, n_tiles)
+        kv_acc = heads_q > heads_kv
     elif walk == "fa4" or walk.startswith("fa4-heads"):
-        per = heads_q // heads_kv if walk == "fa4" else int(walk[len("fa4-heads") :])
+        group = heads_q // heads_kv
+        per = group if walk == "fa4" else int(walk[len("fa4-heads") :])
         items = fa4_items(heads_q, heads_kv, n_tiles, ctas, per)
+        kv_acc = per < group
     else:
         raise ValueError(f"walk {walk!r}: fa4, fa4-headsK or flash-attn-4")
     return simulate(
-        items, n_tiles=n_tiles, hdim=hdim, block_m=block_m, ctas=ctas, l2_mb=l2_mb, policy=policy
-    )
+        items, n_tiles=n_tiles, hdim=hdim, block_m=block_m, ctas=ctas, l2_mb=l2_mb, policy=policy,
+        kv_acc=kv_acc,
+    )  # fmt: skip
 
 
 def main(argv=None) -> None:

@@ -57,9 +57,11 @@ def test_scaled_shapes_keep_the_measured_orderings():
     assert mha[0] == pytest.approx(mha[1], rel=0.1)
     # group 7: fa4's walk several times flash-attn-4's (H100 Qwen 8k: 5.8x); one head per CTA
     # brings it back
+    # (flash-attn-4 and the sliced walks also reduce-add their fp32 dK / dV accumulators)
     gqa = {w: sum(m.run(2048, 28, 4, 128, w, ctas=33, l2_mb=12.5)) for w in
-           ("fa4", "fa4-heads1", "flash-attn-4")}  # fmt: skip
-    assert gqa["fa4"] > 2.5 * gqa["flash-attn-4"]
+           ("fa4", "fa4-heads1", "fa4-heads2", "flash-attn-4")}  # fmt: skip
+    assert gqa["fa4"] > 2 * gqa["flash-attn-4"]
     assert gqa["fa4-heads1"] < 1.2 * gqa["flash-attn-4"]
+    assert gqa["fa4-heads2"] < 1.2 * gqa["flash-attn-4"]
     with pytest.raises(ValueError):
         m.run(2048, 28, 4, 128, "other")
