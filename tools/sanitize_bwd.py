@@ -7,6 +7,8 @@ One forward + backward per feature through the SM90 kernels, each small enough t
 instrumented run takes seconds. Exits non-zero if a gradient is not finite.
 """
 
+import os
+
 import torch
 from sanitize_fwd import feature_cases  # tools/ is on sys.path when run as a script
 
@@ -40,9 +42,12 @@ def main():
             run(f"dense d={d},{d_v}", q, k, v)
             run(f"causal d={d},{d_v}", q, k, v, causal=True)
             run(f"deterministic d={d},{d_v}", q, k, v, causal=True, deterministic=True)
-            # Note [GQA head slices]: groups of 5 dealt as 2, 2, 1 q heads per item
+            # Note [GQA head slices]: groups of 5 dealt as 2, 2, 1 q heads per item (forced:
+            # BwdGrid::slice_heads keeps whole groups this small)
             q5 = torch.randn(2, s_q, 10, d, device=dev, dtype=bf)
+            os.environ["FA4_BWD_TILE_ORDER"] = "heads2"
             run(f"gqa slices d={d},{d_v}", q5, k, v, causal=True)
+            del os.environ["FA4_BWD_TILE_ORDER"]
     feature_cases(run, *compiled[0])
 
 

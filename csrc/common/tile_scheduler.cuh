@@ -99,7 +99,8 @@ struct TileOrderOptions {
   bool wave = false;           // "wave": at most ctas / m_blocks pairs (whole groups) a section
   int max_pairs = 0;           // "<n>": at most n pairs a section (rounded up to whole groups)
   bool l2 = false;             // "l2": sections by the L2 (the forward's always are; BwdGrid)
-  bool given = false;          // the text named options ("plain": none): no defaults added
+  int slice_heads = 0;         // "heads<n>": n q heads per SM90 backward item at GQA, else 0
+  bool given = false;          // the text named walk options ("plain": none): no defaults added
   bool ok = true;              // false: the text had a token other than these
 
   // Host only: parses a tile order text, RunOptions::tile_order / RunOptions::bwd_tile_order or
@@ -107,17 +108,19 @@ struct TileOrderOptions {
   static TileOrderOptions parse(const char* text) {
     TileOrderOptions o;
     if (text == nullptr || *text == '\0') return o;
-    o.given = true;
     for (const char* t = text;;) {
       const char* end = t;
       while (*end != '\0' && *end != ',') ++end;
       const int n = int(end - t);
+      const bool heads = n > 5 && strncmp(t, "heads", 5) == 0;
+      const char* number = heads ? t + 5 : t;
       int value = 0;
-      bool digits = n > 0 && n < 8;
-      for (const char* c = t; c < end && digits; ++c) {
+      bool digits = end > number && end - number < 8;
+      for (const char* c = number; c < end && digits; ++c) {
         digits = *c >= '0' && *c <= '9';
         value = value * 10 + (*c - '0');
       }
+      o.given = o.given || !heads;
       if (n == 5 && strncmp(t, "first", 5) == 0) {
         o.partial_first = true;
       } else if (n == 4 && strncmp(t, "wave", 4) == 0) {
@@ -127,7 +130,7 @@ struct TileOrderOptions {
       } else if (n == 5 && strncmp(t, "plain", 5) == 0) {
         // no option: the walk of Note [LPT order] / pair by pair, to measure the defaults against
       } else if (digits && value > 0) {
-        o.max_pairs = value;
+        (heads ? o.slice_heads : o.max_pairs) = value;
       } else {
         o.ok = false;
       }
@@ -263,10 +266,13 @@ struct TileScheduler {
 // once), or of "l2" (the pairs whose Q, dO, fp32 dQ and row statistics fit half the L2: every tile
 // of a pair reads its Q / dO rows and adds to its dQ), the smallest of those given; "first" puts
 // the partial section first (a rotation, as the forward's); "plain" is one pair per section, the
-// walk above. Deterministic mode keeps its guarantee under any of them: a tile waits only on
-// higher tiles of its own pair, which come earlier in its section. Empty: Note [default tile
-// order]. Null: FA4_BWD_TILE_ORDER as the process's first run_bwd read it; the torch ops pass the
-// variable's text at every call instead, as for the forward's Note [tile order options].
+// walk above. "heads<n>" (SM90 backward, GQA, outside deterministic mode) deals each kv head's
+// q heads n per item instead of by BwdGrid::slice_heads (Note [GQA head slices]); it alone
+// leaves the other defaults in place. Deterministic mode keeps its guarantee under any of them:
+// a tile waits only on higher tiles of its own pair, which come earlier in its section. Empty:
+// Note [default tile order]. Null: FA4_BWD_TILE_ORDER as the process's first run_bwd read it; the
+// torch ops pass the variable's text at every call instead, as for the forward's Note [tile order
+// options].
 struct BwdGrid {
   int n_tiles, heads_kv;
   bool descending = false;  // deterministic mode
@@ -282,6 +288,25 @@ struct BwdGrid {
   // accumulator and LSE and D rows.
   static int64_t pair_bytes(int seqlen_q, int group, int d, int dv) {
     return int64_t(seqlen_q) * group * (d * (2 + 4) + dv * 2 + 2 * int(sizeof(float)));
+  }
+
+  // Note [GQA head slices]: q heads per item when the dK/dV accumulators are there. given > 0:
+  // TileOrderOptions::slice_heads. Whole groups while a group's pair_bytes fit half the L2;
+  // past it, as many heads as fit 10 MiB (H100, fwd+bwd, 2026-12-08: one head at Qwen 28:4 8k
+  // 1.06x whole groups and 4 % ahead of two; two at gpt-oss 64:8 hd64 8k; whole groups at 4 x 4k
+  // and 8 x 1k, 17 and 4 MB, where one head cost 2 and 8 %).
+  static int slice_heads(int seqlen_q, int group, int d, int dv, int given) {
+    int h = given;
+    if (h <= 0) {
+      const int64_t l2 = int64_t(50) << 20;
+      const int64_t head = pair_bytes(seqlen_q, 1, d, dv);
+      const int64_t fit = head > 0 ? (int64_t(10) << 20) / head : group;
+      h = pair_bytes(seqlen_q, group, d, dv) <= l2 / 2 ? group
+                                                       : int(fit < 1       ? 1
+                                                             : fit < group ? fit
+                                                                           : group);
+    }
+    return h < group ? h : group;
   }
 
   // Sections for bwd_tile_order's options; ctas: the items running at once (CTAs, or clusters

@@ -323,15 +323,24 @@ def test_tile_order_options(case, want, harness, tmp_path):
 @pytest.mark.parametrize(
     "case, want",
     [
-        # (causal, deterministic, FA4_BWD_TILE_ORDER): (ok, first, wave, l2, max_pairs)
-        ((1, 0, "-"), (1, 1, 1, 0, 0)),  # Note [default tile order]: first,wave
-        ((1, 1, "-"), (1, 0, 0, 0, 0)),  # deterministic: pair by pair
-        ((0, 0, "-"), (1, 0, 0, 0, 0)),  # unmasked: pair by pair
-        ((0, 1, "-"), (1, 0, 0, 0, 0)),
-        ((1, 0, "plain"), (1, 0, 0, 0, 0)),  # the old walk, to measure against
-        ((1, 0, "l2,first"), (1, 1, 0, 1, 0)),  # named options replace the defaults
-        ((0, 1, "7,first"), (1, 1, 0, 0, 7)),  # and apply whatever the problem
+        # (causal, deterministic, FA4_BWD_TILE_ORDER): (ok, first, wave, l2, max_pairs,
+        # slice_heads)
+        ((1, 0, "-"), (1, 1, 1, 0, 0, 0)),  # Note [default tile order]: first,wave
+        ((1, 1, "-"), (1, 0, 0, 0, 0, 0)),  # deterministic: pair by pair
+        ((0, 0, "-"), (1, 0, 0, 0, 0, 0)),  # unmasked: pair by pair
+        ((0, 1, "-"), (1, 0, 0, 0, 0, 0)),
+        ((1, 0, "plain"), (1, 0, 0, 0, 0, 0)),  # the old walk, to measure against
+        ((1, 0, "l2,first"), (1, 1, 0, 1, 0, 0)),  # named options replace the defaults
+        ((0, 1, "7,first"), (1, 1, 0, 0, 7, 0)),  # and apply whatever the problem
         ((1, 0, "plain,x"), (0,)),
+        # Note [GQA head slices]: "heads<n>" alone keeps the walk's defaults
+        ((1, 0, "heads1"), (1, 1, 1, 0, 0, 1)),
+        ((1, 0, "plain,heads12"), (1, 0, 0, 0, 0, 12)),
+        ((0, 0, "3,heads2"), (1, 0, 0, 0, 3, 2)),
+        ((1, 0, "heads0"), (0,)),
+        ((1, 0, "heads"), (0,)),
+        ((1, 0, "heads2x"), (0,)),
+        ((1, 0, "first,heads"), (0,)),
     ],
 )
 def test_bwd_default_tile_order(case, want, harness, tmp_path):
@@ -341,6 +350,30 @@ def test_bwd_default_tile_order(case, want, harness, tmp_path):
     _run(harness, "bwdopts", tmp_path / "in.txt", tmp_path / "out.txt")
     got = tuple(int(x) for x in (tmp_path / "out.txt").read_text().split())
     assert got[: len(want)] == want, case
+
+
+@pytest.mark.parametrize(
+    "case, want",
+    [
+        # (seqlen_q, group, d, dv, given): q heads per item. 8k rows at d = 128: 8.45 MB a head.
+        ((8192, 7, 128, 128, 0), 1),  # Qwen 28:4: 59 MB a group, past half the L2
+        ((8192, 4, 128, 128, 0), 1),  # Llama 32:8: 34 MB
+        ((8192, 8, 64, 64, 0), 2),  # gpt-oss 64:8 hd64: 4.3 MB a head, two fit 10 MiB
+        ((4096, 4, 128, 128, 0), 4),  # 17 MB: whole groups
+        ((1024, 4, 128, 128, 0), 4),
+        ((16384, 7, 128, 128, 0), 1),  # 17 MB a head: still one
+        ((2048, 16, 64, 64, 0), 16),  # 17 MB: whole
+        ((8192, 7, 128, 128, 3), 3),  # given
+        ((128, 7, 128, 128, 9), 7),  # given past the group: whole groups
+        ((0, 4, 128, 128, 0), 4),  # no rows
+    ],
+)
+def test_bwd_slice_heads(case, want, harness, tmp_path):
+    """Note [GQA head slices]: whole groups while a group's Q, dO, dQ and row statistics fit
+    half the L2, else as many heads as fit 10 MiB; a given count wins, capped at the group."""
+    (tmp_path / "in.txt").write_text(" ".join(map(str, case)) + "\n")
+    _run(harness, "slices", tmp_path / "in.txt", tmp_path / "out.txt")
+    assert int((tmp_path / "out.txt").read_text()) == want, case
 
 
 BWD_GRID_CASES = [

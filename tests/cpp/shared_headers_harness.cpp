@@ -22,8 +22,10 @@
 //                          FA4_BWD_TILE_ORDER" ("-" for unset). OUT (text): per case "case ok
 //                          section rotation", then each item's "n head_kv b" in item order.
 //   harness bwdopts IN OUT IN: lines "causal deterministic FA4_BWD_TILE_ORDER" ("-" for
-//                          unset). OUT (text): per case "ok first wave l2 max_pairs" of the
-//                          options the SM90 backward passes BwdGrid::make.
+//                          unset). OUT (text): per case "ok first wave l2 max_pairs
+//                          slice_heads" of the options the SM90 backward passes BwdGrid::make.
+//   harness slices IN OUT  IN: lines "seqlen_q group d dv given". OUT (text): per case the q
+//                          heads per item BwdGrid::slice_heads picks (Note [GQA head slices]).
 //   harness cover IN OUT   IN: lines "n D1 DV1 ... Dn DVn d dv". OUT (text): per line the
 //                          compiled pair cover (common/head_dims.h) picks ("0 0": none) and
 //                          admissible_head_dim(d).
@@ -329,8 +331,19 @@ int run_bwdopts(const char* in_path, const char* out_path) {
   while (std::fscanf(in, "%d %d %63s", &causal, &deterministic, text) == 3) {
     const fa4::TileOrderOptions given = options_of(text);
     const fa4::TileOrderOptions o = given.backward_or_default(causal != 0, deterministic != 0);
-    std::fprintf(out, "%d %d %d %d %d\n", int(o.ok), int(o.partial_first), int(o.wave), int(o.l2),
-                 o.max_pairs);
+    std::fprintf(out, "%d %d %d %d %d %d\n", int(o.ok), int(o.partial_first), int(o.wave),
+                 int(o.l2), o.max_pairs, o.slice_heads);
+  }
+  std::fclose(in);
+  return std::fclose(out) == 0 ? 0 : 1;
+}
+
+int run_slices(const char* in_path, const char* out_path) {
+  FILE* in = open_or_die(in_path, "r");
+  FILE* out = open_or_die(out_path, "w");
+  int seqlen_q, group, d, dv, given;
+  while (std::fscanf(in, "%d %d %d %d %d", &seqlen_q, &group, &d, &dv, &given) == 5) {
+    std::fprintf(out, "%d\n", fa4::BwdGrid::slice_heads(seqlen_q, group, d, dv, given));
   }
   std::fclose(in);
   return std::fclose(out) == 0 ? 0 : 1;
@@ -580,6 +593,7 @@ int main(int argc, char** argv) {
     if (mode == "order") return run_order(argv[2], argv[3]);
     if (mode == "bwdgrid") return run_bwdgrid(argv[2], argv[3]);
     if (mode == "bwdopts") return run_bwdopts(argv[2], argv[3]);
+    if (mode == "slices") return run_slices(argv[2], argv[3]);
     if (mode == "keys") return run_keys(argv[2], argv[3]);
     if (mode == "attn") return run_attention(argv[2], argv[3]);
   }

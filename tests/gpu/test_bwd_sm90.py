@@ -163,13 +163,15 @@ def test_persistent_walk_with_few_ctas(monkeypatch, sms):
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"d={d},{d_v}: {name}"
 
 
-@pytest.mark.parametrize("sms", [0, 3])
-def test_gqa_head_slices(monkeypatch, sms):
+@pytest.mark.parametrize("sms, heads", [(0, 2), (3, 2), (0, 1), (3, 3)])
+def test_gqa_head_slices(monkeypatch, sms, heads):
     """Note [GQA head slices]: outside deterministic mode a kv head's q heads are dealt over
-    items of kBwdSliceHeads (2), whose dK / dV go through fp32 accumulators and a postprocess.
-    Groups of 5 (slices 2, 2, 1) and 7, varlen with empty and partial sequences, causal and a
-    window, every compiled head dim, on the full grid and on 3 CTAs (FA4_NUM_SMS: each CTA walks
-    many slices); the dK / dV of a kv head is the sum over all its q heads."""
+    items of `heads` (FA4_BWD_TILE_ORDER=heads<n>; these rows are too few for
+    BwdGrid::slice_heads to slice), whose dK / dV go through fp32 accumulators and a
+    postprocess. Groups of 5 (slices 2, 2, 1) and 7, varlen with empty and partial sequences,
+    causal and a window, every compiled head dim, on the full grid and on 3 CTAs (FA4_NUM_SMS:
+    each CTA walks many slices); the dK / dV of a kv head is the sum over all its q heads."""
+    monkeypatch.setenv("FA4_BWD_TILE_ORDER", f"heads{heads}")
     if sms:
         monkeypatch.setenv("FA4_NUM_SMS", str(sms))
     lens_q, lens_k = [0, 130, 17, 300], [5, 260, 0, 301]
@@ -194,3 +196,19 @@ def test_gqa_head_slices(monkeypatch, sms):
         )
         for name, x, r, lo in zip(("dq", "dk", "dv"), leaves, ref, low, strict=True):
             assert_tolerance(f"d={d},{d_v} {h}:{h_kv} {name}", x.grad, r, lo, torch.bfloat16)
+
+
+def test_gqa_head_slices_by_size(monkeypatch):
+    """Note [GQA head slices], the built-in choice: 4099 rows, 14:2 at d = 128 are 30 MB of Q,
+    dO, dQ and row statistics a group, past half the L2, so BwdGrid::slice_heads deals each
+    group of 7 over items of 2 (2, 2, 2, 1); causal, the default walk, against the reference."""
+    if (128, 128) not in _bwd_hdims():
+        pytest.skip("hd128 backward not compiled (FA4_HDIMS)")
+    monkeypatch.delenv("FA4_BWD_TILE_ORDER", raising=False)
+    q, k, v = make((1, 4099, 14, 128), (1, 4099, 2, 128), 128, torch.bfloat16, seed=7)
+    dout = torch.randn(1, 4099, 14, 128, device="cuda").to(torch.bfloat16)
+    got = grads(q, k, v, dout, "sm90", causal=True)
+    ref = reference_grads(q, k, v, dout, True, causal=True)
+    low = reference_grads(q, k, v, dout, False, causal=True)
+    for name, x, r, lo in zip(("dq", "dk", "dv"), got, ref, low, strict=True):
+        assert_tolerance(f"4099 rows 14:2 {name}", x, r, lo, torch.bfloat16)

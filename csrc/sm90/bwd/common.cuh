@@ -285,8 +285,6 @@ static_assert(kDkDvStaged + cutlass::arch::NamedBarrier::ReservedNamedBarrierCou
                   cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
               "named barrier ids of the backward exceed the hardware's 16");
 constexpr int kReducerThreads = 32;  // one warp of the producer warpgroup
-// Note [GQA head slices] (sm90/bwd/kernel.cuh): q heads per backward item at GQA.
-constexpr int kBwdSliceHeads = 2;
 
 // The TMA stores of dK and dV (Note [TMA-store dK/dV]); on: set for dense problems.
 template <class T, bool = T::kTmaStoreDkDv>

@@ -242,13 +242,16 @@ __global__ void __launch_bounds__(T::kConsumerThreads)
 // dealt over `slices` items of bwd_slice_heads() q heads each (BwdGrid: slices of a kv head
 // adjacent, so a section's running CTAs share one slice's rows); their partial dK and dV are
 // added to fp32 accumulators (red_dk_dv, 16-byte reduce-adds in fragment order, zeroed by a
-// memset) and bwd_postprocess_kv_sm90 casts them. The model puts the bytes at flash-attn-4's
-// with one or two heads per item. Deterministic mode keeps whole groups: the reduce-adds'
-// order would vary.
-inline int bwd_slice_heads(const FwdParams& f, const BwdWorkspace& ws) {
+// memset) and bwd_postprocess_kv_sm90 casts them. BwdGrid::slice_heads picks the heads per
+// item: ncu (H100, 2026-12-08) had the sliced walk at flash-attn-4's DRAM bytes, 0.55 GB
+// against 2.83 whole at Qwen 28:4 8k (flash-attn-4: 0.53). Deterministic mode keeps whole
+// groups: the reduce-adds' order would vary.
+template <class T>
+int bwd_slice_heads(const FwdParams& f, const BwdWorkspace& ws, const DeviceInfo& dev) {
   const int group = f.heads_q / f.heads_kv;
   if (ws.kv_base == nullptr) return group;
-  return std::min(group, kBwdSliceHeads);
+  return BwdGrid::slice_heads(f.seqlen_q, group, T::kHeadDim, T::kHeadDimV,
+                              dev.tile_order.slice_heads);
 }
 
 // Pre/main/postprocess on `stream`.
@@ -261,7 +264,7 @@ Status launch_bwd(const BwdParams& p, const DeviceInfo& dev, void* workspace, cu
   kp.ws = workspace_of(f, workspace, T::kHeadDim, std::max(T::kHeadDim, T::kHeadDimV));
   kp.score = ScoreScale::make(f.softmax_scale, f.softcap);
   kp.group = f.heads_q / f.heads_kv;
-  kp.slice_heads = bwd_slice_heads(f, kp.ws);  // Note [GQA head slices]
+  kp.slice_heads = bwd_slice_heads<T>(f, kp.ws, dev);  // Note [GQA head slices]
   const int slices = (kp.group + kp.slice_heads - 1) / kp.slice_heads;
   const auto [q, dout, k, v] = bwd_views(p);
   kp.shape_q = q.shape();
