@@ -59,7 +59,11 @@ def test_binding_reaches_cpp_api():
     (dispatch.runtime_knobs): all SMs, the stream's tile counter, the default tile order; an
     unknown tile order token is refused by validate(), naming the variable the text stands for."""
     q, k, v = (x.detach().to(torch.bfloat16) for x in cuda_qkv())
-    args = (q, k, v, None, None, None, 0, 0, True, 0.088, -1, 0, 0.0, False, 0, 0, "")
+    # max_seqlen_q / _k, causal, scale, window, softcap, deterministic: both ops take these
+    common = (0, 0, True, 0.088, -1, 0, 0.0, False)
+    # cu_seqlens_q / _k, seqused_k / _q, page_table, cache_batch_idx, leftpad_k, learnable_sink;
+    # then num_splits and the knobs
+    args = (q, k, v, *[None] * 8, *common, 0, 0, 0, "")
     bad = (q, k[:, :, :1].expand(-1, -1, 3, -1), v[:, :, :1].expand(-1, -1, 3, -1), *args[3:])
     with pytest.raises(RuntimeError, match="fa4 \\(invalid\\).*heads"):  # 4 % 3: C++ validate()
         torch.ops.fa4._fwd_kernel(*bad)
@@ -71,7 +75,7 @@ def test_binding_reaches_cpp_api():
         torch.ops.fa4._fwd_kernel(*args[:-3], -1, 0, "")
     # The backward's inputs need only their shapes here: validate() refuses before any launch.
     out0, lse0 = torch.zeros_like(q), torch.zeros(2, 4, 300, device="cuda")
-    bwd0 = (torch.zeros_like(q), q, k, v, out0, lse0, None, *args[3:-1])
+    bwd0 = (torch.zeros_like(q), q, k, v, out0, lse0, None, None, None, None, *common, 0, 0)
     with pytest.raises(RuntimeError, match="fa4 \\(invalid\\): FA4_BWD_TILE_ORDER=l2,: its"):
         torch.ops.fa4._bwd_kernel(*bwd0, "l2,")
     arch = {(9, 0): "sm90", (10, 0): "sm100"}.get(torch.cuda.get_device_capability())
@@ -82,7 +86,7 @@ def test_binding_reaches_cpp_api():
         return
     out, lse = torch.ops.fa4._fwd_kernel(*args)
     dout = torch.randn_like(out)
-    bwd_args = (dout, q, k, v, out, lse, None, *args[3:])
+    bwd_args = (dout, q, k, v, out, lse, None, None, None, None, *common, 0, 0, "")
     if build_info.missing_kernel(arch, "bwd", (128, 128)) is not None:
         with pytest.raises(RuntimeError, match="fa4 \\(unsupported\\)"):
             torch.ops.fa4._bwd_kernel(*bwd_args)
