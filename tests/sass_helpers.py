@@ -48,7 +48,7 @@ THRESHOLDS: dict[str, dict[str, int]] = {
         # R2UR moves, 64-bit descriptor steps (a minimum), rematerialized descriptor high words,
         # local loads, LEA.HI of signed divisions (hd 64 and 128), the masked no-softcap path's
         # instructions, wgmma waits (every variant).
-        "sm90_bwd_hd128_spill_bytes_max": 128,
+        "sm90_bwd_hd128_spill_bytes_max": 136,
         "sm90_bwd_hd256_spill_bytes_max": 180,
         "sm90_bwd_hd128_loop_r2ur_max": 4,
         "sm90_bwd_hd128_loop_uiadd3_64_min": 40,

@@ -273,7 +273,7 @@ def test_bwd_sass_has(compiled_bwd, op, why):
 
 
 def test_bwd_spills_bounded(compiled_bwd):
-    """At d = 128 the kernel spills at most 128 bytes (124 at 2b018fc, before the persistent grid
+    """At d = 128 the kernel spills at most 136 bytes (124 at 2b018fc, before the persistent grid
     of Note [persistent bwd]; 252 before Note [Q blocks in closed form] took the binary searches
     out of the tile boundary), in the producer warpgroup: its TMA thread and dQ reducer at 40
     registers also walk the tile ring.
@@ -285,6 +285,8 @@ def test_bwd_spills_bounded(compiled_bwd):
     # Note [early dPᵀ]: +12 bytes (248), the three values that the masked softcap path now keeps
     # in local memory (test_bwd_loop_reads_local_memory_once); Note [block needs mask]: +4 (252),
     # a fourth on that path. Note [Q blocks in closed form] and Note [TMA-store dK/dV]: 252 -> 128.
+    # Note [GQA head slices]: +8 (136) outside the per-block loop (the loop's local loads are
+    # test_bwd_loop_reads_local_memory_once's).
     assert spills and max(spills) <= threshold("sm90_bwd_hd128_spill_bytes_max"), ptxas
 
 
@@ -480,13 +482,20 @@ def test_bwd_dq_from_registers_at_hd64_only(compiled_bwd, compiled_bwd_hd64):
     """Note [dQ from registers]: at hd64 the consumers add dQ with 16-byte reduce-adds, 8 per
     thread and block (64 rows x 64 columns of fp32 over 128 threads, 4 per reduce), and the
     reducer's bulk reduce-add stays for deterministic mode; at hd128 (64-row blocks, where the
-    reduce-adds measured -4 %) dQ goes through the reducer only."""
+    reduce-adds measured -4 %) dQ goes through the reducer only. The other 16-byte reduce-adds
+    are a GQA head slice's dK and dV (Note [GQA head slices], red_dk_dv), once per tile: a
+    thread's fragment of each, 32 floats at hd64 (128 kv rows x 64 over 256 threads), 64 at
+    hd128 (a warpgroup's 64 kv rows x 128 over 128 threads)."""
     _, body64 = _bf16_body(compiled_bwd_hd64[1], "bwd_kernel")
-    assert len(re.findall(r"REDG\.E\.ADD\.F32x4", body64)) == 8, "hd64: 8 dQ reduce-adds"
+    redg64 = len(re.findall(r"REDG\.E\.ADD\.F32x4", body64))
+    assert redg64 == 8 + 2 * 32 // 4, f"hd64: 8 dQ and 16 dK/dV reduce-adds, not {redg64}"
     assert re.search(r"UBLKRED\.G\.S\.ADD\.F32", body64), "hd64: the reducer (deterministic)"
     _, body128 = _bf16_body(compiled_bwd[1], "bwd_kernel")
     # (REDG.E.ADD.S32 remains: deterministic mode's turn counters.)
-    assert not re.search(r"REDG\.E\.ADD\.F32", body128), "hd128: dQ through the reducer only"
+    redg128 = re.findall(r"REDG\.E\.ADD\.F32\S*", body128)
+    assert len(redg128) == 2 * 64 // 4 and all(r.startswith("REDG.E.ADD.F32x4") for r in redg128), (
+        f"hd128: dQ through the reducer only; 32 dK/dV reduce-adds, not {redg128}"
+    )
 
 
 def test_bwd_early_dp_at_hd128(compiled_bwd):
@@ -509,8 +518,10 @@ def test_bwd_split_dq_reduce_adds_overlap_dv_dk(compiled_bwd_split):
     first = ops.index("REDG.E.ADD.F32x4")
     assert ops[first - 1] == "WARPGROUP.DEPBAR.LE gsb0, 0x2", ops
     after = ops[first:]
-    assert after.count("REDG.E.ADD.F32x4") == 16, ops
+    assert after[:16] == ["REDG.E.ADD.F32x4"] * 16, ops
     assert after[16] == "WARPGROUP.DEPBAR.LE gsb0, 0x0", ops
+    # the rest: a GQA head slice's dK / dV (Note [GQA head slices]), 64 floats each a thread
+    assert after.count("REDG.E.ADD.F32x4") == 16 + 2 * 64 // 4, ops
 
 
 def test_bwd_dk_dv_from_registers_at_hd64_only(compiled_bwd, compiled_bwd_hd64):
