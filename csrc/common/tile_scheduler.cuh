@@ -300,11 +300,9 @@ struct BwdGrid {
     if (h <= 0) {
       const int64_t l2 = int64_t(50) << 20;
       const int64_t head = pair_bytes(seqlen_q, 1, d, dv);
-      const int64_t fit = head > 0 ? (int64_t(10) << 20) / head : group;
-      h = pair_bytes(seqlen_q, group, d, dv) <= l2 / 2 ? group
-                                                       : int(fit < 1       ? 1
-                                                             : fit < group ? fit
-                                                                           : group);
+      if (head == 0 || pair_bytes(seqlen_q, group, d, dv) <= l2 / 2) return group;
+      const int64_t fit = (int64_t(10) << 20) / head;
+      h = fit < 1 ? 1 : fit < group ? int(fit) : group;
     }
     return h < group ? h : group;
   }
