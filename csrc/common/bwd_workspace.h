@@ -91,8 +91,7 @@ struct BwdWorkspace {
   }
   // Workspace row of row i of sequence b, whose rows start at offset_q of the packed tensor.
   FA4_HD int64_t row_offset(int b, int offset_q, int i) const {
-    if (varlen) return (int64_t(offset_q) + int64_t(kRowPad) * b) / kRowPad * kRowPad + i;
-    return int64_t(b) * seqlen_q_padded + i;
+    return padded_row(varlen, b, offset_q, seqlen_q_padded, i);
   }
   FA4_HD float* dq(int head) const { return base + int64_t(head) * rows * head_dim; }
   FA4_HD float* lse2(int head) const {
@@ -103,8 +102,12 @@ struct BwdWorkspace {
   }
   // Workspace key row of key row i of sequence b (keys from offset_k), as row_offset.
   FA4_HD int64_t row_offset_k(int b, int offset_k, int i) const {
-    if (varlen) return (int64_t(offset_k) + int64_t(kRowPad) * b) / kRowPad * kRowPad + i;
-    return int64_t(b) * seqlen_k_padded + i;
+    return padded_row(varlen, b, offset_k, seqlen_k_padded, i);
+  }
+  // The padded layout of the rows comment above, for query rows and key rows alike.
+  FA4_HD static int64_t padded_row(bool varlen, int b, int offset, int64_t per_batch, int i) {
+    if (varlen) return (int64_t(offset) + int64_t(kRowPad) * b) / kRowPad * kRowPad + i;
+    return int64_t(b) * per_batch + i;
   }
   FA4_HD float* dk(int head_kv) const { return kv_base + int64_t(head_kv) * rows_k * kv_dim; }
   FA4_HD float* dv(int head_kv) const {

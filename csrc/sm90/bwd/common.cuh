@@ -536,6 +536,20 @@ __device__ __forceinline__ void red_add_fragment(float* dq, const Frag& acc) {
   }
 }
 
+// The inverse: a thread's fragment read back from fragment order (Note [GQA head slices]: the
+// dK / dV accumulators); `src` already holds the 4 * tid.
+template <int kThreads, class Frag>
+__device__ __forceinline__ void load_fragment(const float* src, Frag& acc) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int j = 0; j < size(acc) / 4; ++j) {
+    const float4 v = reinterpret_cast<const float4*>(src)[j * kThreads];
+    acc(4 * j) = v.x;
+    acc(4 * j + 1) = v.y;
+    acc(4 * j + 2) = v.z;
+    acc(4 * j + 3) = v.w;
+  }
+}
+
 // Note [dQ from registers]: with 128-row Q blocks (hd64, BwdTraits::kDqFromRegisters) and
 // outside deterministic mode the consumers add their dQ fragment to the workspace with
 // red_add_f32x4 (as the split variant), at the same fragment-order offsets, instead of storing it

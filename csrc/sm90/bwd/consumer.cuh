@@ -228,22 +228,21 @@ __device__ __forceinline__ void bwd_consumer(const BwdKernelParams<T>& kp,
     ss.kv_empty.arrive();
     ss.trace.cta_mark(leader, wg == 0 ? 4 : 7);
     const BwdTile out = BwdTile::of(kp, item, T::kBlockN);
-    if (kp.grid.slices > 1) {  // Note [GQA head slices]
-      if constexpr (kDkDvRegs) {
-        ds_use += blocks;
+    if constexpr (kDkDvRegs) {
+      ds_use += blocks;
+      if (kp.grid.slices > 1) {  // Note [GQA head slices]
         red_dk_dv(kp, out, tid, acc_dk, acc_dv);
       } else {
-        // As the staged epilogue, the reducer must have read the last dQ (the next tile's
-        // first dQ store does not wait). No barrier between the warpgroups: the next tile's dS
-        // stores (stages restarted per tile) come after its kv_full, whose load waited for both
-        // warpgroups' kv_empty, after their last GEMMs (the protocol model's hd128-slices case
-        // finds no race without one).
-        if (blocks > 0 && !reds) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
-        red_dk_dv(kp, out, tid, acc_dk, acc_dv);
+        store_dk_dv_regs(kp, out.seq, n, out.head_kv, out.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
       }
-    } else if constexpr (kDkDvRegs) {
-      ds_use += blocks;
-      store_dk_dv_regs(kp, out.seq, n, out.head_kv, out.b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
+    } else if (kp.grid.slices > 1) {  // Note [GQA head slices]
+      // As the staged epilogue, the reducer must have read the last dQ (the next tile's first dQ
+      // store does not wait). No barrier between the warpgroups: the next tile's dS stores
+      // (stages restarted per tile) come after its kv_full, whose load waited for both
+      // warpgroups' kv_empty, after their last GEMMs (the protocol model's hd128-slices case
+      // finds no race without one).
+      if (blocks > 0 && !reds) cutlass::arch::NamedBarrier::sync(kHalfBarrierThreads, dq_empty);
+      red_dk_dv(kp, out, tid, acc_dk, acc_dv);
     } else {
       // The staged epilogue writes over dQ's buffer too: the reducer must have read the last
       // block's dQ (Note [dV staged first]; Note [dK/dV from registers] waits for it at the next

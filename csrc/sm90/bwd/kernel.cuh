@@ -217,18 +217,8 @@ __global__ void __launch_bounds__(T::kConsumerThreads)
   Tensor acc_dk = partition_fragment_C(mma_dk, Shape<Int<kN>, Int<T::kHeadDim>>{});
   Tensor acc_dv = partition_fragment_C(mma_dv, Shape<Int<kN>, Int<T::kHeadDimV>>{});
   const int64_t at = kp.ws.row_offset_k(b, seq.offset_k, n * kN) * kp.ws.kv_dim + 4 * tid;
-  auto load = [&](const float* src, auto& acc) {
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < size(acc) / 4; ++j) {
-      const float4 v = reinterpret_cast<const float4*>(src)[j * T::kConsumerThreads];
-      acc(4 * j) = v.x;
-      acc(4 * j + 1) = v.y;
-      acc(4 * j + 2) = v.z;
-      acc(4 * j + 3) = v.w;
-    }
-  };
-  load(kp.ws.dk(head_kv) + at, acc_dk);
-  load(kp.ws.dv(head_kv) + at, acc_dv);
+  load_fragment<T::kConsumerThreads>(kp.ws.dk(head_kv) + at, acc_dk);
+  load_fragment<T::kConsumerThreads>(kp.ws.dv(head_kv) + at, acc_dv);
   store_dk_dv_regs(kp, seq, n, head_kv, b, tid, mma_dk, acc_dk, mma_dv, acc_dv);
 #endif
 }
